@@ -1,0 +1,176 @@
+/*
+ * scsi.h - the one boundary between front ends and SCSI emulation.
+ *
+ * A front end (target/iscsi, later target/tcmu) turns what arrives on its
+ * transport into a struct scsi_cmd: the CDB, the addressed LUN, the I_T
+ * nexus it came on and a data buffer (the Data-Out payload for writes,
+ * room for the Data-In payload for reads). It calls scsi_cmd_submit() and
+ * gets the command back through cmd->done with status, sense and the number
+ * of Data-In bytes produced. The backstore never parses PDUs; the front
+ * end never decodes a CDB.
+ *
+ * Objects:
+ *  - scsi_lu: a logical unit (one [lun] section) over a struct bdev.
+ *  - scsi_target: an ordered set of LU mappings (LUN number -> scsi_lu),
+ *    what REPORT LUNS lists. Built at startup.
+ *  - scsi_nexus: an I_T nexus (initiator port x target port), created by the
+ *    front end when a session logs in, destroyed on logout. Carries the
+ *    identity used by reservations, persistent reservations and unit
+ *    attentions.
+ *
+ * Threading contract:
+ *  - scsi_cmd_submit: on a worker thread. done() is called on the same
+ *    worker thread, possibly before scsi_cmd_submit returns.
+ *  - scsi_nexus_open/close, scsi_task_mgmt: on a worker thread.
+ *  - scsi_lu_open/close, scsi_target_*: main thread, at startup/shutdown.
+ */
+#ifndef TC_SCSI_H
+#define TC_SCSI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+struct bdev;
+struct scsi_lu;
+struct scsi_nexus;
+
+/* SAM status codes */
+#define SAM_STAT_GOOD 0x00
+#define SAM_STAT_CHECK_CONDITION 0x02
+#define SAM_STAT_CONDITION_MET 0x04
+#define SAM_STAT_BUSY 0x08
+#define SAM_STAT_RESERVATION_CONFLICT 0x18
+#define SAM_STAT_TASK_SET_FULL 0x28
+#define SAM_STAT_ACA_ACTIVE 0x30
+#define SAM_STAT_TASK_ABORTED 0x40
+
+#define SCSI_SENSE_MAX 96
+#define SCSI_CDB_MAX 32
+
+/* Task attributes (SAM-5), as carried by iSCSI's ATTR field. */
+enum scsi_task_attr {
+	SCSI_TASK_UNTAGGED = 0,
+	SCSI_TASK_SIMPLE = 1,
+	SCSI_TASK_ORDERED = 2,
+	SCSI_TASK_HEAD_OF_QUEUE = 3,
+	SCSI_TASK_ACA = 4,
+};
+
+/* Data direction the initiator declared (iSCSI R/W bits). */
+#define SCSI_DIR_READ 0x1
+#define SCSI_DIR_WRITE 0x2
+
+struct scsi_cmd {
+	/* --- filled by the front end --- */
+	uint8_t cdb[SCSI_CDB_MAX];
+	uint8_t cdb_len;
+	uint8_t task_attr;
+	uint8_t dir;              /* SCSI_DIR_* bits */
+	uint64_t lun;             /* LUN number as addressed (flat, 0..255+) */
+	uint64_t tag;             /* Initiator Task Tag, for task management */
+	struct scsi_nexus *nexus;
+	/*
+	 * Data buffer. For writes: the Data-Out payload, write_len bytes.
+	 * For reads: room for read_len bytes (the initiator's expected
+	 * Data-In length); the backstore fills from the start.
+	 */
+	struct iovec *iov;
+	int iovcnt;
+	uint32_t write_len;
+	uint32_t read_len;
+	void (*done)(struct scsi_cmd *cmd);
+	void *fe_priv;            /* front end's */
+
+	/* --- filled by the backstore before done() --- */
+	uint8_t status;           /* SAM_STAT_* */
+	uint8_t sense_len;
+	uint8_t sense[SCSI_SENSE_MAX];
+	/* Bytes of Data-In produced (<= read_len). The front end computes
+	 * the residual from what the CDB asked for via data_len_cdb. */
+	uint32_t data_in_len;
+	/* Transfer length the CDB itself asks for in bytes (for residual
+	 * over/underflow against the iSCSI expected length); 0 = none. */
+	uint32_t cdb_xfer_len;
+
+	/* --- backstore private, untouched by front ends --- */
+	struct scsi_lu *lu;
+	void *bs_priv;
+	uint64_t bs_scratch[48];
+};
+
+/* ---- logical units ---- */
+
+struct scsi_lu_config {
+	const char *name;          /* [lun NAME] */
+	const char *serial;        /* unit serial number (VPD 0x80), <= 32 chars */
+	const char *state_dir;     /* where PR state persists; NULL = none */
+	uint32_t block_size;       /* 512 or 4096 */
+	bool write_cache;          /* initial WCE */
+	bool read_only;
+	const char *vendor;        /* INQUIRY vendor, <= 8 chars ("TIERCACH") */
+	const char *product;       /* <= 16 chars */
+	const char *revision;      /* <= 4 chars */
+	uint32_t target_port_group; /* for REPORT TARGET PORT GROUPS / VPD 83 */
+	uint16_t rel_port_id;      /* relative target port identifier */
+};
+
+/*
+ * Create an LU over dev (which it then owns). NULL with a sentence in err on
+ * failure (e.g. unreadable persistent reservation state).
+ */
+struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
+			     char *err, size_t errlen);
+void scsi_lu_close(struct scsi_lu *lu);
+const char *scsi_lu_name(const struct scsi_lu *lu);
+
+/* ---- targets: LUN maps ---- */
+
+struct scsi_target;
+
+struct scsi_target *scsi_target_new(const char *iqn);
+/* Map lu as lun; the target does not own the lu. 0 or -EEXIST. */
+int scsi_target_map(struct scsi_target *t, uint64_t lun, struct scsi_lu *lu);
+void scsi_target_free(struct scsi_target *t);
+const char *scsi_target_name(const struct scsi_target *t);
+
+/* ---- I_T nexus ---- */
+
+/*
+ * initiator_name: the iSCSI initiator name; isid: the 6-byte ISID;
+ * tpgt: target portal group tag. The initiator port name used by SPC
+ * (TransportID) is "<initiator_name>,i,0x<isid hex>".
+ */
+struct scsi_nexus *scsi_nexus_open(struct scsi_target *t, const char *initiator_name,
+				   const uint8_t isid[6], uint16_t tpgt);
+void scsi_nexus_close(struct scsi_nexus *nx);
+
+/* ---- commands ---- */
+
+void scsi_cmd_submit(struct scsi_cmd *cmd);
+
+/* ---- task management (SAM-5), after the front end has dealt with its
+ * own queued commands. Establishes the unit attentions the standard asks
+ * for and clears reservations where required. Returns an iSCSI/SAM TMF
+ * response: 0 = function complete, 1 = task does not exist,
+ * 2 = LUN does not exist, 5 = function not supported. ---- */
+enum scsi_tmf {
+	SCSI_TMF_ABORT_TASK = 1,
+	SCSI_TMF_ABORT_TASK_SET = 2,
+	SCSI_TMF_CLEAR_ACA = 3,
+	SCSI_TMF_CLEAR_TASK_SET = 4,
+	SCSI_TMF_LOGICAL_UNIT_RESET = 5,
+	SCSI_TMF_TARGET_WARM_RESET = 6,
+	SCSI_TMF_TARGET_COLD_RESET = 7,
+};
+int scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun);
+
+/* Does the nexus's target map this LUN? (task management, REPORT LUNS) */
+bool scsi_nexus_has_lun(struct scsi_nexus *nx, uint64_t lun);
+
+/* ---- sense helpers, shared by front ends that must fail a command
+ * before it reaches the backstore (e.g. a data digest error). ---- */
+void scsi_cmd_set_sense(struct scsi_cmd *cmd, uint8_t key, uint8_t asc, uint8_t ascq);
+
+#endif

@@ -1,0 +1,305 @@
+/*
+ * worker.c - per-core event loops: epoll for sockets, io_uring for block I/O.
+ *
+ * The loop: epoll_wait (bounded so ticks run), dispatch ready handlers,
+ * drain the io_uring completion queue when its eventfd fires, run posted
+ * calls, then submit every SQE queued during the iteration in one
+ * io_uring_submit. Completions of block I/O are therefore processed on the
+ * same thread that submitted them.
+ */
+#include "worker.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <urcu/wfcqueue.h>
+
+#define RING_ENTRIES 1024
+#define MAX_EVENTS 128
+
+struct post_node {
+	struct cds_wfcq_node node;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+struct worker {
+	unsigned idx;
+	pthread_t thread;
+	int epfd;
+	struct io_uring ring;
+	unsigned sq_pending;
+	struct ev_handler ring_ev; /* eventfd signalled by io_uring completions */
+	struct ev_handler post_ev; /* eventfd signalled by worker_post */
+	struct cds_wfcq_head post_head;
+	struct cds_wfcq_tail post_tail;
+	struct worker_tick ticks; /* list head */
+	uint64_t next_tick_ms;
+	atomic_bool stop;
+};
+
+static struct worker *workers;
+static unsigned nworkers;
+static atomic_uint rr_next;
+static __thread struct worker *self;
+
+uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+unsigned workers_count(void) { return nworkers; }
+struct worker *worker_get(unsigned idx) { return idx < nworkers ? &workers[idx] : NULL; }
+struct worker *worker_self(void) { return self; }
+unsigned worker_index(const struct worker *w) { return w->idx; }
+
+struct worker *worker_next(void)
+{
+	return &workers[atomic_fetch_add(&rr_next, 1) % nworkers];
+}
+
+static void drain_eventfd(int fd)
+{
+	uint64_t v;
+	ssize_t r = read(fd, &v, sizeof(v));
+	(void)r;
+}
+
+static void on_ring_event(struct ev_handler *h, uint32_t events)
+{
+	struct worker *w = (struct worker *)((char *)h - offsetof(struct worker, ring_ev));
+	struct io_uring_cqe *cqe;
+
+	(void)events;
+	drain_eventfd(h->fd);
+	while (io_uring_peek_cqe(&w->ring, &cqe) == 0) {
+		struct io_op *op = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+		/* Release the slot before the callback, which may submit more. */
+		io_uring_cqe_seen(&w->ring, cqe);
+		if (op)
+			op->done(op, res);
+	}
+}
+
+static void run_posts(struct worker *w)
+{
+	struct cds_wfcq_node *node;
+
+	while ((node = __cds_wfcq_dequeue_blocking(&w->post_head, &w->post_tail)) != NULL) {
+		struct post_node *p = caa_container_of(node, struct post_node, node);
+		p->fn(p->arg);
+		free(p);
+	}
+}
+
+static void on_post_event(struct ev_handler *h, uint32_t events)
+{
+	struct worker *w = (struct worker *)((char *)h - offsetof(struct worker, post_ev));
+	(void)events;
+	drain_eventfd(h->fd);
+	run_posts(w);
+}
+
+int worker_post(struct worker *w, void (*fn)(void *arg), void *arg)
+{
+	struct post_node *p = malloc(sizeof(*p));
+	uint64_t one = 1;
+
+	if (!p)
+		return -ENOMEM;
+	cds_wfcq_node_init(&p->node);
+	p->fn = fn;
+	p->arg = arg;
+	cds_wfcq_enqueue(&w->post_head, &w->post_tail, &p->node);
+	ssize_t r = write(w->post_ev.fd, &one, sizeof(one));
+	(void)r;
+	return 0;
+}
+
+int worker_watch(struct ev_handler *h, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = h };
+	return epoll_ctl(self->epfd, EPOLL_CTL_ADD, h->fd, &ev) ? -errno : 0;
+}
+
+int worker_rewatch(struct ev_handler *h, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = h };
+	return epoll_ctl(self->epfd, EPOLL_CTL_MOD, h->fd, &ev) ? -errno : 0;
+}
+
+void worker_unwatch(struct ev_handler *h)
+{
+	epoll_ctl(self->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+}
+
+void worker_flush(void)
+{
+	struct worker *w = self;
+	if (w->sq_pending) {
+		int r = io_uring_submit(&w->ring);
+		if (r < 0)
+			log_err("io_uring_submit failed: %s", strerror(-r));
+		w->sq_pending = 0;
+	}
+}
+
+struct io_uring_sqe *worker_sqe(void)
+{
+	struct worker *w = self;
+	struct io_uring_sqe *sqe;
+
+	while ((sqe = io_uring_get_sqe(&w->ring)) == NULL) {
+		w->sq_pending = 1;
+		worker_flush();
+	}
+	w->sq_pending++;
+	return sqe;
+}
+
+void worker_tick_add(struct worker_tick *t)
+{
+	struct worker_tick *head = &self->ticks;
+	t->next = head->next;
+	t->prev = head;
+	head->next->prev = t;
+	head->next = t;
+}
+
+void worker_tick_del(struct worker_tick *t)
+{
+	if (!t->next)
+		return;
+	t->prev->next = t->next;
+	t->next->prev = t->prev;
+	t->next = t->prev = NULL;
+}
+
+static void run_ticks(struct worker *w)
+{
+	struct worker_tick *t = w->ticks.next, *next;
+	for (; t != &w->ticks; t = next) {
+		next = t->next; /* the tick may delete itself */
+		t->fn(t);
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct epoll_event evs[MAX_EVENTS];
+	char name[16];
+
+	self = w;
+	snprintf(name, sizeof(name), "tc-worker%u", w->idx);
+	pthread_setname_np(pthread_self(), name);
+	worker_watch(&w->ring_ev, EPOLLIN);
+	worker_watch(&w->post_ev, EPOLLIN);
+	w->next_tick_ms = now_ms() + 1000;
+
+	while (!atomic_load(&w->stop)) {
+		uint64_t now = now_ms();
+		int timeout = w->next_tick_ms > now ? (int)(w->next_tick_ms - now) : 0;
+		int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
+		for (int i = 0; i < n; i++) {
+			struct ev_handler *h = evs[i].data.ptr;
+			h->on_event(h, evs[i].events);
+		}
+		now = now_ms();
+		if (now >= w->next_tick_ms) {
+			w->next_tick_ms = now + 1000;
+			run_ticks(w);
+		}
+		worker_flush();
+	}
+	run_posts(w);
+	worker_flush();
+	return NULL;
+}
+
+static int worker_init(struct worker *w, unsigned idx)
+{
+	struct io_uring_params p;
+	int r;
+
+	memset(w, 0, sizeof(*w));
+	w->idx = idx;
+	w->ticks.next = w->ticks.prev = &w->ticks;
+	cds_wfcq_init(&w->post_head, &w->post_tail);
+	w->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (w->epfd < 0)
+		return -errno;
+	memset(&p, 0, sizeof(p));
+	r = io_uring_queue_init_params(RING_ENTRIES, &w->ring, &p);
+	if (r < 0) {
+		log_err("io_uring setup failed (%s); tiercached needs Linux 5.6 or newer "
+			"with io_uring enabled (sysctl kernel.io_uring_disabled=0)", strerror(-r));
+		return r;
+	}
+	w->ring_ev.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	w->ring_ev.on_event = on_ring_event;
+	w->post_ev.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	w->post_ev.on_event = on_post_event;
+	if (w->ring_ev.fd < 0 || w->post_ev.fd < 0)
+		return -errno;
+	r = io_uring_register_eventfd(&w->ring, w->ring_ev.fd);
+	if (r < 0)
+		return r;
+	return 0;
+}
+
+int workers_start(unsigned n)
+{
+	if (n == 0) {
+		long c = sysconf(_SC_NPROCESSORS_ONLN);
+		n = c > 0 ? (unsigned)c : 1;
+	}
+	workers = calloc(n, sizeof(*workers));
+	if (!workers)
+		return -ENOMEM;
+	for (unsigned i = 0; i < n; i++) {
+		int r = worker_init(&workers[i], i);
+		if (r < 0)
+			return r;
+	}
+	nworkers = n;
+	for (unsigned i = 0; i < n; i++) {
+		int r = pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]);
+		if (r)
+			return -r;
+	}
+	return 0;
+}
+
+static void wake(void *arg) { (void)arg; }
+
+void workers_stop(void)
+{
+	for (unsigned i = 0; i < nworkers; i++) {
+		atomic_store(&workers[i].stop, true);
+		worker_post(&workers[i], wake, NULL);
+	}
+	for (unsigned i = 0; i < nworkers; i++) {
+		pthread_join(workers[i].thread, NULL);
+		io_uring_queue_exit(&workers[i].ring);
+		close(workers[i].epfd);
+		close(workers[i].ring_ev.fd);
+		close(workers[i].post_ev.fd);
+	}
+	free(workers);
+	workers = NULL;
+	nworkers = 0;
+}

@@ -1,0 +1,85 @@
+/*
+ * worker.h - the daemon's threads: one event loop per core.
+ *
+ * Each worker thread owns an epoll set, an io_uring and a queue of posted
+ * calls. Everything a connection does (PDU parsing, SCSI emulation, block
+ * I/O submission and completion) runs on the one worker that owns it, so the
+ * per-command path takes no lock: the thread is the lock.
+ *
+ * Threading contract, function by function:
+ *  - workers_start/workers_stop: main thread only, once each.
+ *  - worker_post: any thread; fn runs later on the target worker's thread.
+ *    Wait-free enqueue (liburcu wfcqueue); it allocates one small node,
+ *    so use it for control traffic, not per command.
+ *  - worker_watch/rewatch/unwatch, worker_sqe, worker_tick_add/del:
+ *    only on the worker's own thread.
+ *  - io_op callbacks and tick callbacks run on the worker's thread.
+ *
+ * Submission is batched: SQEs taken with worker_sqe() are submitted to the
+ * kernel once per loop iteration (or earlier if the ring fills up).
+ */
+#ifndef TC_WORKER_H
+#define TC_WORKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct io_uring_sqe;
+struct worker;
+
+/* A file descriptor watched by a worker's epoll set. */
+struct ev_handler {
+	int fd;
+	void (*on_event)(struct ev_handler *h, uint32_t epoll_events);
+};
+
+/*
+ * One asynchronous operation on the worker's io_uring. Embed it in the
+ * request; io_uring_sqe_set_data(sqe, op) and done() is called on
+ * completion with the CQE's res (bytes or -errno).
+ */
+struct io_op {
+	void (*done)(struct io_op *op, int res);
+};
+
+/* A callback run about once a second on a worker (idle pings, timeouts). */
+struct worker_tick {
+	void (*fn)(struct worker_tick *t);
+	struct worker_tick *prev, *next;
+};
+
+/* Start n worker threads (n = 0: one per online core). 0 or -errno. */
+int workers_start(unsigned n);
+/* Stop all workers after their current iteration and join them. */
+void workers_stop(void);
+unsigned workers_count(void);
+struct worker *worker_get(unsigned idx);
+/* Next worker in round-robin order (any thread). */
+struct worker *worker_next(void);
+/* The calling thread's worker, or NULL when not on a worker thread. */
+struct worker *worker_self(void);
+unsigned worker_index(const struct worker *w);
+
+/* Run fn(arg) on w's thread. 0 or -ENOMEM. Any thread. */
+int worker_post(struct worker *w, void (*fn)(void *arg), void *arg);
+
+/* epoll registration on the calling worker's set (EPOLLIN/EPOLLOUT/...). */
+int worker_watch(struct ev_handler *h, uint32_t events);
+int worker_rewatch(struct ev_handler *h, uint32_t events);
+void worker_unwatch(struct ev_handler *h);
+
+/*
+ * A free SQE on the calling worker's ring; never NULL (submits pending
+ * entries to make room if needed). Worker thread only.
+ */
+struct io_uring_sqe *worker_sqe(void);
+/* Submit pending SQEs now (normally the loop does it once per iteration). */
+void worker_flush(void);
+
+void worker_tick_add(struct worker_tick *t);
+void worker_tick_del(struct worker_tick *t);
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+uint64_t now_ms(void);
+
+#endif

@@ -1,0 +1,98 @@
+/*
+ * config.h - the tiercached configuration file: parse, validate, defaults.
+ *
+ * The file is INI (parsed with inih). Every error names the file and line and
+ * says how to fix it: "FILE:LINE: what is wrong; what to do". Validation is
+ * complete before anything is opened, so `tiercached --check` and a real start
+ * refuse exactly the same files.
+ *
+ * Sections:
+ *   [daemon]        state_dir, workers, log_level, nop_interval, nop_timeout
+ *   [portal]        listen (repeatable; host:port, [v6]:port)
+ *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
+ *                   mutual_user/mutual_secret
+ *   [lun NAME]      backing, size, block_size, serial, write_cache, read_only
+ *
+ * Relative paths are taken relative to the daemon's working directory.
+ * Not thread-safe; called from the main thread only.
+ */
+#ifndef TC_CONFIG_H
+#define TC_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CFG_MAX_LISTEN 16
+#define CFG_MAX_LUNS_PER_TARGET 256
+#define CFG_MAX_ALLOW 64
+
+struct cfg_lun {
+	char *name;
+	char *backing;
+	uint64_t size;        /* bytes; 0 = size of an existing backing store */
+	uint32_t block_size;  /* 512 or 4096 */
+	char *serial;         /* "auto" or up to 32 printable ASCII chars */
+	bool write_cache;     /* initial WCE bit (default off: durable on status) */
+	bool read_only;
+	int line;             /* where the section starts */
+};
+
+struct cfg_target_lun {
+	uint64_t lun;
+	char *lun_name;
+	struct cfg_lun *lu;   /* resolved after parsing */
+	int line;
+};
+
+struct cfg_target {
+	char *iqn;
+	struct cfg_target_lun luns[CFG_MAX_LUNS_PER_TARGET];
+	int nluns;
+	char *allow[CFG_MAX_ALLOW]; /* empty = any initiator */
+	int nallow;
+	char *chap_user, *chap_secret;
+	char *mutual_user, *mutual_secret;
+	int line;
+};
+
+struct cfg_listen {
+	char *addr;   /* literal host part, without brackets */
+	uint16_t port;
+	int line;
+};
+
+struct config {
+	char *path;
+	/* [daemon] */
+	char *state_dir;
+	unsigned workers;        /* 0 = one per core */
+	char *log_level;         /* error | warning | info | debug */
+	unsigned nop_interval;   /* seconds between NOP-In pings on idle links; 0 = off */
+	unsigned nop_timeout;    /* seconds to wait for the ping's answer */
+	/* [portal] */
+	struct cfg_listen listen[CFG_MAX_LISTEN];
+	int nlisten;
+	/* [target ...] and [lun ...] */
+	struct cfg_target *targets;
+	int ntargets;
+	struct cfg_lun *luns;
+	int nluns;
+};
+
+/*
+ * Parse and validate the file at path. Returns 0 and *out, or -1 with a
+ * "path:line: ..." sentence in err.
+ */
+int config_load(const char *path, struct config **out, char *err, size_t errlen);
+/* Same, from a string; name is used in messages in place of a path. */
+int config_parse_string(const char *text, const char *name, struct config **out,
+			char *err, size_t errlen);
+void config_free(struct config *cfg);
+
+/* "1G", "512M", "4096", "1.5T" ... -> bytes. 0 on success, -1 if malformed. */
+int config_parse_size(const char *s, uint64_t *out);
+
+struct cfg_lun *config_find_lun(const struct config *cfg, const char *name);
+
+#endif

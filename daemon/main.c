@@ -1,0 +1,341 @@
+/*
+ * main.c - tiercached: read the config, open the LUNs, serve, drain, exit.
+ *
+ * The main thread owns startup and shutdown only: it validates the config,
+ * opens every backing store and logical unit, starts one worker per core
+ * and the iSCSI portal, then waits for a signal. SIGTERM/SIGINT drain the
+ * portal (in-flight commands complete and their status goes out) before the
+ * workers stop and the stores are closed (and flushed).
+ */
+#include "backstore/scsi.h"
+#include "cache/bdev.h"
+#include "common/log.h"
+#include "common/worker.h"
+#include "config/config.h"
+#include "target/iscsi/portal.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#define TC_VERSION "0.1.0"
+
+struct daemon {
+	struct config *cfg;
+	struct scsi_lu **lus;       /* parallel to cfg->luns */
+	struct scsi_target **targets;
+	char (*serials)[33];
+	struct iscsi_target_cfg *portal_targets;
+	struct iscsi_listen_cfg *portal_listen;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tiercached -c FILE [--check] [--debug]\n"
+		"  -c, --config FILE  configuration file (INI; see README.md)\n"
+		"      --check        validate the configuration and exit\n"
+		"  -d, --debug        log debug messages\n"
+		"  -V, --version      print the version\n");
+}
+
+/* mkdir -p with mode 0700 for new components. */
+static int mkdir_p(const char *path)
+{
+	char buf[PATH_MAX];
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+		return -1;
+	return 0;
+}
+
+/*
+ * serial = auto: a random 16-hex-digit serial made once and kept in the
+ * state directory, so it stays the same across restarts (hosts key
+ * multipath and datastores on it) and differs between installations.
+ */
+static int load_serial(const char *state_dir, const struct cfg_lun *l, char out[33])
+{
+	char path[PATH_MAX];
+	FILE *f;
+
+	if (strcmp(l->serial, "auto")) {
+		snprintf(out, 33, "%s", l->serial);
+		return 0;
+	}
+	snprintf(path, sizeof(path), "%s/lun-%s.serial", state_dir, l->name);
+	f = fopen(path, "r");
+	if (f) {
+		char line[64] = "";
+		if (fgets(line, sizeof(line), f))
+			line[strcspn(line, "\r\n")] = '\0';
+		fclose(f);
+		if (strlen(line) >= 1 && strlen(line) <= 32) {
+			snprintf(out, 33, "%s", line);
+			return 0;
+		}
+	}
+	uint8_t rnd[8];
+	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+		return -1;
+	for (int i = 0; i < 8; i++)
+		sprintf(out + 2 * i, "%02x", rnd[i]);
+	char tmp[PATH_MAX + 8];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f)
+		return -1;
+	fprintf(f, "%s\n", out);
+	if (fflush(f) || fsync(fileno(f))) {
+		fclose(f);
+		return -1;
+	}
+	fclose(f);
+	return rename(tmp, path);
+}
+
+static enum log_level parse_level(const char *s)
+{
+	if (!strcmp(s, "error"))
+		return LOG_LVL_ERR;
+	if (!strcmp(s, "warning"))
+		return LOG_LVL_WARN;
+	if (!strcmp(s, "debug"))
+		return LOG_LVL_DEBUG;
+	return LOG_LVL_INFO;
+}
+
+static int open_luns(struct daemon *d)
+{
+	struct config *cfg = d->cfg;
+	char err[512];
+
+	d->lus = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->lus));
+	d->serials = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->serials));
+	if (!d->lus || !d->serials)
+		return -1;
+	for (int i = 0; i < cfg->nluns; i++) {
+		struct cfg_lun *l = &cfg->luns[i];
+		if (load_serial(cfg->state_dir, l, d->serials[i]) < 0) {
+			log_err("%s:%d: [lun %s]: cannot keep its serial number in %s: %s; "
+				"make state_dir writable", cfg->path, l->line, l->name, cfg->state_dir,
+				strerror(errno));
+			return -1;
+		}
+		struct bdev *dev = bdev_file_open(l->backing, l->size, l->block_size, true, err, sizeof(err));
+		if (!dev) {
+			log_err("%s:%d: [lun %s]: %s", cfg->path, l->line, l->name, err);
+			return -1;
+		}
+		struct scsi_lu_config lc = {
+			.name = l->name,
+			.serial = d->serials[i],
+			.state_dir = cfg->state_dir,
+			.block_size = l->block_size,
+			.write_cache = l->write_cache,
+			.read_only = l->read_only,
+			.vendor = "TIERCACH",
+			.product = "tiercache LUN",
+			.revision = "0001",
+			.target_port_group = 1,
+			.rel_port_id = 1,
+		};
+		d->lus[i] = scsi_lu_open(&lc, dev, err, sizeof(err));
+		if (!d->lus[i]) {
+			log_err("%s:%d: [lun %s]: %s", cfg->path, l->line, l->name, err);
+			bdev_close(dev);
+			return -1;
+		}
+		log_info("lun %s: %s, %llu bytes, %u-byte blocks, serial %s, write cache %s", l->name, l->backing,
+			 (unsigned long long)dev->size, l->block_size, d->serials[i],
+			 l->write_cache ? "on" : "off");
+	}
+	return 0;
+}
+
+static int build_targets(struct daemon *d)
+{
+	struct config *cfg = d->cfg;
+	int nt = cfg->ntargets;
+
+	d->targets = calloc(nt ? nt : 1, sizeof(*d->targets));
+	d->portal_targets = calloc(nt ? nt : 1, sizeof(*d->portal_targets));
+	d->portal_listen = calloc(cfg->nlisten, sizeof(*d->portal_listen));
+	if (!d->targets || !d->portal_targets || !d->portal_listen)
+		return -1;
+	for (int i = 0; i < nt; i++) {
+		struct cfg_target *t = &cfg->targets[i];
+		d->targets[i] = scsi_target_new(t->iqn);
+		if (!d->targets[i])
+			return -1;
+		for (int j = 0; j < t->nluns; j++) {
+			int idx = (int)(t->luns[j].lu - cfg->luns);
+			scsi_target_map(d->targets[i], t->luns[j].lun, d->lus[idx]);
+		}
+		d->portal_targets[i] = (struct iscsi_target_cfg){
+			.iqn = t->iqn,
+			.scsi = d->targets[i],
+			.allow = (const char *const *)t->allow,
+			.nallow = t->nallow,
+			.chap_user = t->chap_user,
+			.chap_secret = t->chap_secret,
+			.mutual_user = t->mutual_user,
+			.mutual_secret = t->mutual_secret,
+		};
+		log_info("target %s: %d LUN(s), %s, %s", t->iqn, t->nluns,
+			 t->nallow ? "initiators restricted by allow" : "any initiator",
+			 t->mutual_user ? "mutual CHAP" : t->chap_user ? "CHAP" : "no CHAP");
+	}
+	for (int i = 0; i < cfg->nlisten; i++) {
+		d->portal_listen[i].addr = cfg->listen[i].addr;
+		d->portal_listen[i].port = cfg->listen[i].port;
+	}
+	return 0;
+}
+
+static void teardown(struct daemon *d)
+{
+	struct config *cfg = d->cfg;
+	if (d->targets)
+		for (int i = 0; i < cfg->ntargets; i++)
+			if (d->targets[i])
+				scsi_target_free(d->targets[i]);
+	if (d->lus)
+		for (int i = 0; i < cfg->nluns; i++)
+			if (d->lus[i])
+				scsi_lu_close(d->lus[i]);
+	free(d->targets);
+	free(d->lus);
+	free(d->serials);
+	free(d->portal_targets);
+	free(d->portal_listen);
+	config_free(cfg);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "check", no_argument, NULL, 'k' },
+		{ "debug", no_argument, NULL, 'd' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *path = NULL;
+	bool check_only = false, debug = false;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "c:dVh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': path = optarg; break;
+		case 'k': check_only = true; break;
+		case 'd': debug = true; break;
+		case 'V': printf("tiercached %s\n", TC_VERSION); return 0;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!path || optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+
+	struct daemon d = { 0 };
+	char err[1024];
+	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	if (check_only) {
+		printf("%s: configuration OK: %d target(s), %d LUN(s), %d listen address(es)\n", path,
+		       d.cfg->ntargets, d.cfg->nluns, d.cfg->nlisten);
+		config_free(d.cfg);
+		return 0;
+	}
+	log_set_level(debug ? LOG_LVL_DEBUG : parse_level(d.cfg->log_level));
+	log_info("tiercached %s starting with %s", TC_VERSION, path);
+
+	/* Signals are taken synchronously by the main thread only. */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (mkdir_p(d.cfg->state_dir) < 0) {
+		log_err("%s: state_dir %s cannot be created: %s; create it or point state_dir elsewhere",
+			path, d.cfg->state_dir, strerror(errno));
+		config_free(d.cfg);
+		return 1;
+	}
+	int r = workers_start(d.cfg->workers);
+	if (r < 0) {
+		log_err("cannot start worker threads: %s", strerror(-r));
+		config_free(d.cfg);
+		return 1;
+	}
+	if (open_luns(&d) < 0 || build_targets(&d) < 0) {
+		workers_stop();
+		teardown(&d);
+		return 1;
+	}
+	struct iscsi_portal_cfg pc = {
+		.listen = d.portal_listen,
+		.nlisten = d.cfg->nlisten,
+		.targets = d.portal_targets,
+		.ntargets = d.cfg->ntargets,
+		.nop_interval = d.cfg->nop_interval,
+		.nop_timeout = d.cfg->nop_timeout,
+	};
+	if (iscsi_portal_start(&pc, err, sizeof(err)) < 0) {
+		log_err("%s", err);
+		workers_stop();
+		teardown(&d);
+		return 1;
+	}
+	for (int i = 0; i < d.cfg->nlisten; i++)
+		log_info("portal listening on %s%s%s:%u", strchr(d.cfg->listen[i].addr, ':') ? "[" : "",
+			 d.cfg->listen[i].addr, strchr(d.cfg->listen[i].addr, ':') ? "]" : "",
+			 d.cfg->listen[i].port);
+	sd_notify(0, "READY=1\nSTATUS=serving");
+	log_info("ready: %d target(s), %d LUN(s), %u worker thread(s)", d.cfg->ntargets, d.cfg->nluns,
+		 workers_count());
+
+	for (;;) {
+		int sig;
+		if (sigwait(&set, &sig))
+			continue;
+		if (sig == SIGHUP) {
+			log_info("SIGHUP: configuration reload is not supported yet; restart to apply changes");
+			continue;
+		}
+		log_info("%s received: draining in-flight commands", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+		break;
+	}
+	sd_notify(0, "STOPPING=1");
+	iscsi_portal_drain();
+	workers_stop();
+	teardown(&d);
+	log_info("stopped cleanly");
+	return 0;
+}

@@ -1,0 +1,60 @@
+/*
+ * portal.h - the built-in iSCSI portal (RFC 7143), its public surface.
+ *
+ * The daemon builds the SCSI targets (backstore/scsi.h), describes how each
+ * may be reached (ACL, CHAP), and starts the portal on its listen
+ * addresses. Connections are spread over the worker threads
+ * (common/worker.h); each connection lives on one worker for its lifetime.
+ *
+ * Threading contract: iscsi_portal_start and iscsi_portal_drain are called
+ * from the main thread, after workers_start() and before workers_stop().
+ */
+#ifndef TC_ISCSI_PORTAL_H
+#define TC_ISCSI_PORTAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct scsi_target;
+
+struct iscsi_target_cfg {
+	const char *iqn;
+	struct scsi_target *scsi;
+	const char *const *allow; /* initiator IQNs allowed; nallow == 0: any */
+	int nallow;
+	const char *chap_user;    /* NULL: no CHAP */
+	const char *chap_secret;
+	const char *mutual_user;  /* NULL: no mutual CHAP */
+	const char *mutual_secret;
+};
+
+struct iscsi_listen_cfg {
+	const char *addr;         /* numeric IPv4/IPv6 or host name */
+	uint16_t port;
+};
+
+struct iscsi_portal_cfg {
+	const struct iscsi_listen_cfg *listen;
+	int nlisten;
+	const struct iscsi_target_cfg *targets;
+	int ntargets;
+	unsigned nop_interval;    /* seconds of idle before a NOP-In ping; 0 = off */
+	unsigned nop_timeout;     /* seconds to wait for the answer before dropping */
+};
+
+/*
+ * Bind every listen address and start accepting. The configuration and the
+ * strings it points to must outlive the portal. 0, or -1 with a sentence in
+ * err naming the address and the fix (e.g. "127.0.0.1:3260 is in use by
+ * another program; stop it or change listen").
+ */
+int iscsi_portal_start(const struct iscsi_portal_cfg *cfg, char *err, size_t errlen);
+
+/*
+ * Stop accepting, let every command in flight complete and its response go
+ * out, then close all connections. Blocks until done (bounded by a timeout
+ * of a few seconds for initiators that stop reading).
+ */
+void iscsi_portal_drain(void);
+
+#endif

@@ -1,0 +1,111 @@
+# tests/lib.sh - shared helpers for the shell tests (source it).
+#
+# Each test script is run from the top of the repository by tests/run.sh.
+# Exit status: 0 pass, 77 skip, anything else fail. Helpers:
+#   tc_tmpdir            -> $T, a scratch directory removed at exit
+#   tc_free_port         -> prints a free TCP port on 127.0.0.1
+#   tc_start CONF [ARGS] -> starts build/tiercached on CONF in the background,
+#                           log in $T/daemon.log, waits until every listen
+#                           port accepts; sets TC_PID
+#   tc_stop              -> SIGTERM, waits; fails the test if the daemon did
+#                           not exit 0 within 20 s
+#   fail MSG / skip MSG / pass MSG
+#   expect_eq A B WHAT   -> fail unless A = B
+
+set -u
+TC_ROOT=${TC_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+TC_BIN=${TC_BIN:-$TC_ROOT/build/tiercached}
+TC_PID=
+T=
+
+fail() { echo "FAIL: $*" >&2; [ -n "$T" ] && [ -f "$T/daemon.log" ] && { echo "--- daemon log (tail) ---" >&2; tail -n 30 "$T/daemon.log" >&2; }; exit 1; }
+skip() { echo "SKIP: $*"; exit 77; }
+pass() { echo "ok: $*"; }
+expect_eq() { [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"; pass "$3"; }
+
+_tc_cleanup() {
+	if [ -n "$TC_PID" ] && kill -0 "$TC_PID" 2>/dev/null; then
+		kill -KILL "$TC_PID" 2>/dev/null
+		wait "$TC_PID" 2>/dev/null
+	fi
+	[ -n "$T" ] && [ -z "${TC_KEEP:-}" ] && rm -rf "$T"
+	return 0
+}
+
+tc_tmpdir() {
+	T=$(mktemp -d "${TMPDIR:-/tmp}/tiercache-test.XXXXXX")
+	trap _tc_cleanup EXIT
+}
+
+tc_free_port() {
+	python3 - <<'PY'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+PY
+}
+
+# wait until host:port accepts a TCP connection (up to $2 seconds)
+tc_wait_port() {
+	local port=$1 secs=${2:-20} i
+	for ((i = 0; i < secs * 10; i++)); do
+		if (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then
+			return 0
+		fi
+		kill -0 "$TC_PID" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+tc_start() {
+	local conf=$1
+	shift
+	"$TC_BIN" -c "$conf" "$@" >>"$T/daemon.log" 2>&1 &
+	TC_PID=$!
+	local port
+	for port in $(sed -n 's/^[[:space:]]*listen[[:space:]]*=.*:\([0-9][0-9]*\).*/\1/p' "$conf"); do
+		tc_wait_port "$port" 20 || fail "daemon did not start listening on port $port"
+	done
+}
+
+tc_stop() {
+	[ -n "$TC_PID" ] || return 0
+	kill -TERM "$TC_PID" 2>/dev/null
+	local i rc
+	for ((i = 0; i < 200; i++)); do
+		kill -0 "$TC_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$TC_PID" 2>/dev/null; then
+		kill -KILL "$TC_PID"
+		fail "daemon did not exit within 20 s of SIGTERM"
+	fi
+	wait "$TC_PID"
+	rc=$?
+	TC_PID=
+	[ "$rc" = 0 ] || fail "daemon exited with status $rc after SIGTERM"
+}
+
+# A minimal config: one target, one LUN of SIZE on a sparse file in $T.
+# usage: tc_basic_conf PORT [SIZE] [BLOCK_SIZE] > file
+tc_basic_conf() {
+	cat <<CONF
+[daemon]
+state_dir = $T/state
+log_level = info
+
+[portal]
+listen = 127.0.0.1:$1
+
+[target iqn.2026-11.io.tiercache:test]
+lun0 = disk0
+
+[lun disk0]
+backing = $T/disk0.img
+size = ${2:-64M}
+block_size = ${3:-512}
+CONF
+}

@@ -1,0 +1,152 @@
+/*
+ * test_config.c - the config parser accepts what the docs show and refuses
+ * every bad file with "NAME:LINE:" and a sentence naming the fix.
+ */
+#include "config/config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                          \
+	do {                                                      \
+		if (cond) {                                       \
+			printf("ok: ");                           \
+		} else {                                          \
+			printf("FAIL: ");                         \
+			failures++;                               \
+		}                                                 \
+		printf(__VA_ARGS__);                              \
+		printf("\n");                                     \
+	} while (0)
+
+static const char *good =
+	"; comment\n"
+	"[daemon]\n"
+	"state_dir = /tmp/tc-state\n"
+	"workers = 2\n"
+	"\n"
+	"[portal]\n"
+	"listen = 127.0.0.1:3260          ; inline comment\n"
+	"listen = [::1]:3261\n"
+	"\n"
+	"[target iqn.2026-11.io.tiercache:quickstart]\n"
+	"lun0 = quick\n"
+	"lun7 = second\n"
+	"allow = iqn.1994-05.com.redhat:a iqn.1991-05.com.microsoft:b\n"
+	"chap_user = alice\n"
+	"chap_secret = 12-to-16-char-s\n"
+	"mutual_user = target1\n"
+	"mutual_secret = another-secret-1\n"
+	"\n"
+	"[lun quick]\n"
+	"backing = var/quickstart/hdd.img\n"
+	"size = 1G\n"
+	"block_size = 512\n"
+	"serial = auto\n"
+	"\n"
+	"[lun second]\n"
+	"backing = /dev/null-ish\n"
+	"size = 1.5G\n"
+	"block_size = 4096\n"
+	"serial = ABC123\n"
+	"write_cache = yes\n";
+
+static void test_good(void)
+{
+	struct config *cfg = NULL;
+	char err[512] = "";
+	int r = config_parse_string(good, "good.conf", &cfg, err, sizeof(err));
+	CHECK(r == 0, "documented example parses (%s)", err);
+	if (r)
+		return;
+	CHECK(cfg->nlisten == 2 && !strcmp(cfg->listen[0].addr, "127.0.0.1") && cfg->listen[0].port == 3260,
+	      "first listen is 127.0.0.1:3260");
+	CHECK(!strcmp(cfg->listen[1].addr, "::1") && cfg->listen[1].port == 3261, "IPv6 listen in brackets");
+	CHECK(cfg->ntargets == 1 && cfg->targets[0].nluns == 2, "one target with two LUNs");
+	CHECK(cfg->targets[0].luns[1].lun == 7 && cfg->targets[0].luns[1].lu == &cfg->luns[1],
+	      "lun7 resolves to [lun second]");
+	CHECK(cfg->targets[0].nallow == 2 && !strcmp(cfg->targets[0].allow[1], "iqn.1991-05.com.microsoft:b"),
+	      "allow list split on spaces");
+	CHECK(cfg->luns[0].size == (1ULL << 30) && cfg->luns[0].block_size == 512, "1G / 512");
+	CHECK(cfg->luns[1].size == 3ULL << 29 && cfg->luns[1].block_size == 4096 && cfg->luns[1].write_cache,
+	      "1.5G / 4096 / write_cache");
+	CHECK(!strcmp(cfg->luns[0].serial, "auto") && !strcmp(cfg->luns[1].serial, "ABC123"), "serials");
+	CHECK(cfg->workers == 2 && !strcmp(cfg->state_dir, "/tmp/tc-state"), "daemon section");
+	config_free(cfg);
+}
+
+struct bad_case {
+	const char *text;
+	const char *want; /* substring of the message, starting with name:line */
+};
+
+static const struct bad_case bad[] = {
+	{ "[portal]\nlisten = 127.0.0.1:99999\n", "bad.conf:2: listen = 127.0.0.1:99999: the port" },
+	{ "[portal]\nlisten = ::1:3260\n", "bad.conf:2: listen = ::1:3260: write an IPv6 address in brackets" },
+	{ "[portal]\nbogus = 1\n", "bad.conf:2: [portal] has no key \"bogus\"" },
+	{ "[frobnicate]\nx = 1\n", "bad.conf:1: unknown section [frobnicate]" },
+	{ "[target IQN.bad]\nlun0 = a\n", "is not a valid iSCSI name" },
+	{ "[target iqn.2026-11.io.t:x]\nlun0 = missing\n", "bad.conf:2: lun0 = missing: there is no [lun missing] section" },
+	{ "[lun a]\nbacking = /x\nsize = lots\n", "bad.conf:3: [lun a] size = lots" },
+	{ "[lun a]\nbacking = /x\nblock_size = 1024\n", "bad.conf:3: [lun a] block_size = 1024: use 512 or 4096" },
+	{ "[lun a]\nsize = 1G\n", "[lun a] has no backing" },
+	{ "[lun a]\nbacking = /x\n[lun a]\nbacking = /y\n", "[lun a] is defined twice" },
+	{ "[lun a]\nbacking = /x\n[lun b]\nbacking = /x\n", "uses backing /x, which [lun a]" },
+	{ "[target iqn.2026-11.io.t:x]\nchap_user = u\nchap_secret = short\n", "bad.conf:3: chap_secret is 5 characters long" },
+	{ "[target iqn.2026-11.io.t:x]\nchap_user = u\n", "sets chap_user without chap_secret" },
+	{ "[target iqn.2026-11.io.t:x]\nmutual_user = u\nmutual_secret = 0123456789abc\n",
+	  "mutual CHAP without one-way CHAP" },
+	{ "[target iqn.2026-11.io.t:x]\nlun0 = a\nlun0 = a\n[lun a]\nbacking = /x\n", "bad.conf:3: lun0 is mapped twice" },
+	{ "[target iqn.2026-11.io.t:x]\nallow = notaname\n", "bad.conf:2: allow: \"notaname\" is not a valid" },
+	{ "[lun a]\nbacking = /x\nsize = 1000\nblock_size = 512\n", "is not a multiple of block_size 512" },
+	{ "[daemon]\nworkers = many\n", "bad.conf:2: [daemon] workers = many" },
+	{ "[lun a]\nbacking = /x\nserial = has space\n", "bad.conf:3: [lun a] serial = has space" },
+	{ "[lun a]\nthis line is not a key value\n", "bad.conf:2: cannot parse this line" },
+	{ "x = 1\n", "bad.conf:1: \"x\" appears before any section" },
+};
+
+static void test_bad(void)
+{
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(bad[i].text, "bad.conf", &cfg, err, sizeof(err));
+		CHECK(r < 0 && strstr(err, bad[i].want), "refused with \"%s\" (got \"%s\")", bad[i].want, err);
+		if (!r)
+			config_free(cfg);
+	}
+}
+
+static void test_secret_never_echoed(void)
+{
+	struct config *cfg = NULL;
+	char err[512] = "";
+	config_parse_string("[target iqn.2026-11.io.t:x]\nchap_user = u\nchap_secret = sup3rs3cr3t!!too-long-x\n",
+			    "s.conf", &cfg, err, sizeof(err));
+	CHECK(!strstr(err, "sup3rs3cr3t"), "a rejected secret is not echoed in the message (%s)", err);
+}
+
+static void test_sizes(void)
+{
+	uint64_t v;
+	CHECK(config_parse_size("4096", &v) == 0 && v == 4096, "plain bytes");
+	CHECK(config_parse_size("256K", &v) == 0 && v == 262144, "256K");
+	CHECK(config_parse_size("2GiB", &v) == 0 && v == 2ULL << 30, "2GiB");
+	CHECK(config_parse_size("1T", &v) == 0 && v == 1ULL << 40, "1T");
+	CHECK(config_parse_size("1.5X", &v) < 0, "unknown suffix refused");
+	CHECK(config_parse_size("-1G", &v) < 0, "negative refused");
+	CHECK(config_parse_size("0.3", &v) < 0, "fractional bytes refused");
+}
+
+int main(void)
+{
+	test_good();
+	test_bad();
+	test_secret_never_echoed();
+	test_sizes();
+	printf("%s\n", failures ? "FAILED" : "all passed");
+	return failures ? 1 : 0;
+}

@@ -40,7 +40,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
 PROGS := $(BUILD)/tiercached
 
-.PHONY: all deps run check check-long fuzz unit clean
+.PHONY: all deps run check check-long conformance fuzz unit clean
 all: $(PROGS) $(UNIT_BINS)
 
 deps:
@@ -86,6 +86,11 @@ check: deps
 check-long: deps
 	@$(MAKE) --no-print-directory all fuzz
 	@TC_LONG=1 tests/run.sh
+
+# The libiscsi conformance suite against tiercached and tgtd, both counts printed.
+conformance: deps
+	@$(MAKE) --no-print-directory all
+	@TC_KEEP= bash tests/test_conformance_libiscsi.sh
 
 clean:
 	rm -rf $(BUILD)

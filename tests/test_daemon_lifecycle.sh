@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The daemon validates configs with --check (FILE:LINE messages), refuses a
+# port already taken with a sentence naming it, and exits 0 on SIGTERM.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+
+out=$("$TC_BIN" -c config/examples/quickstart.conf --check 2>&1) || fail "--check refused the quickstart config: $out"
+[[ "$out" == *"configuration OK"* ]] || fail "--check printed: $out"
+pass "--check accepts config/examples/quickstart.conf"
+
+cat >"$T/bad.conf" <<'CONF'
+[portal]
+listen = 127.0.0.1:3260
+
+[lun a]
+backing = /tmp/x
+block_size = 1000
+CONF
+out=$("$TC_BIN" -c "$T/bad.conf" --check 2>&1)
+rc=$?
+expect_eq "$rc" 1 "--check exits 1 on a bad config"
+[[ "$out" == "$T/bad.conf:6: [lun a] block_size = 1000: use 512 or 4096" ]] || fail "unexpected message: $out"
+pass "bad config names file, line and fix"
+
+out=$("$TC_BIN" -c "$T/missing.conf" 2>&1)
+[[ "$out" == *"missing.conf: cannot open the configuration file"* ]] || fail "missing file message: $out"
+pass "missing config file is named"
+
+port=$(tc_free_port)
+tc_basic_conf "$port" >"$T/t.conf"
+tc_start "$T/t.conf"
+[ -f "$T/disk0.img" ] || fail "backing file was not created"
+expect_eq "$(stat -c %s "$T/disk0.img")" 67108864 "backing created at the configured size"
+[ "$(stat -c %b "$T/disk0.img")" -lt 1024 ] || fail "backing file is not sparse"
+pass "backing file is sparse"
+
+# a second daemon on the same port is refused with a clear sentence
+tc_basic_conf "$port" | sed "s#disk0.img#other.img#; s#state_dir = .*#state_dir = $T/state2#" >"$T/t2.conf"
+out=$(timeout 10 "$TC_BIN" -c "$T/t2.conf" 2>&1)
+rc=$?
+[ "$rc" != 0 ] || fail "second daemon on a taken port started"
+[[ "$out" == *"127.0.0.1:$port"* ]] || fail "port clash message does not name the address: $out"
+pass "port in use is refused naming 127.0.0.1:$port"
+
+serial1=$(cat "$T"/state/lun-disk0.serial)
+tc_stop
+grep -q "stopped cleanly" "$T/daemon.log" || fail "no clean-stop line in the log"
+pass "SIGTERM drains and exits 0"
+
+tc_start "$T/t.conf"
+expect_eq "$(cat "$T"/state/lun-disk0.serial)" "$serial1" "auto serial is stable across restarts"
+tc_stop

@@ -4,6 +4,8 @@
 #   make run        install deps if missing, build, start the quickstart daemon
 #   make check      every test (unit, integration over loopback, conformance, fuzz)
 #   make check-long longer soaks
+#   make bench      benchmarks (print numbers, assert nothing about speed)
+#   make conformance  libiscsi's suite against tiercached and tgtd
 #   make deps       install the Debian packages the build and tests need
 #   make clean
 #
@@ -35,13 +37,16 @@ DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(BUILD)/obj/%.o)
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
+BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
+BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
+
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
-PROGS := $(BUILD)/tiercached
+PROGS := $(BUILD)/tiercached $(BUILD)/tierctl
 
-.PHONY: all deps run check check-long conformance fuzz unit clean
-all: $(PROGS) $(UNIT_BINS)
+.PHONY: all deps run check check-long conformance bench fuzz unit clean
+all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
 deps:
 	@sh tools/deps.sh
@@ -58,9 +63,21 @@ $(BUILD)/libtiercache.a: $(LIB_OBJS)
 $(BUILD)/tiercached: $(DAEMON_OBJS) $(BUILD)/libtiercache.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/tierctl: $(BUILD)/obj/tools/tierctl.o $(BUILD)/libtiercache.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS)
+
+$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtiercache.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS) -lm
+
+# Benchmarks print numbers and ratios against a peer measured in the same
+# run; they assert nothing about speed.
+bench: all
+	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 
 # libFuzzer harnesses: clang, ASan + UBSan, linked against the library
 # sources compiled again with the same instrumentation.

@@ -281,6 +281,13 @@ static int handle_daemon(struct parse_state *ps, const char *key, const char *va
 	if (!strcmp(key, "state_dir")) {
 		free(cfg->state_dir);
 		cfg->state_dir = xstrdup(ps, val);
+	} else if (!strcmp(key, "control_socket")) {
+		if (!*val || strlen(val) > 107) {
+			fail_at(ps, ps->line, "[daemon] control_socket must be a path of 1 to 107 characters");
+			return 0;
+		}
+		free(cfg->control_socket);
+		cfg->control_socket = xstrdup(ps, val);
 	} else if (!strcmp(key, "workers")) {
 		if (parse_uint(val, 256, &u)) {
 			fail_at(ps, ps->line, "[daemon] workers = %s: give a number of threads from 0 (one per core) to 256", val);
@@ -305,7 +312,8 @@ static int handle_daemon(struct parse_state *ps, const char *key, const char *va
 			cfg->nop_timeout = (unsigned)u;
 	} else {
 		fail_at(ps, ps->line,
-			"[daemon] has no key \"%s\"; known keys: state_dir, workers, log_level, nop_interval, nop_timeout",
+			"[daemon] has no key \"%s\"; known keys: state_dir, control_socket, workers, log_level, "
+			"nop_interval, nop_timeout",
 			key);
 		return 0;
 	}
@@ -537,6 +545,8 @@ static int validate(struct parse_state *ps)
 
 	if (!cfg->state_dir)
 		cfg->state_dir = xstrdup(ps, "/var/lib/tiercache");
+	if (!cfg->control_socket)
+		cfg->control_socket = xstrdup(ps, "/run/tiercache/control.sock");
 	if (!cfg->log_level)
 		cfg->log_level = xstrdup(ps, "info");
 	for (int i = 0; i < cfg->nluns; i++) {
@@ -677,6 +687,7 @@ void config_free(struct config *cfg)
 	}
 	free(cfg->luns);
 	free(cfg->state_dir);
+	free(cfg->control_socket);
 	free(cfg->log_level);
 	free(cfg->path);
 	free(cfg);

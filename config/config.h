@@ -7,7 +7,8 @@
  * refuse exactly the same files.
  *
  * Sections:
- *   [daemon]        state_dir, workers, log_level, nop_interval, nop_timeout
+ *   [daemon]        state_dir, control_socket, workers, log_level,
+ *                   nop_interval, nop_timeout
  *   [portal]        listen (repeatable; host:port, [v6]:port)
  *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
  *                   mutual_user/mutual_secret
@@ -66,6 +67,7 @@ struct config {
 	char *path;
 	/* [daemon] */
 	char *state_dir;
+	char *control_socket;    /* tierctl's Unix socket */
 	unsigned workers;        /* 0 = one per core */
 	char *log_level;         /* error | warning | info | debug */
 	unsigned nop_interval;   /* seconds between NOP-In pings on idle links; 0 = off */

@@ -12,10 +12,12 @@
 #include "common/log.h"
 #include "common/worker.h"
 #include "config/config.h"
+#include "daemon/control.h"
 #include "target/iscsi/portal.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <json-c/json.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -37,6 +39,63 @@ struct daemon {
 	struct iscsi_target_cfg *portal_targets;
 	struct iscsi_listen_cfg *portal_listen;
 };
+
+static int mkdir_p(const char *path);
+static uint64_t started_ms;
+
+/* tierctl status: the configuration as served, read-only after startup. */
+static int ctl_status(struct json_object *req, struct json_object *resp, void *arg)
+{
+	struct daemon *d = arg;
+	struct config *cfg = d->cfg;
+	struct json_object *luns = json_object_new_array();
+	struct json_object *targets = json_object_new_array();
+
+	(void)req;
+	json_object_object_add(resp, "version", json_object_new_string(TC_VERSION));
+	json_object_object_add(resp, "uptime_s", json_object_new_int64((int64_t)((now_ms() - started_ms) / 1000)));
+	for (int i = 0; i < cfg->nluns; i++) {
+		struct cfg_lun *l = &cfg->luns[i];
+		struct json_object *o = json_object_new_object();
+		json_object_object_add(o, "name", json_object_new_string(l->name));
+		json_object_object_add(o, "backing", json_object_new_string(l->backing));
+		json_object_object_add(o, "serial", json_object_new_string(d->serials[i]));
+		json_object_object_add(o, "block_size", json_object_new_int(l->block_size));
+		json_object_object_add(o, "read_only", json_object_new_boolean(l->read_only));
+		json_object_array_add(luns, o);
+	}
+	for (int i = 0; i < cfg->ntargets; i++) {
+		struct cfg_target *t = &cfg->targets[i];
+		struct json_object *o = json_object_new_object();
+		struct json_object *map = json_object_new_array();
+		json_object_object_add(o, "iqn", json_object_new_string(t->iqn));
+		for (int j = 0; j < t->nluns; j++) {
+			char s[96];
+			snprintf(s, sizeof(s), "lun%llu = %s", (unsigned long long)t->luns[j].lun, t->luns[j].lun_name);
+			json_object_array_add(map, json_object_new_string(s));
+		}
+		json_object_object_add(o, "luns", map);
+		json_object_object_add(o, "auth", json_object_new_string(t->mutual_user ? "mutual CHAP"
+									: t->chap_user ? "CHAP" : "none"));
+		json_object_object_add(o, "acl", json_object_new_string(t->nallow ? "allow list" : "any initiator"));
+		json_object_array_add(targets, o);
+	}
+	json_object_object_add(resp, "targets", targets);
+	json_object_object_add(resp, "luns", luns);
+	return 0;
+}
+
+/* Create the directory that will hold path (the control socket). */
+static int mkdir_parent(const char *path)
+{
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = '\0';
+	return mkdir_p(dir);
+}
 
 static void usage(FILE *f)
 {
@@ -317,6 +376,17 @@ int main(int argc, char **argv)
 		log_info("portal listening on %s%s%s:%u", strchr(d.cfg->listen[i].addr, ':') ? "[" : "",
 			 d.cfg->listen[i].addr, strchr(d.cfg->listen[i].addr, ':') ? "]" : "",
 			 d.cfg->listen[i].port);
+	err[0] = '\0';
+	started_ms = now_ms();
+	control_register("status", ctl_status, &d);
+	if (mkdir_parent(d.cfg->control_socket) < 0 ||
+	    control_start(d.cfg->control_socket, err, sizeof(err)) < 0) {
+		log_err("%s", err[0] ? err : "cannot create the control socket directory");
+		iscsi_portal_drain();
+		workers_stop();
+		teardown(&d);
+		return 1;
+	}
 	sd_notify(0, "READY=1\nSTATUS=serving");
 	log_info("ready: %d target(s), %d LUN(s), %u worker thread(s)", d.cfg->ntargets, d.cfg->nluns,
 		 workers_count());
@@ -333,6 +403,7 @@ int main(int argc, char **argv)
 		break;
 	}
 	sd_notify(0, "STOPPING=1");
+	control_stop();
 	iscsi_portal_drain();
 	workers_stop();
 	teardown(&d);

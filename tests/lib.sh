@@ -95,6 +95,7 @@ tc_basic_conf() {
 	cat <<CONF
 [daemon]
 state_dir = $T/state
+control_socket = $T/state/control.sock
 log_level = info
 
 [portal]

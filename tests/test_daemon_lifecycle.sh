@@ -35,7 +35,7 @@ expect_eq "$(stat -c %s "$T/disk0.img")" 67108864 "backing created at the config
 pass "backing file is sparse"
 
 # a second daemon on the same port is refused with a clear sentence
-tc_basic_conf "$port" | sed "s#disk0.img#other.img#; s#state_dir = .*#state_dir = $T/state2#" >"$T/t2.conf"
+tc_basic_conf "$port" | sed "s#disk0.img#other.img#; s#$T/state#$T/state2#g" >"$T/t2.conf"
 out=$(timeout 10 "$TC_BIN" -c "$T/t2.conf" 2>&1)
 rc=$?
 [ "$rc" != 0 ] || fail "second daemon on a taken port started"
@@ -43,6 +43,19 @@ rc=$?
 pass "port in use is refused naming 127.0.0.1:$port"
 
 serial1=$(cat "$T"/state/lun-disk0.serial)
+
+# tierctl reaches the daemon over the root-only control socket
+expect_eq "$(stat -c %a "$T/state/control.sock")" 600 "control socket is mode 0600"
+out=$("$TC_ROOT/build/tierctl" -c "$T/t.conf" status) || fail "tierctl status failed: $out"
+[[ "$out" == *"iqn.2026-11.io.tiercache:test"* && "$out" == *"serial: $serial1"* ]] || fail "tierctl status: $out"
+pass "tierctl status shows the target and the LUN's serial"
+json=$("$TC_ROOT/build/tierctl" -c "$T/t.conf" --json status) || fail "tierctl --json status failed"
+echo "$json" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["ok"] and d["luns"][0]["name"]=="disk0"' ||
+	fail "tierctl --json is not the expected JSON: $json"
+pass "tierctl --json status is machine-readable"
+"$TC_ROOT/build/tierctl" -s "$T/nowhere.sock" status 2>"$T/err"
+expect_eq "$?" 3 "tierctl exits 3 when the daemon is unreachable"
+grep -q "cannot reach tiercached at $T/nowhere.sock" "$T/err" || fail "unreachable message: $(cat "$T/err")"
 tc_stop
 grep -q "stopped cleanly" "$T/daemon.log" || fail "no clean-stop line in the log"
 pass "SIGTERM drains and exits 0"

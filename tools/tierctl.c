@@ -1,0 +1,269 @@
+/*
+ * tierctl - talk to a running tiercached over its control socket.
+ *
+ *   tierctl [-s SOCKET | -c CONFIG] [--json] COMMAND [ARGS]
+ *
+ * Commands are sent as one JSON request; the daemon answers with one JSON
+ * object. By default the answer is shown for people (nested keys indented,
+ * lists numbered); --json prints it unchanged for scripts. The exit status
+ * is 0 when the daemon said ok, 1 when it refused (the reason is printed),
+ * 2 for usage errors and 3 when the daemon cannot be reached.
+ */
+#include "config/config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define DEFAULT_SOCKET "/run/tiercache/control.sock"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tierctl [-s SOCKET | -c CONFIG] [--json] COMMAND [ARGS]\n"
+		"commands:\n"
+		"  status                     targets, LUNs, cache sets, legs and health\n"
+		"  stats [--watch [SECS]]     I/O and cache counters (repeat every SECS)\n"
+		"  flush [--wait]             destage all dirty data (and wait for it)\n"
+		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
+		"  detach LUN                 flush, then run the LUN uncached\n"
+		"  leg replace SET OLD NEW    resync a new leg in place of OLD, online\n"
+		"options:\n"
+		"  -s, --socket PATH          control socket (default " DEFAULT_SOCKET ")\n"
+		"  -c, --config FILE          take the socket path from the daemon's config\n"
+		"      --json                 print the daemon's JSON answer as it is\n");
+}
+
+static struct json_object *call(const char *path, struct json_object *req, int *rc)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		fprintf(stderr, "tierctl: cannot reach tiercached at %s: %s (is the daemon running? "
+			"give the socket with -s or the config with -c)\n", path, strerror(errno));
+		*rc = 3;
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	const char *s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+	size_t len = strlen(s);
+	if (write(fd, s, len) != (ssize_t)len || write(fd, "\n", 1) != 1) {
+		fprintf(stderr, "tierctl: sending to %s failed: %s\n", path, strerror(errno));
+		close(fd);
+		*rc = 3;
+		return NULL;
+	}
+	shutdown(fd, SHUT_WR);
+	struct json_tokener *tok = json_tokener_new();
+	struct json_object *resp = NULL;
+	char buf[65536];
+	ssize_t n;
+	while (!resp && (n = read(fd, buf, sizeof(buf))) > 0) {
+		resp = json_tokener_parse_ex(tok, buf, (int)n);
+		if (!resp && json_tokener_get_error(tok) != json_tokener_continue)
+			break;
+	}
+	json_tokener_free(tok);
+	close(fd);
+	if (!resp) {
+		fprintf(stderr, "tierctl: the daemon's answer was not JSON\n");
+		*rc = 3;
+	}
+	return resp;
+}
+
+static void print_value(struct json_object *v, int indent);
+
+static void print_object(struct json_object *o, int indent)
+{
+	json_object_object_foreach(o, key, val)
+	{
+		if (!strcmp(key, "ok"))
+			continue;
+		enum json_type t = json_object_get_type(val);
+		printf("%*s%s:", indent, "", key);
+		if (t == json_type_object || t == json_type_array) {
+			printf("\n");
+			print_value(val, indent + 2);
+		} else {
+			printf(" %s\n", json_object_get_string(val));
+		}
+	}
+}
+
+static void print_value(struct json_object *v, int indent)
+{
+	if (json_object_is_type(v, json_type_object)) {
+		print_object(v, indent);
+	} else if (json_object_is_type(v, json_type_array)) {
+		size_t n = json_object_array_length(v);
+		if (n == 0)
+			printf("%*s(none)\n", indent, "");
+		for (size_t i = 0; i < n; i++) {
+			struct json_object *e = json_object_array_get_idx(v, i);
+			if (json_object_is_type(e, json_type_object)) {
+				printf("%*s- \n", indent, "");
+				print_object(e, indent + 2);
+			} else {
+				printf("%*s- %s\n", indent, "", json_object_get_string(e));
+			}
+		}
+	} else {
+		printf("%*s%s\n", indent, "", json_object_get_string(v));
+	}
+}
+
+static int show(struct json_object *resp, bool json)
+{
+	struct json_object *ok, *err;
+	bool good = json_object_object_get_ex(resp, "ok", &ok) && json_object_get_boolean(ok);
+	if (json) {
+		printf("%s\n", json_object_to_json_string_ext(resp, JSON_C_TO_STRING_PRETTY));
+	} else if (!good && json_object_object_get_ex(resp, "error", &err)) {
+		fprintf(stderr, "tierctl: %s\n", json_object_get_string(err));
+	} else {
+		print_object(resp, 0);
+	}
+	return good ? 0 : 1;
+}
+
+static const char *socket_from_config(const char *conf)
+{
+	static char path[512];
+	struct config *cfg;
+	char err[512];
+	if (config_load(conf, &cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "tierctl: %s\n", err);
+		exit(2);
+	}
+	snprintf(path, sizeof(path), "%s", cfg->control_socket);
+	config_free(cfg);
+	return path;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "config", required_argument, NULL, 'c' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *path = DEFAULT_SOCKET;
+	bool json = false;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "+s:c:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': path = optarg; break;
+		case 'c': path = socket_from_config(optarg); break;
+		case 'j': json = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	const char *cmd = argv[optind++];
+	int nargs = argc - optind;
+	char **args = argv + optind;
+	struct json_object *req = json_object_new_object();
+	bool watch = false, wait = false;
+	int interval = 1;
+
+	if (!strcmp(cmd, "status") && nargs == 0) {
+	} else if (!strcmp(cmd, "stats")) {
+		for (int i = 0; i < nargs; i++) {
+			if (!strcmp(args[i], "--watch")) {
+				watch = true;
+				if (i + 1 < nargs && atoi(args[i + 1]) > 0)
+					interval = atoi(args[++i]);
+			} else {
+				usage(stderr);
+				return 2;
+			}
+		}
+	} else if (!strcmp(cmd, "flush") && nargs <= 1) {
+		if (nargs == 1 && strcmp(args[0], "--wait")) {
+			usage(stderr);
+			return 2;
+		}
+		wait = nargs == 1;
+	} else if (!strcmp(cmd, "mode") && nargs == 2) {
+		json_object_object_add(req, "lun", json_object_new_string(args[0]));
+		json_object_object_add(req, "mode", json_object_new_string(args[1]));
+	} else if (!strcmp(cmd, "detach") && nargs == 1) {
+		json_object_object_add(req, "lun", json_object_new_string(args[0]));
+	} else if (!strcmp(cmd, "leg") && nargs == 4 && !strcmp(args[0], "replace")) {
+		cmd = "leg-replace";
+		json_object_object_add(req, "set", json_object_new_string(args[1]));
+		json_object_object_add(req, "old", json_object_new_string(args[2]));
+		json_object_object_add(req, "new", json_object_new_string(args[3]));
+	} else {
+		usage(stderr);
+		return 2;
+	}
+	json_object_object_add(req, "cmd", json_object_new_string(cmd));
+
+	int rc = 0;
+	if (!strcmp(cmd, "flush") && wait) {
+		/* start the flush, then poll its progress until no dirty data is left */
+		struct json_object *resp = call(path, req, &rc);
+		if (!resp)
+			return rc;
+		rc = show(resp, json);
+		json_object_put(resp);
+		if (rc)
+			return rc;
+		struct json_object *preq = json_object_new_object();
+		json_object_object_add(preq, "cmd", json_object_new_string("flush-progress"));
+		for (;;) {
+			resp = call(path, preq, &rc);
+			if (!resp)
+				return rc;
+			struct json_object *d, *t;
+			int64_t dirty = json_object_object_get_ex(resp, "dirty_bytes", &d) ? json_object_get_int64(d) : 0;
+			int64_t total = json_object_object_get_ex(resp, "start_dirty_bytes", &t) ? json_object_get_int64(t) : 0;
+			json_object_put(resp);
+			if (!json && total > 0) {
+				int pct = (int)(100 - (dirty * 100) / total);
+				int bar = pct / 4;
+				fprintf(stderr, "\rflushing [%-25.*s] %3d%%  %lld MiB dirty ", bar,
+					"#########################", pct, (long long)(dirty >> 20));
+			}
+			if (dirty <= 0)
+				break;
+			usleep(200000);
+		}
+		if (!json)
+			fprintf(stderr, "\nflush complete: no dirty data left\n");
+		json_object_put(preq);
+		return 0;
+	}
+	do {
+		struct json_object *resp = call(path, req, &rc);
+		if (!resp)
+			return rc;
+		if (watch && !json)
+			printf("\033[H\033[J");
+		rc = show(resp, json);
+		json_object_put(resp);
+		fflush(stdout);
+		if (watch)
+			sleep((unsigned)interval);
+	} while (watch && rc == 0);
+	json_object_put(req);
+	return rc;
+}

@@ -1,0 +1,693 @@
+/*
+ * lu.c - logical units, targets, I_T nexuses and command dispatch.
+ *
+ * This file owns the objects of scsi.h and the path every command takes
+ * before its handler runs: find the (nexus, LU) pair for the LUN, look the
+ * opcode (and service action) up in the command table, reject reserved
+ * bits with the table's CDB usage mask, report a pending unit attention,
+ * refuse writes to a write-protected LU, and check reservations (only when
+ * the LU's atomic resv_held hint says there is one). The table is data:
+ * handler, data direction, CDB length, usage bits and a few flags; REPORT
+ * SUPPORTED OPERATION CODES is generated from the same table.
+ *
+ * It also keeps the registry of open LUs (EXTENDED COPY resolves target
+ * descriptors across LUs through it) and the per-(nexus, LU) unit
+ * attention masks.
+ */
+#include "lu.h"
+
+#include "../common/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------ */
+/* The command table                                                   */
+
+#define CTL 0x00 /* control byte: NACA and LINK unsupported */
+#define RW (CMDF_READS)
+#define WR (CMDF_WRITES)
+#define R SCSI_DIR_READ
+#define W SCSI_DIR_WRITE
+
+static const struct cmd_desc cmd_table[] = {
+	{ OP_TEST_UNIT_READY, 0, 6, 0, CMDF_PR_ALLOWED, spc_test_unit_ready, "TEST UNIT READY",
+	  { OP_TEST_UNIT_READY, 0, 0, 0, 0, CTL } },
+	{ OP_REQUEST_SENSE, 0, 6, R, CMDF_NO_UA | CMDF_UNMAPPED_OK | CMDF_PR_ALLOWED | CMDF_SANITIZE_OK | CMDF_RESV_SPC2_OK,
+	  spc_request_sense, "REQUEST SENSE", { OP_REQUEST_SENSE, 0x01, 0, 0, 0xff, CTL } },
+	{ OP_READ_6, 0, 6, R, RW, sbc_read, "READ(6)", { OP_READ_6, 0x1f, 0xff, 0xff, 0xff, CTL } },
+	{ OP_WRITE_6, 0, 6, W, WR, sbc_write, "WRITE(6)", { OP_WRITE_6, 0x1f, 0xff, 0xff, 0xff, CTL } },
+	{ OP_INQUIRY, 0, 6, R, CMDF_NO_UA | CMDF_UNMAPPED_OK | CMDF_PR_ALLOWED | CMDF_SANITIZE_OK | CMDF_RESV_SPC2_OK,
+	  spc_inquiry, "INQUIRY", { OP_INQUIRY, 0x01, 0xff, 0xff, 0xff, CTL } },
+	{ OP_MODE_SELECT_6, 0, 6, W, 0, spc_mode_select, "MODE SELECT(6)",
+	  { OP_MODE_SELECT_6, 0x11, 0, 0, 0xff, CTL } },
+	{ OP_RESERVE_6, 0, 6, 0, 0, pr_reserve, "RESERVE(6)", { OP_RESERVE_6, 0, 0, 0, 0, CTL } },
+	{ OP_RELEASE_6, 0, 6, 0, CMDF_RESV_SPC2_OK, pr_release, "RELEASE(6)", { OP_RELEASE_6, 0, 0, 0, 0, CTL } },
+	{ OP_MODE_SENSE_6, 0, 6, R, 0, spc_mode_sense, "MODE SENSE(6)",
+	  { OP_MODE_SENSE_6, 0x08, 0xff, 0xff, 0xff, CTL } },
+	{ OP_START_STOP_UNIT, 0, 6, 0, 0, spc_start_stop_unit, "START STOP UNIT",
+	  { OP_START_STOP_UNIT, 0x01, 0, 0x0f, 0xf7, CTL } },
+	{ OP_SEND_DIAGNOSTIC, 0, 6, W, 0, spc_send_diagnostic, "SEND DIAGNOSTIC",
+	  { OP_SEND_DIAGNOSTIC, 0xf7, 0, 0xff, 0xff, CTL } },
+	{ OP_PREVENT_ALLOW, 0, 6, 0, CMDF_PR_ALLOWED, spc_prevent_allow, "PREVENT ALLOW MEDIUM REMOVAL",
+	  { OP_PREVENT_ALLOW, 0, 0, 0, 0x03, CTL } },
+	{ OP_READ_CAPACITY_10, 0, 10, R, CMDF_PR_ALLOWED, sbc_read_capacity_10, "READ CAPACITY(10)",
+	  { OP_READ_CAPACITY_10, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, CTL } },
+	{ OP_READ_10, 0, 10, R, RW, sbc_read, "READ(10)",
+	  { OP_READ_10, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_WRITE_10, 0, 10, W, WR, sbc_write, "WRITE(10)",
+	  { OP_WRITE_10, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_WRITE_VERIFY_10, 0, 10, W, WR, sbc_write_verify, "WRITE AND VERIFY(10)",
+	  { OP_WRITE_VERIFY_10, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_VERIFY_10, 0, 10, W, RW, sbc_verify, "VERIFY(10)",
+	  { OP_VERIFY_10, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_PREFETCH_10, 0, 10, 0, RW, sbc_prefetch, "PRE-FETCH(10)",
+	  { OP_PREFETCH_10, 0x02, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_SYNC_CACHE_10, 0, 10, 0, WR, sbc_sync_cache, "SYNCHRONIZE CACHE(10)",
+	  { OP_SYNC_CACHE_10, 0x06, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_WRITE_SAME_10, 0, 10, W, WR, sbc_write_same, "WRITE SAME(10)",
+	  { OP_WRITE_SAME_10, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_UNMAP, 0, 10, W, WR, sbc_unmap, "UNMAP",
+	  { OP_UNMAP, 0x01, 0, 0, 0, 0, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_SANITIZE, SANITIZE_BLOCK_ERASE, 10, 0, WR | CMDF_SA, sbc_sanitize, "SANITIZE BLOCK ERASE",
+	  { OP_SANITIZE, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_SANITIZE, SANITIZE_EXIT_FAILURE_MODE, 10, 0, WR | CMDF_SA, sbc_sanitize,
+	  "SANITIZE EXIT FAILURE MODE", { OP_SANITIZE, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_MODE_SELECT_10, 0, 10, W, 0, spc_mode_select, "MODE SELECT(10)",
+	  { OP_MODE_SELECT_10, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_RESERVE_10, 0, 10, 0, 0, pr_reserve, "RESERVE(10)",
+	  { OP_RESERVE_10, 0, 0, 0, 0, 0, 0, 0, 0, CTL } },
+	{ OP_RELEASE_10, 0, 10, 0, CMDF_RESV_SPC2_OK, pr_release, "RELEASE(10)",
+	  { OP_RELEASE_10, 0, 0, 0, 0, 0, 0, 0, 0, CTL } },
+	{ OP_MODE_SENSE_10, 0, 10, R, 0, spc_mode_sense, "MODE SENSE(10)",
+	  { OP_MODE_SENSE_10, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_PR_IN, 0x00, 10, R, CMDF_SA | CMDF_PR_ALLOWED, pr_in, "PERSISTENT RESERVE IN READ KEYS",
+	  { OP_PR_IN, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_PR_IN, 0x01, 10, R, CMDF_SA | CMDF_PR_ALLOWED, pr_in, "PERSISTENT RESERVE IN READ RESERVATION",
+	  { OP_PR_IN, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_PR_IN, 0x02, 10, R, CMDF_SA | CMDF_PR_ALLOWED, pr_in, "PERSISTENT RESERVE IN REPORT CAPABILITIES",
+	  { OP_PR_IN, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_PR_IN, 0x03, 10, R, CMDF_SA | CMDF_PR_ALLOWED, pr_in, "PERSISTENT RESERVE IN READ FULL STATUS",
+	  { OP_PR_IN, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+#define PROUT(sa, nm)                                                                          \
+	{ OP_PR_OUT, sa, 10, W, CMDF_SA | CMDF_PR_ALLOWED, pr_out, "PERSISTENT RESERVE OUT " nm, \
+	  { OP_PR_OUT, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, CTL } }
+	PROUT(0x00, "REGISTER"),
+	PROUT(0x01, "RESERVE"),
+	PROUT(0x02, "RELEASE"),
+	PROUT(0x03, "CLEAR"),
+	PROUT(0x04, "PREEMPT"),
+	PROUT(0x05, "PREEMPT AND ABORT"),
+	PROUT(0x06, "REGISTER AND IGNORE EXISTING KEY"),
+	PROUT(0x07, "REGISTER AND MOVE"),
+	{ OP_EXTENDED_COPY, 0x00, 16, W, CMDF_SA | WR, xcopy_extended_copy, "EXTENDED COPY(LID1)",
+	  { OP_EXTENDED_COPY, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_RECEIVE_COPY_RESULTS, RCR_COPY_STATUS, 16, R, CMDF_SA, xcopy_receive_copy_results,
+	  "RECEIVE COPY STATUS(LID1)",
+	  { OP_RECEIVE_COPY_RESULTS, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_RECEIVE_COPY_RESULTS, RCR_OPERATING_PARAMETERS, 16, R, CMDF_SA, xcopy_receive_copy_results,
+	  "RECEIVE COPY OPERATING PARAMETERS",
+	  { OP_RECEIVE_COPY_RESULTS, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_READ_16, 0, 16, R, RW, sbc_read, "READ(16)",
+	  { OP_READ_16, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_COMPARE_AND_WRITE, 0, 16, W, WR | RW, sbc_compare_and_write, "COMPARE AND WRITE",
+	  { OP_COMPARE_AND_WRITE, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x1f, CTL } },
+	{ OP_WRITE_16, 0, 16, W, WR, sbc_write, "WRITE(16)",
+	  { OP_WRITE_16, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_ORWRITE_16, 0, 16, W, WR | RW, sbc_orwrite, "ORWRITE(16)",
+	  { OP_ORWRITE_16, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_WRITE_VERIFY_16, 0, 16, W, WR, sbc_write_verify, "WRITE AND VERIFY(16)",
+	  { OP_WRITE_VERIFY_16, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_VERIFY_16, 0, 16, W, RW, sbc_verify, "VERIFY(16)",
+	  { OP_VERIFY_16, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_PREFETCH_16, 0, 16, 0, RW, sbc_prefetch, "PRE-FETCH(16)",
+	  { OP_PREFETCH_16, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_SYNC_CACHE_16, 0, 16, 0, WR, sbc_sync_cache, "SYNCHRONIZE CACHE(16)",
+	  { OP_SYNC_CACHE_16, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_WRITE_SAME_16, 0, 16, W, WR, sbc_write_same, "WRITE SAME(16)",
+	  { OP_WRITE_SAME_16, 0xf9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_SERVICE_ACTION_IN_16, SAI_READ_CAPACITY_16, 16, R, CMDF_SA | CMDF_PR_ALLOWED, sbc_read_capacity_16,
+	  "READ CAPACITY(16)",
+	  { OP_SERVICE_ACTION_IN_16, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, CTL } },
+	{ OP_SERVICE_ACTION_IN_16, SAI_GET_LBA_STATUS, 16, R, CMDF_SA | RW, sbc_get_lba_status, "GET LBA STATUS",
+	  { OP_SERVICE_ACTION_IN_16, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_REPORT_LUNS, 0, 12, R, CMDF_NO_UA | CMDF_UNMAPPED_OK | CMDF_PR_ALLOWED | CMDF_SANITIZE_OK | CMDF_RESV_SPC2_OK,
+	  spc_report_luns, "REPORT LUNS", { OP_REPORT_LUNS, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_MAINTENANCE_IN, MI_REPORT_TARGET_PGS, 12, R, CMDF_SA | CMDF_PR_ALLOWED | CMDF_RESV_SPC2_OK,
+	  spc_report_target_pgs, "REPORT TARGET PORT GROUPS",
+	  { OP_MAINTENANCE_IN, 0xff, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_MAINTENANCE_IN, MI_REPORT_SUPPORTED_OPCODES, 12, R, CMDF_SA | CMDF_PR_ALLOWED | CMDF_RESV_SPC2_OK,
+	  spc_report_supported_opcodes, "REPORT SUPPORTED OPERATION CODES",
+	  { OP_MAINTENANCE_IN, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
+	{ OP_READ_12, 0, 12, R, RW, sbc_read, "READ(12)",
+	  { OP_READ_12, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_WRITE_12, 0, 12, W, WR, sbc_write, "WRITE(12)",
+	  { OP_WRITE_12, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_WRITE_VERIFY_12, 0, 12, W, WR, sbc_write_verify, "WRITE AND VERIFY(12)",
+	  { OP_WRITE_VERIFY_12, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_VERIFY_12, 0, 12, W, RW, sbc_verify, "VERIFY(12)",
+	  { OP_VERIFY_12, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+};
+
+#undef R
+#undef W
+
+const struct cmd_desc *scsi_cmd_table(size_t *n)
+{
+	*n = sizeof(cmd_table) / sizeof(cmd_table[0]);
+	return cmd_table;
+}
+
+/* Index of the first table entry per opcode, +1 (0 = unsupported). */
+static uint8_t op_first[256];
+static pthread_once_t op_once = PTHREAD_ONCE_INIT;
+
+static void op_index_build(void)
+{
+	size_t n = sizeof(cmd_table) / sizeof(cmd_table[0]);
+	for (size_t i = n; i-- > 0;)
+		op_first[cmd_table[i].opcode] = (uint8_t)(i + 1);
+}
+
+/* Find the descriptor; *bad_sa set when the opcode exists but not the SA. */
+static const struct cmd_desc *cmd_lookup(const uint8_t *cdb, bool *bad_sa)
+{
+	size_t n = sizeof(cmd_table) / sizeof(cmd_table[0]);
+	unsigned i = op_first[cdb[0]];
+
+	*bad_sa = false;
+	if (!i)
+		return NULL;
+	const struct cmd_desc *d = &cmd_table[i - 1];
+	if (!(d->flags & CMDF_SA))
+		return d;
+	uint8_t sa = cdb[1] & 0x1f;
+	for (; d < cmd_table + n && d->opcode == cdb[0]; d++)
+		if (d->sa == sa)
+			return d;
+	*bad_sa = true;
+	return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Registry of open LUs                                                */
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct scsi_lu *registry;
+
+struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len)
+{
+	struct scsi_lu *found = NULL;
+
+	if (len != sizeof(registry->naa))
+		return NULL;
+	pthread_mutex_lock(&registry_lock);
+	for (struct scsi_lu *lu = registry; lu; lu = lu->next_open)
+		if (!memcmp(lu->naa, desig, len)) {
+			found = lu;
+			break;
+		}
+	pthread_mutex_unlock(&registry_lock);
+	return found;
+}
+
+/* ------------------------------------------------------------------ */
+/* Logical units                                                       */
+
+static void copy_padded(char *dst, size_t cap, const char *src, const char *dflt)
+{
+	snprintf(dst, cap, "%s", src && *src ? src : dflt);
+}
+
+/* NAA 3 (locally assigned): 60 bits of an FNV-1a hash of the serial, so
+ * the designator is as stable as the serial itself. */
+static void naa_from_serial(const char *serial, uint8_t out[8])
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (const char *p = serial; *p; p++) {
+		h ^= (uint8_t)*p;
+		h *= 0x100000001b3ull;
+	}
+	h = (h & 0x0fffffffffffffffull) | (3ull << 60);
+	put_be64(out, h);
+}
+
+struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
+			     char *err, size_t errlen)
+{
+	struct scsi_lu *lu;
+	uint32_t bs = cfg->block_size ? cfg->block_size : dev->block_size;
+
+	pthread_once(&op_once, op_index_build);
+	if (bs != 512 && bs != 4096) {
+		snprintf(err, errlen, "lun \"%s\": block_size %u is not supported; use 512 or 4096",
+			 cfg->name, bs);
+		return NULL;
+	}
+	if (dev->block_size > bs || bs % dev->block_size || dev->size < bs) {
+		snprintf(err, errlen, "lun \"%s\": backing %s (block size %u, %llu bytes) cannot hold %u-byte blocks",
+			 cfg->name, dev->name, dev->block_size, (unsigned long long)dev->size, bs);
+		return NULL;
+	}
+	lu = calloc(1, sizeof(*lu));
+	if (!lu) {
+		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
+		return NULL;
+	}
+	lu->name = strdup(cfg->name ? cfg->name : "lun");
+	lu->state_dir = cfg->state_dir ? strdup(cfg->state_dir) : NULL;
+	copy_padded(lu->serial, sizeof(lu->serial), cfg->serial, lu->name);
+	copy_padded(lu->vendor, sizeof(lu->vendor), cfg->vendor, "TIERCACH");
+	copy_padded(lu->product, sizeof(lu->product), cfg->product, "tiercache");
+	copy_padded(lu->revision, sizeof(lu->revision), cfg->revision, "0001");
+	lu->dev = dev;
+	lu->block_size = bs;
+	lu->block_shift = (unsigned)__builtin_ctz(bs);
+	lu->nblocks = dev->size / bs;
+	lu->read_only = cfg->read_only;
+	lu->tpg = cfg->target_port_group ? cfg->target_port_group : 1;
+	lu->rel_port = cfg->rel_port_id ? cfg->rel_port_id : 1;
+	naa_from_serial(lu->serial, lu->naa);
+	atomic_init(&lu->wce, cfg->write_cache);
+	atomic_init(&lu->d_sense, false);
+	atomic_init(&lu->resv_held, false);
+	atomic_init(&lu->caw_active, 0);
+	atomic_init(&lu->fast_writes, 0);
+	atomic_init(&lu->sanitizing, false);
+	atomic_init(&lu->swp, false);
+	lu->tst = 0;
+	lu->qerr = 0;
+	lu->tas = 0;
+	lu->ie_mrie = 0;
+	lu->ie_dexcpt = true;
+	pthread_mutex_init(&lu->mutex, NULL);
+	if (!lu->name || (cfg->state_dir && !lu->state_dir)) {
+		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
+		goto fail;
+	}
+	if (pr_load(lu, err, errlen) < 0)
+		goto fail;
+
+	pthread_mutex_lock(&registry_lock);
+	lu->next_open = registry;
+	registry = lu;
+	pthread_mutex_unlock(&registry_lock);
+	return lu;
+fail:
+	pr_free(lu);
+	pthread_mutex_destroy(&lu->mutex);
+	free(lu->name);
+	free(lu->state_dir);
+	free(lu);
+	return NULL;
+}
+
+void scsi_lu_close(struct scsi_lu *lu)
+{
+	if (!lu)
+		return;
+	pthread_mutex_lock(&registry_lock);
+	for (struct scsi_lu **pp = &registry; *pp; pp = &(*pp)->next_open)
+		if (*pp == lu) {
+			*pp = lu->next_open;
+			break;
+		}
+	pthread_mutex_unlock(&registry_lock);
+	pr_free(lu);
+	bdev_close(lu->dev);
+	pthread_mutex_destroy(&lu->mutex);
+	free(lu->name);
+	free(lu->state_dir);
+	free(lu);
+}
+
+const char *scsi_lu_name(const struct scsi_lu *lu)
+{
+	return lu->name;
+}
+
+/* ------------------------------------------------------------------ */
+/* Targets                                                             */
+
+struct scsi_target *scsi_target_new(const char *iqn)
+{
+	struct scsi_target *t = calloc(1, sizeof(*t));
+	if (!t)
+		return NULL;
+	t->iqn = strdup(iqn);
+	if (!t->iqn) {
+		free(t);
+		return NULL;
+	}
+	return t;
+}
+
+int scsi_target_map(struct scsi_target *t, uint64_t lun, struct scsi_lu *lu)
+{
+	int i;
+
+	for (i = 0; i < t->nmaps; i++)
+		if (t->maps[i].lun == lun)
+			return -EEXIST;
+	struct tgt_map *m = realloc(t->maps, sizeof(*m) * (size_t)(t->nmaps + 1));
+	if (!m)
+		return -ENOMEM;
+	t->maps = m;
+	for (i = t->nmaps; i > 0 && m[i - 1].lun > lun; i--)
+		m[i] = m[i - 1];
+	m[i].lun = lun;
+	m[i].lu = lu;
+	t->nmaps++;
+	return 0;
+}
+
+void scsi_target_free(struct scsi_target *t)
+{
+	if (!t)
+		return;
+	free(t->maps);
+	free(t->iqn);
+	free(t);
+}
+
+const char *scsi_target_name(const struct scsi_target *t)
+{
+	return t->iqn;
+}
+
+/* ------------------------------------------------------------------ */
+/* Nexuses and unit attentions                                         */
+
+struct scsi_nexus *scsi_nexus_open(struct scsi_target *t, const char *initiator_name,
+				   const uint8_t isid[6], uint16_t tpgt)
+{
+	struct scsi_nexus *nx = calloc(1, sizeof(*nx) + sizeof(struct nexus_lu) * (size_t)t->nmaps);
+	if (!nx)
+		return NULL;
+	nx->tgt = t;
+	snprintf(nx->initiator_name, sizeof(nx->initiator_name), "%s", initiator_name);
+	memcpy(nx->isid, isid, 6);
+	nx->tpgt = tpgt;
+	snprintf(nx->i_port, sizeof(nx->i_port), "%s,i,0x%02x%02x%02x%02x%02x%02x", initiator_name,
+		 isid[0], isid[1], isid[2], isid[3], isid[4], isid[5]);
+	snprintf(nx->t_port, sizeof(nx->t_port), "%s,t,0x%04x", t->iqn, tpgt);
+	nx->nlus = t->nmaps;
+	for (int i = 0; i < t->nmaps; i++) {
+		struct nexus_lu *nl = &nx->lus[i];
+		struct scsi_lu *lu = t->maps[i].lu;
+		nl->nx = nx;
+		nl->lu = lu;
+		nl->lun = t->maps[i].lun;
+		atomic_init(&nl->ua, UA_POWER_ON);
+		pthread_mutex_lock(&lu->mutex);
+		nl->next_in_lu = lu->attached;
+		lu->attached = nl;
+		pthread_mutex_unlock(&lu->mutex);
+	}
+	return nx;
+}
+
+void scsi_nexus_close(struct scsi_nexus *nx)
+{
+	if (!nx)
+		return;
+	for (int i = 0; i < nx->nlus; i++) {
+		struct nexus_lu *nl = &nx->lus[i];
+		struct scsi_lu *lu = nl->lu;
+		pthread_mutex_lock(&lu->mutex);
+		for (struct nexus_lu **pp = &lu->attached; *pp; pp = &(*pp)->next_in_lu)
+			if (*pp == nl) {
+				*pp = nl->next_in_lu;
+				break;
+			}
+		pthread_mutex_unlock(&lu->mutex);
+		pr_nexus_gone(lu, nx);
+	}
+	free(nx);
+}
+
+static struct nexus_lu *nexus_find(struct scsi_nexus *nx, uint64_t lun)
+{
+	int lo = 0, hi = nx->nlus - 1;
+	while (lo <= hi) {
+		int mid = (lo + hi) / 2;
+		if (nx->lus[mid].lun == lun)
+			return &nx->lus[mid];
+		if (nx->lus[mid].lun < lun)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return NULL;
+}
+
+bool scsi_nexus_has_lun(struct scsi_nexus *nx, uint64_t lun)
+{
+	return nexus_find(nx, lun) != NULL;
+}
+
+struct nexus_lu *scsi_cmd_nlu(struct scsi_cmd *cmd)
+{
+	return cmd->nexus ? nexus_find(cmd->nexus, cmd->lun) : NULL;
+}
+
+void lu_ua_all_locked(struct scsi_lu *lu, unsigned ua, const struct scsi_nexus *skip)
+{
+	for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
+		if (nl->nx != skip)
+			atomic_fetch_or(&nl->ua, ua);
+}
+
+void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port)
+{
+	for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
+		if (!strcmp(nl->nx->i_port, i_port) && (!t_port || !strcmp(nl->nx->t_port, t_port)))
+			atomic_fetch_or(&nl->ua, ua);
+}
+
+static uint16_t ua_asc(unsigned bit)
+{
+	switch (bit) {
+	case UA_POWER_ON: return ASC_POWER_ON_RESET;
+	case UA_LU_RESET: return ASC_BUS_DEVICE_RESET;
+	case UA_NEXUS_LOSS: return ASC_I_T_NEXUS_LOSS;
+	case UA_COMMANDS_CLEARED: return ASC_COMMANDS_CLEARED_BY_ANOTHER;
+	case UA_RESERVATIONS_PREEMPTED: return ASC_RESERVATIONS_PREEMPTED;
+	case UA_RESERVATIONS_RELEASED: return ASC_RESERVATIONS_RELEASED;
+	case UA_REGISTRATIONS_PREEMPTED: return ASC_REGISTRATIONS_PREEMPTED;
+	case UA_MODE_CHANGED: return ASC_MODE_PARAMETERS_CHANGED;
+	case UA_CAPACITY_CHANGED: return ASC_CAPACITY_DATA_CHANGED;
+	default: return ASC_REPORTED_LUNS_CHANGED;
+	}
+}
+
+/*
+ * Take the highest-priority pending UA of nl (clearing it) and return its
+ * ASC, or 0 when none. Used by dispatch and REQUEST SENSE. Any thread;
+ * lock-free (the mask is an atomic).
+ */
+uint16_t lu_ua_take(struct nexus_lu *nl)
+{
+	unsigned cur = atomic_load(&nl->ua);
+	while (cur) {
+		unsigned bit = cur & -cur;
+		if (atomic_compare_exchange_weak(&nl->ua, &cur, cur & ~bit))
+			return ua_asc(bit);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Data buffers                                                        */
+
+size_t scsi_iov_len(const struct scsi_cmd *cmd)
+{
+	size_t n = 0;
+	for (int i = 0; i < cmd->iovcnt; i++)
+		n += cmd->iov[i].iov_len;
+	return n;
+}
+
+void scsi_data_in(struct scsi_cmd *cmd, const void *src, size_t len, size_t alloc_len)
+{
+	size_t n = len < alloc_len ? len : alloc_len;
+	size_t done = 0;
+
+	if (n > cmd->read_len)
+		n = cmd->read_len;
+	for (int i = 0; i < cmd->iovcnt && done < n; i++) {
+		size_t c = cmd->iov[i].iov_len;
+		if (c > n - done)
+			c = n - done;
+		memcpy(cmd->iov[i].iov_base, (const uint8_t *)src + done, c);
+		done += c;
+	}
+	cmd->data_in_len = (uint32_t)done;
+	cmd->cdb_xfer_len = (uint32_t)alloc_len;
+}
+
+size_t scsi_data_out(struct scsi_cmd *cmd, size_t off, void *dst, size_t len)
+{
+	size_t avail = cmd->write_len;
+	size_t done = 0, pos = 0;
+
+	if (off >= avail)
+		return 0;
+	if (len > avail - off)
+		len = avail - off;
+	for (int i = 0; i < cmd->iovcnt && done < len; i++) {
+		size_t c = cmd->iov[i].iov_len;
+		if (pos + c <= off) {
+			pos += c;
+			continue;
+		}
+		size_t skip = off > pos ? off - pos : 0;
+		size_t take = c - skip;
+		if (take > len - done)
+			take = len - done;
+		memcpy((uint8_t *)dst + done, (const uint8_t *)cmd->iov[i].iov_base + skip, take);
+		done += take;
+		pos += c;
+	}
+	return done;
+}
+
+/* ------------------------------------------------------------------ */
+/* Dispatch                                                            */
+
+/* Reserved bits per the usage mask; vendor bits of the control byte are
+ * ignored. Returns false after failing the command. */
+static bool cdb_reserved_ok(struct scsi_cmd *cmd, const struct cmd_desc *d)
+{
+	for (unsigned i = 1; i < d->cdb_len; i++) {
+		uint8_t allowed = d->usage[i];
+		if (i == (unsigned)d->cdb_len - 1)
+			allowed |= 0xc0;
+		uint8_t bad = cmd->cdb[i] & (uint8_t)~allowed;
+		if (bad) {
+			scsi_fail_cdb(cmd, i, 31 - __builtin_clz(bad));
+			return false;
+		}
+	}
+	return true;
+}
+
+void scsi_cmd_submit(struct scsi_cmd *cmd)
+{
+	const struct cmd_desc *d;
+	struct nexus_lu *nl;
+	bool bad_sa;
+
+	cmd->status = SAM_STAT_GOOD;
+	cmd->sense_len = 0;
+	cmd->data_in_len = 0;
+	cmd->cdb_xfer_len = 0;
+	cmd->bs_priv = NULL;
+	nl = scsi_cmd_nlu(cmd);
+	cmd->lu = nl ? nl->lu : NULL;
+
+	d = cmd_lookup(cmd->cdb, &bad_sa);
+	if (!d) {
+		if (!cmd->lu)
+			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
+		else if (bad_sa)
+			scsi_fail_cdb(cmd, 1, 4);
+		else
+			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_OPCODE);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if (!cmd->lu) {
+		if (d->opcode == OP_INQUIRY) {
+			spc_inquiry_unmapped(cmd);
+			return;
+		}
+		if (!(d->flags & CMDF_UNMAPPED_OK)) {
+			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
+			scsi_cmd_complete(cmd);
+			return;
+		}
+		if (!cdb_reserved_ok(cmd, d)) {
+			scsi_cmd_complete(cmd);
+			return;
+		}
+		d->handler(cmd);
+		return;
+	}
+	if (!cdb_reserved_ok(cmd, d)) {
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	struct scsi_lu *lu = cmd->lu;
+	if (!(d->flags & CMDF_NO_UA) && atomic_load_explicit(&nl->ua, memory_order_relaxed)) {
+		uint16_t asc = lu_ua_take(nl);
+		if (asc) {
+			scsi_fail(cmd, SK_UNIT_ATTENTION, asc);
+			scsi_cmd_complete(cmd);
+			return;
+		}
+	}
+	if (!(d->flags & CMDF_SANITIZE_OK) && atomic_load_explicit(&lu->sanitizing, memory_order_acquire)) {
+		scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_READY_SANITIZE);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) &&
+	    pr_conflicts(cmd, d)) {
+		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if ((d->flags & CMDF_WRITES) && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16 &&
+	    (lu->read_only || atomic_load_explicit(&lu->swp, memory_order_relaxed))) {
+		scsi_fail(cmd, SK_DATA_PROTECT, ASC_WRITE_PROTECTED);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	d->handler(cmd);
+}
+
+/* ------------------------------------------------------------------ */
+/* Task management                                                     */
+
+static void lu_reset(struct scsi_lu *lu, unsigned ua)
+{
+	pthread_mutex_lock(&lu->mutex);
+	lu_ua_all_locked(lu, ua, NULL);
+	for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
+		nl->prevent = false;
+	pthread_mutex_unlock(&lu->mutex);
+	pr_lu_reset(lu);
+}
+
+int scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun)
+{
+	struct nexus_lu *nl = nexus_find(nx, lun);
+
+	switch (fn) {
+	case SCSI_TMF_ABORT_TASK:
+	case SCSI_TMF_ABORT_TASK_SET:
+		return nl ? 0 : 2;
+	case SCSI_TMF_CLEAR_TASK_SET:
+		if (!nl)
+			return 2;
+		pthread_mutex_lock(&nl->lu->mutex);
+		lu_ua_all_locked(nl->lu, UA_COMMANDS_CLEARED, nx);
+		pthread_mutex_unlock(&nl->lu->mutex);
+		return 0;
+	case SCSI_TMF_CLEAR_ACA:
+		return nl ? 5 : 2;
+	case SCSI_TMF_LOGICAL_UNIT_RESET:
+		if (!nl)
+			return 2;
+		lu_reset(nl->lu, UA_LU_RESET);
+		return 0;
+	case SCSI_TMF_TARGET_WARM_RESET:
+	case SCSI_TMF_TARGET_COLD_RESET:
+		for (int i = 0; i < nx->nlus; i++)
+			lu_reset(nx->lus[i].lu, fn == SCSI_TMF_TARGET_COLD_RESET ? UA_POWER_ON : UA_LU_RESET);
+		return 0;
+	}
+	return 5;
+}

@@ -1,0 +1,458 @@
+/*
+ * lu.h - what the backstore's files share among themselves (not a public
+ * surface: front ends include scsi.h only).
+ *
+ * The backstore is split like LIO / SPDK: lu.c owns the objects (LU,
+ * target, nexus), unit attentions and the opcode table that dispatches a
+ * CDB; sense.c builds every sense buffer; spc.c answers the primary
+ * commands (SPC-4), sbc.c the block commands (SBC-3), pr.c reservations
+ * (SPC-2 RESERVE/RELEASE and persistent reservations), xcopy.c EXTENDED
+ * COPY. This header declares the state they share and the SCSI constants,
+ * so no file spells a sense code or an opcode as a bare number.
+ *
+ * Locking, in one place:
+ *  - lu->mutex guards the mode parameters that are not atomics, the PR and
+ *    SPC-2 reservation state, the list of nexus attachments and the CAW
+ *    range list. It is never held across a bdev_submit callback boundary
+ *    (bdev_submit never completes inline, but we still drop it first).
+ *  - The hot path (READ/WRITE) reads only atomics: lu->resv_held,
+ *    lu->caw_active, lu->wce, and the per-(nexus, LU) pending UA mask.
+ *  - A command runs entirely on the worker that submitted it.
+ */
+#ifndef TC_BACKSTORE_LU_H
+#define TC_BACKSTORE_LU_H
+
+#include "scsi.h"
+
+#include "../cache/bdev.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* Opcodes (SPC-4, SBC-3)                                              */
+
+#define OP_TEST_UNIT_READY 0x00
+#define OP_REQUEST_SENSE 0x03
+#define OP_READ_6 0x08
+#define OP_WRITE_6 0x0a
+#define OP_INQUIRY 0x12
+#define OP_MODE_SELECT_6 0x15
+#define OP_RESERVE_6 0x16
+#define OP_RELEASE_6 0x17
+#define OP_MODE_SENSE_6 0x1a
+#define OP_START_STOP_UNIT 0x1b
+#define OP_SEND_DIAGNOSTIC 0x1d
+#define OP_PREVENT_ALLOW 0x1e
+#define OP_READ_CAPACITY_10 0x25
+#define OP_READ_10 0x28
+#define OP_WRITE_10 0x2a
+#define OP_WRITE_VERIFY_10 0x2e
+#define OP_VERIFY_10 0x2f
+#define OP_PREFETCH_10 0x34
+#define OP_SYNC_CACHE_10 0x35
+#define OP_WRITE_BUFFER 0x3b
+#define OP_READ_BUFFER 0x3c
+#define OP_WRITE_SAME_10 0x41
+#define OP_UNMAP 0x42
+#define OP_SANITIZE 0x48
+#define OP_LOG_SENSE 0x4d
+#define OP_MODE_SELECT_10 0x55
+#define OP_RESERVE_10 0x56
+#define OP_RELEASE_10 0x57
+#define OP_MODE_SENSE_10 0x5a
+#define OP_PR_IN 0x5e
+#define OP_PR_OUT 0x5f
+#define OP_EXTENDED_COPY 0x83
+#define OP_RECEIVE_COPY_RESULTS 0x84
+#define OP_READ_16 0x88
+#define OP_COMPARE_AND_WRITE 0x89
+#define OP_WRITE_16 0x8a
+#define OP_ORWRITE_16 0x8b
+#define OP_WRITE_VERIFY_16 0x8e
+#define OP_VERIFY_16 0x8f
+#define OP_PREFETCH_16 0x90
+#define OP_SYNC_CACHE_16 0x91
+#define OP_WRITE_SAME_16 0x93
+#define OP_SERVICE_ACTION_IN_16 0x9e
+#define OP_REPORT_LUNS 0xa0
+#define OP_MAINTENANCE_IN 0xa3
+#define OP_READ_12 0xa8
+#define OP_WRITE_12 0xaa
+#define OP_WRITE_VERIFY_12 0xae
+#define OP_VERIFY_12 0xaf
+
+/* service actions */
+#define SAI_READ_CAPACITY_16 0x10
+#define SAI_GET_LBA_STATUS 0x12
+#define MI_REPORT_TARGET_PGS 0x0a
+#define MI_REPORT_SUPPORTED_OPCODES 0x0c
+#define RCR_OPERATING_PARAMETERS 0x03
+#define RCR_COPY_STATUS 0x00
+#define SANITIZE_OVERWRITE 0x01
+#define SANITIZE_BLOCK_ERASE 0x02
+#define SANITIZE_CRYPTO_ERASE 0x03
+#define SANITIZE_EXIT_FAILURE_MODE 0x1f
+
+/* ------------------------------------------------------------------ */
+/* Sense keys and additional sense codes (ASC << 8 | ASCQ)             */
+
+#define SK_NO_SENSE 0x0
+#define SK_RECOVERED_ERROR 0x1
+#define SK_NOT_READY 0x2
+#define SK_MEDIUM_ERROR 0x3
+#define SK_HARDWARE_ERROR 0x4
+#define SK_ILLEGAL_REQUEST 0x5
+#define SK_UNIT_ATTENTION 0x6
+#define SK_DATA_PROTECT 0x7
+#define SK_COPY_ABORTED 0xa
+#define SK_ABORTED_COMMAND 0xb
+#define SK_MISCOMPARE 0xe
+
+#define ASC_NO_ADDITIONAL_SENSE 0x0000
+#define ASC_LU_NOT_READY_SANITIZE 0x041b
+#define ASC_WRITE_ERROR 0x0c00
+#define ASC_INVALID_FIELD_IN_IU 0x0e03
+#define ASC_UNRECOVERED_READ_ERROR 0x1100
+#define ASC_MISCOMPARE_DURING_VERIFY 0x1d00
+#define ASC_PARAM_LIST_LENGTH_ERROR 0x1a00
+#define ASC_INVALID_OPCODE 0x2000
+#define ASC_LBA_OUT_OF_RANGE 0x2100
+#define ASC_INVALID_FIELD_IN_CDB 0x2400
+#define ASC_LU_NOT_SUPPORTED 0x2500
+#define ASC_INVALID_FIELD_IN_PARAM_LIST 0x2600
+#define ASC_TOO_MANY_TARGET_DESCRIPTORS 0x2606
+#define ASC_UNSUPPORTED_TARGET_DESC_TYPE 0x2607
+#define ASC_TOO_MANY_SEGMENT_DESCRIPTORS 0x2608
+#define ASC_UNSUPPORTED_SEGMENT_DESC_TYPE 0x2609
+#define ASC_WRITE_PROTECTED 0x2700
+#define ASC_POWER_ON_RESET 0x2900
+#define ASC_BUS_DEVICE_RESET 0x2903
+#define ASC_I_T_NEXUS_LOSS 0x2907
+#define ASC_MODE_PARAMETERS_CHANGED 0x2a01
+#define ASC_RESERVATIONS_PREEMPTED 0x2a03
+#define ASC_RESERVATIONS_RELEASED 0x2a04
+#define ASC_REGISTRATIONS_PREEMPTED 0x2a05
+#define ASC_CAPACITY_DATA_CHANGED 0x2a09
+#define ASC_COMMANDS_CLEARED_BY_ANOTHER 0x2f00
+#define ASC_SAVING_PARAMS_NOT_SUPPORTED 0x3900
+#define ASC_MEDIUM_REMOVAL_PREVENTED 0x5302
+#define ASC_REPORTED_LUNS_CHANGED 0x3f0e
+#define ASC_INTERNAL_TARGET_FAILURE 0x4400
+#define ASC_INSUFFICIENT_REGISTRATION_RESOURCES 0x5504
+#define ASC_COPY_TARGET_DEVICE_NOT_REACHABLE 0x0d02
+#define ASC_SPACE_ALLOCATION_FAILED 0x2707
+
+/* ------------------------------------------------------------------ */
+/* Unit attention conditions, one bit each; the lowest set bit is the  */
+/* one reported first (SAM-5 priority: resets before parameter news).  */
+
+enum {
+	UA_POWER_ON = 1u << 0,
+	UA_LU_RESET = 1u << 1,
+	UA_NEXUS_LOSS = 1u << 2,
+	UA_COMMANDS_CLEARED = 1u << 3,
+	UA_RESERVATIONS_PREEMPTED = 1u << 4,
+	UA_RESERVATIONS_RELEASED = 1u << 5,
+	UA_REGISTRATIONS_PREEMPTED = 1u << 6,
+	UA_MODE_CHANGED = 1u << 7,
+	UA_CAPACITY_CHANGED = 1u << 8,
+	UA_LUNS_CHANGED = 1u << 9,
+};
+
+/* ------------------------------------------------------------------ */
+/* Objects                                                             */
+
+#define LU_MAX_WS_BLOCKS 65536u      /* MAXIMUM WRITE SAME LENGTH */
+#define LU_MAX_XFER_BYTES (8u << 20) /* MAXIMUM TRANSFER LENGTH, in bytes */
+#define LU_MAX_UNMAP_BLOCKS 0x400000u
+#define LU_MAX_UNMAP_DESCS 256u
+#define LU_MAX_CAW_BLOCKS 1u         /* MAXIMUM COMPARE AND WRITE LENGTH */
+#define PORT_NAME_MAX 256
+
+struct scsi_nexus;
+struct nexus_lu;
+
+/* One persistent reservation registration (an I_T nexus and its key). */
+struct pr_reg {
+	struct pr_reg *next;
+	uint64_t key;
+	char i_port[PORT_NAME_MAX];  /* "iqn...,i,0x<isid>" */
+	char t_port[PORT_NAME_MAX];  /* "target-iqn,t,0x<tpgt>" */
+	uint16_t rel_port;
+	bool all_tg_pt;
+};
+
+struct pr_state {
+	struct pr_reg *regs;
+	uint32_t generation;
+	bool aptpl;
+	/* the reservation: type 0 = none */
+	uint8_t type;
+	struct pr_reg *holder;   /* NULL for all-registrants types */
+};
+
+/* A COMPARE AND WRITE or a write waiting for one (the slow path). */
+struct range_lock {
+	struct range_lock *next;
+	uint64_t lba, nblocks;
+	bool is_caw;
+	bool granted;
+	bool fast;                  /* took the lock-free path */
+	struct worker *worker;      /* where to resume a deferred command */
+	void (*resume)(struct range_lock *rl);
+};
+
+struct scsi_lu {
+	char *name;
+	char serial[33];
+	char vendor[9];
+	char product[17];
+	char revision[5];
+	char *state_dir;
+	struct bdev *dev;
+	uint32_t block_size;
+	unsigned block_shift;
+	uint64_t nblocks;
+	bool read_only;
+	uint8_t naa[8];             /* NAA 3 (locally assigned), from the serial */
+	uint32_t tpg;
+	uint16_t rel_port;
+
+	/* mode parameters: hot ones are atomics, the rest under mutex */
+	atomic_bool wce;
+	atomic_bool d_sense;
+	atomic_bool swp;            /* software write protect (control page) */
+	uint8_t qerr, tst, tas;
+	uint8_t ie_mrie;            /* informational exceptions page */
+	bool ie_dexcpt;
+
+	pthread_mutex_t mutex;
+	struct nexus_lu *attached;   /* every nexus mapping this LU */
+
+	/* reservations: resv_held is the hot-path hint */
+	atomic_bool resv_held;
+	struct pr_state pr;
+	struct scsi_nexus *spc2_holder; /* RESERVE(6/10) holder, NULL if none */
+
+	/* COMPARE AND WRITE vs. writers, see sbc.c */
+	atomic_uint caw_active;      /* CAWs queued or running */
+	atomic_uint fast_writes;     /* lock-free writes in flight */
+	struct range_lock *ranges;   /* granted + waiting, under mutex */
+
+	/* sanitize in progress: everything else answers NOT READY */
+	atomic_bool sanitizing;
+
+	/* xcopy: registry of open LUs */
+	struct scsi_lu *next_open;
+};
+
+struct tgt_map {
+	uint64_t lun;
+	struct scsi_lu *lu;
+};
+
+struct scsi_target {
+	char *iqn;
+	struct tgt_map *maps;   /* sorted by lun */
+	int nmaps;
+};
+
+/* One (nexus, LU) pair: where unit attentions wait. */
+struct nexus_lu {
+	struct scsi_nexus *nx;
+	struct scsi_lu *lu;
+	uint64_t lun;
+	atomic_uint ua;
+	struct nexus_lu *next_in_lu; /* lu->attached list, under lu->mutex */
+	bool prevent;                /* PREVENT ALLOW MEDIUM REMOVAL state */
+};
+
+struct scsi_nexus {
+	struct scsi_target *tgt;
+	char i_port[PORT_NAME_MAX];
+	char t_port[PORT_NAME_MAX];
+	char initiator_name[224];
+	uint8_t isid[6];
+	uint16_t tpgt;
+	int nlus;
+	struct nexus_lu lus[];
+};
+
+/* ------------------------------------------------------------------ */
+/* Command dispatch                                                    */
+
+typedef void (*cmd_handler)(struct scsi_cmd *cmd);
+
+/* properties of one opcode (and service action) */
+#define CMDF_NO_UA 0x01        /* runs despite a pending unit attention */
+#define CMDF_UNMAPPED_OK 0x02  /* valid for a LUN that is not mapped */
+#define CMDF_WRITES 0x04       /* modifies the medium (read-only, PR checks) */
+#define CMDF_READS 0x08        /* reads the medium (exclusive access PR) */
+#define CMDF_PR_ALLOWED 0x10   /* allowed under any reservation (SPC-4 5.13.1 table) */
+#define CMDF_SA 0x20           /* service action in byte 1 bits 0..4 */
+#define CMDF_SANITIZE_OK 0x40  /* allowed while a sanitize runs */
+#define CMDF_RESV_SPC2_OK 0x80 /* allowed under an SPC-2 reservation held by another */
+
+struct cmd_desc {
+	uint8_t opcode;
+	uint8_t sa;
+	uint8_t cdb_len;
+	uint8_t dir;               /* SCSI_DIR_* of the data */
+	uint16_t flags;
+	cmd_handler handler;
+	const char *name;
+	/* CDB usage data (SPC-4 REPORT SUPPORTED OPERATION CODES): bit set =
+	 * field is meaningful; a set bit in the CDB outside it is reserved. */
+	uint8_t usage[16];
+};
+
+const struct cmd_desc *scsi_cmd_table(size_t *n);
+
+/* ------------------------------------------------------------------ */
+/* Sense (sense.c): every failure goes through here.                   */
+
+struct sense_extra {
+	bool info_valid;
+	uint64_t info;
+	bool sksv;
+	uint8_t sks[3];
+};
+
+void scsi_sense_build(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq,
+		      const struct sense_extra *x);
+/* CHECK CONDITION with key/asc and nothing else. */
+void scsi_fail(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq);
+/* INVALID FIELD IN CDB pointing at byte/bit (bit 0..7, or -1 = no bit). */
+void scsi_fail_cdb(struct scsi_cmd *cmd, unsigned byte, int bit);
+/* INVALID FIELD IN PARAMETER LIST pointing at byte/bit of the data. */
+void scsi_fail_param(struct scsi_cmd *cmd, unsigned byte, int bit);
+/* key/asc with the INFORMATION field set (MISCOMPARE offset, bad LBA). */
+void scsi_fail_info(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq, uint64_t info);
+/* Build sense bytes for key/asc into buf (fixed or descriptor per
+ * d_sense); returns the length. Used by REQUEST SENSE. */
+size_t scsi_sense_format(uint8_t *buf, size_t cap, bool d_sense, uint8_t key,
+			 uint16_t asc_ascq, const struct sense_extra *x);
+void scsi_cmd_good(struct scsi_cmd *cmd);
+/* map a bdev -errno to sense and complete */
+void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing);
+
+/* Complete the command: calls cmd->done. */
+static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
+{
+	cmd->done(cmd);
+}
+
+/* ------------------------------------------------------------------ */
+/* Data buffer helpers (lu.c)                                          */
+
+/* Copy len bytes of src into the command's Data-In buffer, clipped to
+ * read_len and the CDB's allocation length; sets data_in_len. */
+void scsi_data_in(struct scsi_cmd *cmd, const void *src, size_t len, size_t alloc_len);
+/* Copy up to len bytes of the Data-Out payload at offset into dst;
+ * returns how many were available. */
+size_t scsi_data_out(struct scsi_cmd *cmd, size_t off, void *dst, size_t len);
+/* Total bytes in the cmd iovec. */
+size_t scsi_iov_len(const struct scsi_cmd *cmd);
+
+/* the nexus_lu of the command (NULL if the LUN is not mapped) */
+struct nexus_lu *scsi_cmd_nlu(struct scsi_cmd *cmd);
+
+/* Establish ua on every nexus attached to lu, except skip (may be NULL).
+ * Caller holds lu->mutex. */
+void lu_ua_all_locked(struct scsi_lu *lu, unsigned ua, const struct scsi_nexus *skip);
+/* Establish ua on the nexuses whose initiator port is i_port. Locked. */
+void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port);
+
+/* Take (and clear) the highest-priority pending UA of nl: its ASC, or 0.
+ * Lock-free; any thread. */
+uint16_t lu_ua_take(struct nexus_lu *nl);
+
+/* registry of open LUs, for EXTENDED COPY target descriptors */
+struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len);
+void lu_registry_release(void);
+
+/* big-endian helpers */
+static inline uint16_t get_be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static inline uint32_t get_be24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
+static inline uint32_t get_be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline uint64_t get_be64(const uint8_t *p) { return (uint64_t)get_be32(p) << 32 | get_be32(p + 4); }
+static inline void put_be16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline void put_be64(uint8_t *p, uint64_t v)
+{
+	put_be32(p, (uint32_t)(v >> 32));
+	put_be32(p + 4, (uint32_t)v);
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers, by file                                                   */
+
+/* spc.c */
+void spc_test_unit_ready(struct scsi_cmd *cmd);
+void spc_inquiry(struct scsi_cmd *cmd);
+void spc_report_luns(struct scsi_cmd *cmd);
+void spc_request_sense(struct scsi_cmd *cmd);
+void spc_mode_sense(struct scsi_cmd *cmd);
+void spc_mode_select(struct scsi_cmd *cmd);
+void spc_report_supported_opcodes(struct scsi_cmd *cmd);
+void spc_report_target_pgs(struct scsi_cmd *cmd);
+void spc_start_stop_unit(struct scsi_cmd *cmd);
+void spc_prevent_allow(struct scsi_cmd *cmd);
+void spc_send_diagnostic(struct scsi_cmd *cmd);
+/* Report INQUIRY data for an unmapped LUN (peripheral qualifier 3). */
+void spc_inquiry_unmapped(struct scsi_cmd *cmd);
+
+/* sbc.c */
+void sbc_read_capacity_10(struct scsi_cmd *cmd);
+void sbc_read_capacity_16(struct scsi_cmd *cmd);
+void sbc_read(struct scsi_cmd *cmd);
+void sbc_write(struct scsi_cmd *cmd);
+void sbc_verify(struct scsi_cmd *cmd);
+void sbc_write_verify(struct scsi_cmd *cmd);
+void sbc_sync_cache(struct scsi_cmd *cmd);
+void sbc_prefetch(struct scsi_cmd *cmd);
+void sbc_unmap(struct scsi_cmd *cmd);
+void sbc_write_same(struct scsi_cmd *cmd);
+void sbc_compare_and_write(struct scsi_cmd *cmd);
+void sbc_get_lba_status(struct scsi_cmd *cmd);
+void sbc_sanitize(struct scsi_cmd *cmd);
+void sbc_orwrite(struct scsi_cmd *cmd);
+
+/*
+ * Writers outside sbc.c (xcopy) go through the same CAW interlock:
+ * begin returns true when the write may go now; false when it was deferred
+ * and rl->resume will be called on rl->worker later. end releases.
+ */
+bool sbc_write_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks);
+void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl);
+
+/* pr.c */
+void pr_in(struct scsi_cmd *cmd);
+void pr_out(struct scsi_cmd *cmd);
+void pr_reserve(struct scsi_cmd *cmd);
+void pr_release(struct scsi_cmd *cmd);
+/* Slow path conflict check, called only when lu->resv_held: true if the
+ * command must end with RESERVATION CONFLICT. */
+bool pr_conflicts(struct scsi_cmd *cmd, const struct cmd_desc *d);
+/* load persisted state at open: 0 or -1 with err */
+int pr_load(struct scsi_lu *lu, char *err, size_t errlen);
+void pr_free(struct scsi_lu *lu);
+/* A nexus went away: drop its SPC-2 reservation. */
+void pr_nexus_gone(struct scsi_lu *lu, struct scsi_nexus *nx);
+/* LU reset: SPC-2 reservations are released. */
+void pr_lu_reset(struct scsi_lu *lu);
+
+/* xcopy.c */
+void xcopy_extended_copy(struct scsi_cmd *cmd);
+void xcopy_receive_copy_results(struct scsi_cmd *cmd);
+
+#endif

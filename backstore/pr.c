@@ -1,0 +1,788 @@
+/*
+ * pr.c - reservations: SPC-2 RESERVE/RELEASE and SPC-4 persistent
+ * reservations (PERSISTENT RESERVE IN / OUT).
+ *
+ * Registrations belong to I_T nexuses identified by name (initiator port
+ * "iqn,i,0x<isid>" and target port "iqn,t,0x<tpgt>"), not by the
+ * scsi_nexus object, so they survive a logout and a relogin with the same
+ * ISID, as SPC requires. When the last PERSISTENT RESERVE OUT asked for
+ * APTPL, the whole state is written to <state_dir>/<lun>.pr atomically
+ * (temporary file, fsync, rename, fsync of the directory) and read back
+ * at scsi_lu_open; with APTPL clear the file is removed.
+ *
+ * The hot path never looks at this state: lu->resv_held is set while a
+ * reservation of either kind exists, and only then does dispatch call
+ * pr_conflicts() under lu->mutex.
+ *
+ * Threading: every function takes lu->mutex itself; PR OUT writes the
+ * state file on the worker (rare, small, and the command must not
+ * complete before it is durable).
+ */
+#include "lu.h"
+
+#include "../common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define PR_WE 1
+#define PR_EA 3
+#define PR_WE_RO 5
+#define PR_EA_RO 6
+#define PR_WE_AR 7
+#define PR_EA_AR 8
+
+#define PRO_REGISTER 0
+#define PRO_RESERVE 1
+#define PRO_RELEASE 2
+#define PRO_CLEAR 3
+#define PRO_PREEMPT 4
+#define PRO_PREEMPT_ABORT 5
+#define PRO_REGISTER_IGNORE 6
+#define PRO_REGISTER_MOVE 7
+
+#define PRI_READ_KEYS 0
+#define PRI_READ_RESERVATION 1
+#define PRI_REPORT_CAPABILITIES 2
+#define PRI_READ_FULL_STATUS 3
+
+#define PRO_PARAM_LEN 24
+#define PRO_SPEC_I_PT 0x08
+#define PRO_ALL_TG_PT 0x04
+#define PRO_APTPL 0x01
+
+#define ASC_INVALID_RELEASE_OF_PR 0x2604
+
+#define TRANSPORTID_ISCSI_ISID 0x45 /* format 01b, protocol iSCSI (5) */
+
+static bool type_valid(uint8_t t)
+{
+	return t == PR_WE || t == PR_EA || t == PR_WE_RO || t == PR_EA_RO || t == PR_WE_AR || t == PR_EA_AR;
+}
+
+static bool type_all_registrants(uint8_t t)
+{
+	return t == PR_WE_AR || t == PR_EA_AR;
+}
+
+static bool type_registrants_only(uint8_t t)
+{
+	return t == PR_WE_RO || t == PR_EA_RO || type_all_registrants(t);
+}
+
+static bool type_exclusive_access(uint8_t t)
+{
+	return t == PR_EA || t == PR_EA_RO || t == PR_EA_AR;
+}
+
+/* Locked. */
+static void update_hint(struct scsi_lu *lu)
+{
+	atomic_store_explicit(&lu->resv_held, lu->pr.type != 0 || lu->spc2_holder != NULL,
+			      memory_order_release);
+}
+
+static bool reg_matches(const struct pr_reg *r, const char *i_port, const char *t_port)
+{
+	return !strcmp(r->i_port, i_port) && (r->all_tg_pt || !strcmp(r->t_port, t_port));
+}
+
+static struct pr_reg *reg_find(struct scsi_lu *lu, const struct scsi_nexus *nx)
+{
+	for (struct pr_reg *r = lu->pr.regs; r; r = r->next)
+		if (reg_matches(r, nx->i_port, nx->t_port))
+			return r;
+	return NULL;
+}
+
+static bool is_holder(struct scsi_lu *lu, const struct pr_reg *r)
+{
+	if (!r || !lu->pr.type)
+		return false;
+	return type_all_registrants(lu->pr.type) || lu->pr.holder == r;
+}
+
+/* ---------------------------------------------------------------- */
+/* Conflicts                                                         */
+
+static bool cmd_is_write(const struct cmd_desc *d)
+{
+	return (d->flags & CMDF_WRITES) || d->opcode == OP_MODE_SELECT_6 || d->opcode == OP_MODE_SELECT_10 ||
+	       d->opcode == OP_START_STOP_UNIT || d->opcode == OP_RESERVE_6 || d->opcode == OP_RESERVE_10 ||
+	       d->opcode == OP_RELEASE_6 || d->opcode == OP_RELEASE_10;
+}
+
+bool pr_conflicts(struct scsi_cmd *cmd, const struct cmd_desc *d)
+{
+	struct scsi_lu *lu = cmd->lu;
+	bool conflict = false;
+
+	pthread_mutex_lock(&lu->mutex);
+	if (lu->spc2_holder && lu->spc2_holder != cmd->nexus) {
+		conflict = !(d->flags & CMDF_RESV_SPC2_OK);
+	} else if (lu->pr.type && !(d->flags & CMDF_PR_ALLOWED)) {
+		struct pr_reg *r = reg_find(lu, cmd->nexus);
+		bool access = is_holder(lu, r) || (r && type_registrants_only(lu->pr.type));
+		if (!access)
+			conflict = type_exclusive_access(lu->pr.type) || cmd_is_write(d);
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	return conflict;
+}
+
+/* ---------------------------------------------------------------- */
+/* Persistence                                                       */
+
+static void state_path(const struct scsi_lu *lu, char *out, size_t cap, const char *suffix)
+{
+	char name[128];
+	size_t i;
+	for (i = 0; lu->name[i] && i < sizeof(name) - 1; i++) {
+		char c = lu->name[i];
+		name[i] = (c == '/' || c == ' ') ? '_' : c;
+	}
+	name[i] = 0;
+	snprintf(out, cap, "%s/%s.pr%s", lu->state_dir, name, suffix);
+}
+
+/* Locked. Returns 0 or -errno. */
+static int pr_save(struct scsi_lu *lu)
+{
+	char path[4096], tmp[4096];
+
+	if (!lu->state_dir)
+		return 0;
+	state_path(lu, path, sizeof(path), "");
+	if (!lu->pr.aptpl) {
+		if (unlink(path) < 0 && errno != ENOENT)
+			return -errno;
+		return 0;
+	}
+	state_path(lu, tmp, sizeof(tmp), ".tmp");
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return -errno;
+	int idx = 0, holder = -1;
+	fprintf(f, "tiercache-pr 1\ngeneration %u\n", lu->pr.generation);
+	for (struct pr_reg *r = lu->pr.regs; r; r = r->next, idx++)
+		if (r == lu->pr.holder)
+			holder = idx;
+	fprintf(f, "reservation %u %d\n", lu->pr.type, holder);
+	for (struct pr_reg *r = lu->pr.regs; r; r = r->next)
+		fprintf(f, "reg %016llx %d %u %s %s\n", (unsigned long long)r->key, r->all_tg_pt ? 1 : 0,
+			r->rel_port, r->i_port, r->t_port);
+	int err = 0;
+	if (fflush(f) != 0 || fsync(fileno(f)) != 0)
+		err = -errno;
+	if (fclose(f) != 0 && !err)
+		err = -errno;
+	if (!err && rename(tmp, path) != 0)
+		err = -errno;
+	if (err) {
+		unlink(tmp);
+		return err;
+	}
+	int dfd = open(lu->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+	return 0;
+}
+
+static void reg_list_free(struct pr_reg *r)
+{
+	while (r) {
+		struct pr_reg *n = r->next;
+		free(r);
+		r = n;
+	}
+}
+
+int pr_load(struct scsi_lu *lu, char *err, size_t errlen)
+{
+	char path[4096], line[1024];
+	unsigned type = 0;
+	int holder = -1, lineno = 0;
+	struct pr_reg **tail = &lu->pr.regs;
+
+	if (!lu->state_dir)
+		return 0;
+	state_path(lu, path, sizeof(path), "");
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		if (errno == ENOENT)
+			return 0;
+		snprintf(err, errlen, "lun \"%s\": cannot read persistent reservations from %s: %s",
+			 lu->name, path, strerror(errno));
+		return -1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long key;
+		int all;
+		unsigned rel, gen;
+		char ip[PORT_NAME_MAX], tp[PORT_NAME_MAX];
+
+		lineno++;
+		if (lineno == 1) {
+			if (strncmp(line, "tiercache-pr 1", 14))
+				goto bad;
+			continue;
+		}
+		if (sscanf(line, "generation %u", &gen) == 1) {
+			lu->pr.generation = gen;
+		} else if (sscanf(line, "reservation %u %d", &type, &holder) == 2) {
+			if (type && !type_valid((uint8_t)type))
+				goto bad;
+		} else if (sscanf(line, "reg %llx %d %u %255s %255s", &key, &all, &rel, ip, tp) == 5) {
+			struct pr_reg *r = calloc(1, sizeof(*r));
+			if (!r)
+				goto bad;
+			r->key = key;
+			r->all_tg_pt = all;
+			r->rel_port = (uint16_t)rel;
+			snprintf(r->i_port, sizeof(r->i_port), "%s", ip);
+			snprintf(r->t_port, sizeof(r->t_port), "%s", tp);
+			*tail = r;
+			tail = &r->next;
+		} else if (line[0] != '\n') {
+			goto bad;
+		}
+	}
+	fclose(f);
+	lu->pr.aptpl = true;
+	lu->pr.type = (uint8_t)type;
+	if (type) {
+		int i = 0;
+		struct pr_reg *r = lu->pr.regs;
+		for (; r && i < holder; r = r->next)
+			i++;
+		lu->pr.holder = holder >= 0 ? r : NULL;
+		if (!type_all_registrants((uint8_t)type) && !lu->pr.holder)
+			lu->pr.type = 0;
+	}
+	update_hint(lu);
+	return 0;
+bad:
+	fclose(f);
+	reg_list_free(lu->pr.regs);
+	lu->pr.regs = NULL;
+	snprintf(err, errlen, "lun \"%s\": %s line %d is not valid persistent reservation state; "
+		 "move the file away to start without reservations", lu->name, path, lineno);
+	return -1;
+}
+
+void pr_free(struct scsi_lu *lu)
+{
+	reg_list_free(lu->pr.regs);
+	lu->pr.regs = NULL;
+	lu->pr.holder = NULL;
+	lu->pr.type = 0;
+}
+
+void pr_nexus_gone(struct scsi_lu *lu, struct scsi_nexus *nx)
+{
+	pthread_mutex_lock(&lu->mutex);
+	if (lu->spc2_holder == nx) {
+		lu->spc2_holder = NULL;
+		update_hint(lu);
+	}
+	pthread_mutex_unlock(&lu->mutex);
+}
+
+void pr_lu_reset(struct scsi_lu *lu)
+{
+	pthread_mutex_lock(&lu->mutex);
+	lu->spc2_holder = NULL;
+	update_hint(lu);
+	pthread_mutex_unlock(&lu->mutex);
+}
+
+/* ---------------------------------------------------------------- */
+/* SPC-2 RESERVE / RELEASE                                           */
+
+void pr_reserve(struct scsi_cmd *cmd)
+{
+	struct scsi_lu *lu = cmd->lu;
+
+	pthread_mutex_lock(&lu->mutex);
+	if (lu->pr.regs || lu->pr.type || (lu->spc2_holder && lu->spc2_holder != cmd->nexus)) {
+		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+	} else {
+		lu->spc2_holder = cmd->nexus;
+		update_hint(lu);
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	scsi_cmd_complete(cmd);
+}
+
+void pr_release(struct scsi_cmd *cmd)
+{
+	struct scsi_lu *lu = cmd->lu;
+
+	pthread_mutex_lock(&lu->mutex);
+	if (lu->pr.regs || lu->pr.type) {
+		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+	} else if (lu->spc2_holder == cmd->nexus) {
+		lu->spc2_holder = NULL;
+		update_hint(lu);
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	scsi_cmd_complete(cmd);
+}
+
+/* ---------------------------------------------------------------- */
+/* PERSISTENT RESERVE IN                                             */
+
+static size_t transport_id(const char *i_port, uint8_t *out)
+{
+	size_t l = strlen(i_port);
+	size_t padded = (l + 1 + 3) & ~(size_t)3;
+	memset(out, 0, 4 + padded);
+	out[0] = TRANSPORTID_ISCSI_ISID;
+	put_be16(out + 2, (uint16_t)padded);
+	memcpy(out + 4, i_port, l);
+	return 4 + padded;
+}
+
+void pr_in(struct scsi_cmd *cmd)
+{
+	struct scsi_lu *lu = cmd->lu;
+	uint8_t sa = cmd->cdb[1] & 0x1f;
+	uint16_t alloc = get_be16(cmd->cdb + 7);
+	size_t cap = 8 + 64 * 1024;
+	uint8_t *b = calloc(1, cap);
+	size_t off = 8;
+
+	if (!b) {
+		scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	pthread_mutex_lock(&lu->mutex);
+	put_be32(b, lu->pr.generation);
+	switch (sa) {
+	case PRI_READ_KEYS:
+		for (struct pr_reg *r = lu->pr.regs; r && off + 8 <= cap; r = r->next, off += 8)
+			put_be64(b + off, r->key);
+		put_be32(b + 4, (uint32_t)(off - 8));
+		break;
+	case PRI_READ_RESERVATION:
+		if (lu->pr.type) {
+			uint64_t key = type_all_registrants(lu->pr.type) ? 0 : lu->pr.holder->key;
+			put_be64(b + 8, key);
+			b[8 + 13] = lu->pr.type; /* scope 0 = LU */
+			off += 16;
+		}
+		put_be32(b + 4, (uint32_t)(off - 8));
+		break;
+	case PRI_REPORT_CAPABILITIES:
+		memset(b, 0, 8);
+		put_be16(b, 8);
+		b[2] = 0x10 | 0x04 | 0x01;     /* CRH, ATP_C, PTPL_C */
+		b[3] = 0x80 | (lu->pr.aptpl ? 0x01 : 0); /* TMV, PTPL_A */
+		b[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
+		b[5] = 0x01;
+		off = 8;
+		break;
+	case PRI_READ_FULL_STATUS:
+		for (struct pr_reg *r = lu->pr.regs; r; r = r->next) {
+			uint8_t *d = b + off;
+			if (off + 24 + 4 + PORT_NAME_MAX + 4 > cap)
+				break;
+			put_be64(d, r->key);
+			if (r->all_tg_pt)
+				d[12] |= 0x02;
+			if (is_holder(lu, r)) {
+				d[12] |= 0x01;
+				d[13] = lu->pr.type;
+			}
+			put_be16(d + 18, r->rel_port);
+			size_t tl = transport_id(r->i_port, d + 24);
+			put_be32(d + 20, (uint32_t)tl);
+			off += 24 + tl;
+		}
+		put_be32(b + 4, (uint32_t)(off - 8));
+		break;
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	scsi_data_in(cmd, b, off, alloc);
+	free(b);
+	scsi_cmd_complete(cmd);
+}
+
+/* ---------------------------------------------------------------- */
+/* PERSISTENT RESERVE OUT                                            */
+
+/* UA for the nexuses behind registration r. Locked. */
+static void ua_reg(struct scsi_lu *lu, const struct pr_reg *r, unsigned ua)
+{
+	lu_ua_port_locked(lu, ua, r->i_port, r->all_tg_pt ? NULL : r->t_port);
+}
+
+/* Drop registration r (and the reservation it holds, SPC-4 5.13.11.2.3). */
+static void reg_remove(struct scsi_lu *lu, struct pr_reg *r, bool release_ua)
+{
+	for (struct pr_reg **pp = &lu->pr.regs; *pp; pp = &(*pp)->next)
+		if (*pp == r) {
+			*pp = r->next;
+			break;
+		}
+	if (lu->pr.type) {
+		bool release = false;
+		if (type_all_registrants(lu->pr.type))
+			release = lu->pr.regs == NULL;
+		else
+			release = lu->pr.holder == r;
+		if (release) {
+			uint8_t old = lu->pr.type;
+			lu->pr.type = 0;
+			lu->pr.holder = NULL;
+			/* registrants-only types tell the others it went away */
+			if (release_ua && (old == PR_WE_RO || old == PR_EA_RO))
+				for (struct pr_reg *o = lu->pr.regs; o; o = o->next)
+					ua_reg(lu, o, UA_RESERVATIONS_RELEASED);
+		}
+	}
+	free(r);
+}
+
+static struct pr_reg *reg_add(struct scsi_lu *lu, const struct scsi_nexus *nx, uint64_t key, bool all_tg_pt)
+{
+	struct pr_reg *r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->key = key;
+	r->all_tg_pt = all_tg_pt;
+	r->rel_port = lu->rel_port;
+	snprintf(r->i_port, sizeof(r->i_port), "%s", nx->i_port);
+	snprintf(r->t_port, sizeof(r->t_port), "%s", nx->t_port);
+	struct pr_reg **pp = &lu->pr.regs;
+	while (*pp)
+		pp = &(*pp)->next;
+	*pp = r;
+	return r;
+}
+
+/* Outcome of one service action: status or sense to set. */
+enum pr_result { PR_OK, PR_CONFLICT, PR_BAD_CDB_TYPE, PR_BAD_CDB_SCOPE, PR_BAD_PARAM_KEY,
+		 PR_BAD_RELEASE, PR_NO_RESOURCES, PR_BAD_PARAM_LEN, PR_BAD_PARAM_FLAGS, PR_BAD_TID };
+
+static enum pr_result do_register(struct scsi_lu *lu, struct scsi_nexus *nx, bool ignore, uint64_t key,
+				  uint64_t sa_key, bool all_tg_pt)
+{
+	struct pr_reg *r = reg_find(lu, nx);
+
+	if (!r) {
+		if (!ignore && key != 0)
+			return PR_CONFLICT;
+		if (sa_key == 0)
+			return PR_OK;
+		if (!reg_add(lu, nx, sa_key, all_tg_pt))
+			return PR_NO_RESOURCES;
+	} else {
+		if (!ignore && key != r->key)
+			return PR_CONFLICT;
+		if (sa_key == 0)
+			reg_remove(lu, r, true);
+		else
+			r->key = sa_key;
+	}
+	lu->pr.generation++;
+	return PR_OK;
+}
+
+static enum pr_result do_reserve(struct scsi_lu *lu, struct scsi_nexus *nx, uint64_t key, uint8_t type)
+{
+	struct pr_reg *r = reg_find(lu, nx);
+
+	if (!r || r->key != key)
+		return PR_CONFLICT;
+	if (lu->pr.type) {
+		if (!is_holder(lu, r))
+			return PR_CONFLICT;
+		return lu->pr.type == type ? PR_OK : PR_CONFLICT;
+	}
+	lu->pr.type = type;
+	lu->pr.holder = type_all_registrants(type) ? NULL : r;
+	return PR_OK;
+}
+
+static enum pr_result do_release(struct scsi_lu *lu, struct scsi_nexus *nx, uint64_t key, uint8_t type)
+{
+	struct pr_reg *r = reg_find(lu, nx);
+
+	if (!r || r->key != key)
+		return PR_CONFLICT;
+	if (!lu->pr.type || !is_holder(lu, r))
+		return PR_OK;
+	if (lu->pr.type != type)
+		return PR_BAD_RELEASE;
+	uint8_t old = lu->pr.type;
+	lu->pr.type = 0;
+	lu->pr.holder = NULL;
+	if (old != PR_WE && old != PR_EA)
+		for (struct pr_reg *o = lu->pr.regs; o; o = o->next)
+			if (o != r)
+				ua_reg(lu, o, UA_RESERVATIONS_RELEASED);
+	return PR_OK;
+}
+
+static enum pr_result do_clear(struct scsi_lu *lu, struct scsi_nexus *nx, uint64_t key)
+{
+	struct pr_reg *r = reg_find(lu, nx);
+
+	if (!r || r->key != key)
+		return PR_CONFLICT;
+	for (struct pr_reg *o = lu->pr.regs; o; o = o->next)
+		if (o != r)
+			ua_reg(lu, o, UA_RESERVATIONS_PREEMPTED);
+	lu->pr.type = 0;
+	lu->pr.holder = NULL;
+	reg_list_free(lu->pr.regs);
+	lu->pr.regs = NULL;
+	lu->pr.generation++;
+	return PR_OK;
+}
+
+/* Remove every registration with key k except keep; UA each. Returns count. */
+static int remove_by_key(struct scsi_lu *lu, uint64_t k, struct pr_reg *keep, bool all_others)
+{
+	int n = 0;
+	struct pr_reg *o = lu->pr.regs;
+	while (o) {
+		struct pr_reg *next = o->next;
+		if (o != keep && (all_others || o->key == k)) {
+			ua_reg(lu, o, UA_REGISTRATIONS_PREEMPTED);
+			reg_remove(lu, o, false);
+			n++;
+		}
+		o = next;
+	}
+	return n;
+}
+
+static enum pr_result do_preempt(struct scsi_lu *lu, struct scsi_nexus *nx, uint64_t key, uint64_t sa_key,
+				 uint8_t type)
+{
+	struct pr_reg *r = reg_find(lu, nx);
+
+	if (!r || r->key != key)
+		return PR_CONFLICT;
+	if (!lu->pr.type) {
+		if (sa_key == 0)
+			return PR_BAD_PARAM_KEY;
+		if (!remove_by_key(lu, sa_key, r, false))
+			return PR_CONFLICT;
+	} else if (type_all_registrants(lu->pr.type)) {
+		if (sa_key == 0) {
+			remove_by_key(lu, 0, r, true);
+			lu->pr.type = type;
+			lu->pr.holder = type_all_registrants(type) ? NULL : r;
+		} else if (!remove_by_key(lu, sa_key, r, false)) {
+			return PR_CONFLICT;
+		}
+	} else if (lu->pr.holder->key == sa_key) {
+		uint8_t old = lu->pr.type;
+		struct pr_reg *old_holder = lu->pr.holder;
+		/* keep the reservation alive across removing its holder */
+		lu->pr.type = 0;
+		lu->pr.holder = NULL;
+		remove_by_key(lu, sa_key, r, false);
+		lu->pr.type = type;
+		lu->pr.holder = type_all_registrants(type) ? NULL : r;
+		if (old != type || old_holder == r)
+			for (struct pr_reg *o = lu->pr.regs; o; o = o->next)
+				if (o != r)
+					ua_reg(lu, o, UA_RESERVATIONS_RELEASED);
+	} else {
+		if (sa_key == 0)
+			return PR_BAD_PARAM_KEY;
+		if (!remove_by_key(lu, sa_key, r, false))
+			return PR_CONFLICT;
+	}
+	lu->pr.generation++;
+	return PR_OK;
+}
+
+/* REGISTER AND MOVE: hand our reservation to the I_T nexus named by the
+ * TransportID in the parameter list. */
+static enum pr_result do_register_move(struct scsi_lu *lu, struct scsi_nexus *nx, uint64_t key,
+				       uint64_t sa_key, const uint8_t *p, size_t plen, uint8_t type)
+{
+	struct pr_reg *r = reg_find(lu, nx);
+	char ip[PORT_NAME_MAX];
+
+	if (!r || r->key != key)
+		return PR_CONFLICT;
+	if (!lu->pr.type || type_all_registrants(lu->pr.type) || lu->pr.holder != r)
+		return PR_CONFLICT;
+	if (sa_key == 0)
+		return PR_BAD_PARAM_KEY;
+	uint32_t tlen = get_be32(p + 20);
+	if (tlen < 8 || 24 + (size_t)tlen > plen)
+		return PR_BAD_PARAM_LEN;
+	const uint8_t *tid = p + 24;
+	if ((tid[0] & 0x0f) != 0x05) /* iSCSI only */
+		return PR_BAD_TID;
+	size_t nl = get_be16(tid + 2);
+	if (nl + 4 > tlen || nl == 0)
+		return PR_BAD_TID;
+	size_t l = strnlen((const char *)tid + 4, nl);
+	if (l >= sizeof(ip))
+		return PR_BAD_TID;
+	memcpy(ip, tid + 4, l);
+	ip[l] = 0;
+	if ((tid[0] & 0xc0) == 0) /* format 00: name only; we require the ISID form */
+		return PR_BAD_TID;
+	if (!strcmp(ip, nx->i_port))
+		return PR_BAD_TID; /* moving to ourselves */
+	struct pr_reg *dst = NULL;
+	for (struct pr_reg *o = lu->pr.regs; o; o = o->next)
+		if (reg_matches(o, ip, nx->t_port))
+			dst = o;
+	if (!dst) {
+		dst = calloc(1, sizeof(*dst));
+		if (!dst)
+			return PR_NO_RESOURCES;
+		snprintf(dst->i_port, sizeof(dst->i_port), "%s", ip);
+		snprintf(dst->t_port, sizeof(dst->t_port), "%s", nx->t_port);
+		dst->rel_port = lu->rel_port;
+		struct pr_reg **pp = &lu->pr.regs;
+		while (*pp)
+			pp = &(*pp)->next;
+		*pp = dst;
+	}
+	dst->key = sa_key;
+	lu->pr.holder = dst;
+	lu->pr.type = type;
+	if (p[17] & 0x02) /* UNREG */
+		reg_remove(lu, r, false);
+	lu->pr.generation++;
+	return PR_OK;
+}
+
+void pr_out(struct scsi_cmd *cmd)
+{
+	struct scsi_lu *lu = cmd->lu;
+	uint8_t sa = cmd->cdb[1] & 0x1f;
+	uint8_t scope = cmd->cdb[2] >> 4;
+	uint8_t type = cmd->cdb[2] & 0x0f;
+	uint32_t plen = get_be32(cmd->cdb + 5);
+	uint8_t p[PRO_PARAM_LEN + 4 + PORT_NAME_MAX + 8];
+	enum pr_result res;
+
+	cmd->cdb_xfer_len = plen;
+	bool needs_type = sa == PRO_RESERVE || sa == PRO_RELEASE || sa == PRO_PREEMPT ||
+			  sa == PRO_PREEMPT_ABORT || sa == PRO_REGISTER_MOVE;
+	if (needs_type && scope != 0) {
+		scsi_fail_cdb(cmd, 2, 7);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if (needs_type && !type_valid(type)) {
+		scsi_fail_cdb(cmd, 2, 3);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if (sa == PRO_REGISTER_MOVE ? plen < PRO_PARAM_LEN || plen > sizeof(p) : plen != PRO_PARAM_LEN) {
+		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if (scsi_data_out(cmd, 0, p, plen) < plen) {
+		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	uint64_t key = get_be64(p), sa_key = get_be64(p + 8);
+	uint8_t flags = sa == PRO_REGISTER_MOVE ? (p[17] & PRO_APTPL) : p[20];
+	if (sa != PRO_REGISTER_MOVE && (flags & PRO_SPEC_I_PT)) {
+		/* SIP_C=0: we do not register other I_T nexuses on request */
+		scsi_fail_param(cmd, 20, 3);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+	if (sa != PRO_REGISTER && sa != PRO_REGISTER_IGNORE && sa != PRO_REGISTER_MOVE && (flags & PRO_ALL_TG_PT)) {
+		scsi_fail_param(cmd, 20, 2);
+		scsi_cmd_complete(cmd);
+		return;
+	}
+
+	pthread_mutex_lock(&lu->mutex);
+	bool old_aptpl = lu->pr.aptpl;
+	switch (sa) {
+	case PRO_REGISTER:
+	case PRO_REGISTER_IGNORE:
+		res = do_register(lu, cmd->nexus, sa == PRO_REGISTER_IGNORE, key, sa_key, flags & PRO_ALL_TG_PT);
+		break;
+	case PRO_RESERVE:
+		res = do_reserve(lu, cmd->nexus, key, type);
+		break;
+	case PRO_RELEASE:
+		res = do_release(lu, cmd->nexus, key, type);
+		break;
+	case PRO_CLEAR:
+		res = do_clear(lu, cmd->nexus, key);
+		break;
+	case PRO_PREEMPT:
+	case PRO_PREEMPT_ABORT:
+		res = do_preempt(lu, cmd->nexus, key, sa_key, type);
+		break;
+	default:
+		res = do_register_move(lu, cmd->nexus, key, sa_key, p, plen, type);
+		break;
+	}
+	if (res == PR_OK) {
+		/* APTPL follows the last REGISTER-family command (SPC-4 5.13.5) */
+		if (sa == PRO_REGISTER || sa == PRO_REGISTER_IGNORE || sa == PRO_REGISTER_MOVE)
+			lu->pr.aptpl = flags & PRO_APTPL;
+		if (!lu->pr.regs)
+			lu->pr.aptpl = false;
+		if (lu->pr.aptpl || old_aptpl) {
+			int e = pr_save(lu);
+			if (e < 0)
+				log_err("lun \"%s\": cannot persist reservations in %s: %s; "
+					"check that the state directory is writable",
+					lu->name, lu->state_dir, strerror(-e));
+		}
+	}
+	update_hint(lu);
+	pthread_mutex_unlock(&lu->mutex);
+
+	switch (res) {
+	case PR_OK:
+		break;
+	case PR_CONFLICT:
+		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+		break;
+	case PR_BAD_CDB_TYPE:
+		scsi_fail_cdb(cmd, 2, 3);
+		break;
+	case PR_BAD_CDB_SCOPE:
+		scsi_fail_cdb(cmd, 2, 7);
+		break;
+	case PR_BAD_PARAM_KEY:
+		scsi_fail_param(cmd, 8, -1);
+		break;
+	case PR_BAD_RELEASE:
+		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_RELEASE_OF_PR);
+		break;
+	case PR_NO_RESOURCES:
+		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INSUFFICIENT_REGISTRATION_RESOURCES);
+		break;
+	case PR_BAD_PARAM_LEN:
+		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+		break;
+	case PR_BAD_PARAM_FLAGS:
+		scsi_fail_param(cmd, 20, -1);
+		break;
+	case PR_BAD_TID:
+		scsi_fail_param(cmd, 24, -1);
+		break;
+	}
+	scsi_cmd_complete(cmd);
+}

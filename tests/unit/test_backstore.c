@@ -1,0 +1,415 @@
+/*
+ * test_backstore.c - the SCSI emulation answers real CDBs correctly.
+ *
+ * Starts one worker, opens an LU on a sparse temporary file through
+ * bdev_file_open, and submits commands on the worker (the backstore's
+ * threading contract) from two I_T nexuses, waiting for each completion
+ * on a semaphore. Every check compares data, status and the exact sense
+ * key / ASC / ASCQ, so a regression in decoding, sense building,
+ * reservations, COMPARE AND WRITE, UNMAP or mode pages fails here.
+ * Prints one line per check; exit status 0 means every check passed.
+ */
+#include "backstore/scsi.h"
+#include "cache/bdev.h"
+#include "common/worker.h"
+
+#include <semaphore.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures;
+static int checks;
+
+static void check(bool ok, const char *what)
+{
+	checks++;
+	if (!ok)
+		failures++;
+	printf("%s: %s\n", ok ? "ok" : "FAIL", what);
+}
+
+struct job {
+	struct scsi_cmd cmd;
+	sem_t done;
+	struct iovec iov;
+	struct scsi_target *tgt;
+	struct scsi_nexus *nx;
+	const char *iname;
+};
+
+static void cmd_done(struct scsi_cmd *cmd)
+{
+	struct job *j = cmd->fe_priv;
+	sem_post(&j->done);
+}
+
+static void submit_on_worker(void *arg)
+{
+	struct job *j = arg;
+	scsi_cmd_submit(&j->cmd);
+}
+
+static void nexus_on_worker(void *arg)
+{
+	struct job *j = arg;
+	static const uint8_t isid[6] = { 0x40, 0, 0, 0, 0, 1 };
+	j->nx = scsi_nexus_open(j->tgt, j->iname, isid, 1);
+	sem_post(&j->done);
+}
+
+static struct scsi_nexus *open_nexus(struct scsi_target *t, const char *iname)
+{
+	struct job j = { .tgt = t, .iname = iname };
+	sem_init(&j.done, 0, 0);
+	worker_post(worker_get(0), nexus_on_worker, &j);
+	sem_wait(&j.done);
+	return j.nx;
+}
+
+static uint8_t *buf;
+#define BUF_LEN (1u << 20)
+
+/* Run one command; data is in/out through buf. */
+static struct scsi_cmd run(struct scsi_nexus *nx, uint64_t lun, const uint8_t *cdb, size_t cdb_len,
+			   uint32_t write_len, uint32_t read_len)
+{
+	struct job *j = calloc(1, sizeof(*j));
+	sem_init(&j->done, 0, 0);
+	memcpy(j->cmd.cdb, cdb, cdb_len);
+	j->cmd.cdb_len = (uint8_t)cdb_len;
+	j->cmd.lun = lun;
+	j->cmd.nexus = nx;
+	j->iov.iov_base = buf;
+	j->iov.iov_len = write_len ? write_len : read_len;
+	j->cmd.iov = &j->iov;
+	j->cmd.iovcnt = 1;
+	j->cmd.write_len = write_len;
+	j->cmd.read_len = read_len;
+	j->cmd.dir = (write_len ? SCSI_DIR_WRITE : 0) | (read_len ? SCSI_DIR_READ : 0);
+	j->cmd.done = cmd_done;
+	j->cmd.fe_priv = j;
+	worker_post(worker_get(0), submit_on_worker, j);
+	sem_wait(&j->done);
+	struct scsi_cmd out = j->cmd;
+	free(j);
+	return out;
+}
+
+static bool sense_is(const struct scsi_cmd *c, uint8_t key, uint8_t asc, uint8_t ascq)
+{
+	if (c->status != SAM_STAT_CHECK_CONDITION || c->sense_len < 14)
+		return false;
+	if ((c->sense[0] & 0x7f) == 0x72)
+		return (c->sense[1] & 0xf) == key && c->sense[2] == asc && c->sense[3] == ascq;
+	return (c->sense[2] & 0xf) == key && c->sense[12] == asc && c->sense[13] == ascq;
+}
+
+static void be32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
+static void be64(uint8_t *p, uint64_t v) { be32(p, v >> 32); be32(p + 4, (uint32_t)v); }
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
+static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) << 32 | rd32(p + 4); }
+
+static struct scsi_cmd rw10(struct scsi_nexus *nx, uint8_t op, uint32_t lba, uint16_t n, uint32_t bytes)
+{
+	uint8_t cdb[10] = { op };
+	be32(cdb + 2, lba);
+	cdb[7] = n >> 8;
+	cdb[8] = (uint8_t)n;
+	return op == 0x2a ? run(nx, 0, cdb, 10, bytes, 0) : run(nx, 0, cdb, 10, 0, bytes);
+}
+
+static void clear_ua(struct scsi_nexus *nx)
+{
+	static const uint8_t tur[6] = { 0 };
+	for (int i = 0; i < 8; i++)
+		if (run(nx, 0, tur, 6, 0, 0).status == SAM_STAT_GOOD)
+			return;
+}
+
+static void pr_out(struct scsi_nexus *nx, uint8_t sa, uint8_t type, uint64_t key, uint64_t sa_key,
+		   struct scsi_cmd *out)
+{
+	uint8_t cdb[10] = { 0x5f, sa, type };
+	cdb[8] = 24;
+	memset(buf, 0, 24);
+	be64(buf, key);
+	be64(buf + 8, sa_key);
+	*out = run(nx, 0, cdb, 10, 24, 0);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/tc-backstore-XXXXXX";
+	char path[256], err[256];
+	const uint32_t bs = 512;
+	const uint64_t nblocks = 131072; /* 64 MiB */
+
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return 2;
+	}
+	snprintf(path, sizeof(path), "%s/lun0.img", dir);
+	if (workers_start(1) < 0) {
+		fprintf(stderr, "cannot start a worker (io_uring unavailable?)\n");
+		return 2;
+	}
+	if (posix_memalign((void **)&buf, 4096, BUF_LEN))
+		return 2;
+	struct bdev *dev = bdev_file_open(path, nblocks * bs, bs, true, err, sizeof(err));
+	if (!dev) {
+		fprintf(stderr, "%s\n", err);
+		return 2;
+	}
+	struct scsi_lu_config cfg = {
+		.name = "lun0", .serial = "TC0123456789", .state_dir = dir, .block_size = bs,
+		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
+		.target_port_group = 1, .rel_port_id = 1,
+	};
+	struct scsi_lu *lu = scsi_lu_open(&cfg, dev, err, sizeof(err));
+	if (!lu) {
+		fprintf(stderr, "%s\n", err);
+		return 2;
+	}
+	struct scsi_target *t = scsi_target_new("iqn.2026-11.test:tgt");
+	scsi_target_map(t, 0, lu);
+	struct scsi_nexus *a = open_nexus(t, "iqn.2026-11.test:init1");
+	struct scsi_nexus *b = open_nexus(t, "iqn.2026-11.test:init2");
+	struct scsi_cmd c;
+
+	/* -- unit attention at first contact, then ready -- */
+	uint8_t tur[6] = { 0 };
+	c = run(a, 0, tur, 6, 0, 0);
+	check(sense_is(&c, 0x6, 0x29, 0x00), "first TEST UNIT READY reports POWER ON/RESET UA 6/29/00");
+	c = run(a, 0, tur, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "second TEST UNIT READY is GOOD");
+	clear_ua(b);
+
+	/* -- INQUIRY -- */
+	uint8_t inq[6] = { 0x12, 0, 0, 0, 96, 0 };
+	c = run(a, 0, inq, 6, 0, 96);
+	check(c.status == SAM_STAT_GOOD && c.data_in_len == 96 && !memcmp(buf + 8, "TIERCACH", 8) &&
+		      !memcmp(buf + 16, "unit-test       ", 16) && buf[2] == 0x06 && (buf[5] & 0x30) == 0x10 &&
+		      (buf[5] & 0x08) && (buf[7] & 0x02),
+	      "standard INQUIRY: vendor, product, SPC-4, TPGS=01b, 3PC, CmdQue");
+	uint8_t vpd83[6] = { 0x12, 1, 0x83, 0, 255, 0 };
+	c = run(a, 0, vpd83, 6, 0, 255);
+	check(c.status == SAM_STAT_GOOD && buf[1] == 0x83 && (buf[5] & 0x0f) == 3 && buf[7] == 8 &&
+		      (buf[8] >> 4) == 3,
+	      "VPD 83 starts with an 8-byte NAA 3 designator");
+	uint8_t vpd80[6] = { 0x12, 1, 0x80, 0, 255, 0 };
+	c = run(a, 0, vpd80, 6, 0, 255);
+	check(c.status == SAM_STAT_GOOD && buf[3] == 12 && !memcmp(buf + 4, "TC0123456789", 12),
+	      "VPD 80 returns the serial");
+	uint8_t badvpd[6] = { 0x12, 1, 0x42, 0, 255, 0 };
+	c = run(a, 0, badvpd, 6, 0, 255);
+	check(sense_is(&c, 0x5, 0x24, 0x00), "unknown VPD page -> INVALID FIELD IN CDB");
+	c = run(a, 7, inq, 6, 0, 96);
+	check(c.status == SAM_STAT_GOOD && buf[0] == 0x7f, "INQUIRY to unmapped LUN 7: qualifier 3, type 0x1f");
+	c = run(a, 7, tur, 6, 0, 0);
+	check(sense_is(&c, 0x5, 0x25, 0x00), "TEST UNIT READY to unmapped LUN -> LU NOT SUPPORTED");
+
+	/* -- REPORT LUNS -- */
+	uint8_t rl[12] = { 0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0 };
+	c = run(a, 0, rl, 12, 0, 256);
+	check(c.status == SAM_STAT_GOOD && rd32(buf) == 8 && buf[9] == 0, "REPORT LUNS lists LUN 0");
+
+	/* -- READ CAPACITY -- */
+	uint8_t rc16[16] = { 0x9e, 0x10 };
+	rc16[13] = 32;
+	c = run(a, 0, rc16, 16, 0, 32);
+	check(c.status == SAM_STAT_GOOD && rd64(buf) == nblocks - 1 && rd32(buf + 8) == bs &&
+		      (buf[14] & 0xc0) == 0xc0,
+	      "READ CAPACITY(16): last LBA, block size, LBPME+LBPRZ");
+	uint8_t rc10[10] = { 0x25 };
+	c = run(a, 0, rc10, 10, 0, 8);
+	check(c.status == SAM_STAT_GOOD && rd32(buf) == nblocks - 1, "READ CAPACITY(10)");
+
+	/* -- WRITE / READ -- */
+	for (unsigned i = 0; i < 8 * bs; i++)
+		buf[i] = (uint8_t)(i * 7 + 3);
+	c = rw10(a, 0x2a, 100, 8, 8 * bs);
+	check(c.status == SAM_STAT_GOOD, "WRITE(10) 8 blocks at LBA 100");
+	memset(buf, 0, 8 * bs);
+	c = rw10(a, 0x28, 100, 8, 8 * bs);
+	bool same = c.status == SAM_STAT_GOOD && c.data_in_len == 8 * bs;
+	for (unsigned i = 0; same && i < 8 * bs; i++)
+		same = buf[i] == (uint8_t)(i * 7 + 3);
+	check(same, "READ(10) returns what was written");
+	c = rw10(a, 0x28, (uint32_t)nblocks - 1, 2, 2 * bs);
+	check(sense_is(&c, 0x5, 0x21, 0x00), "READ(10) past the end -> LBA OUT OF RANGE 5/21/00");
+	c = rw10(a, 0x2a, 0, 2, bs);
+	check(sense_is(&c, 0x5, 0x0e, 0x03), "WRITE(10) with too little Data-Out -> 5/0E/03, nothing written");
+	uint8_t rdprot[10] = { 0x28, 0x20, 0, 0, 0, 0, 0, 0, 1, 0 };
+	c = run(a, 0, rdprot, 10, 0, bs);
+	check(sense_is(&c, 0x5, 0x24, 0x00), "READ(10) with RDPROTECT -> INVALID FIELD IN CDB");
+
+	/* -- bad CDBs -- */
+	uint8_t badop[6] = { 0x02 };
+	c = run(a, 0, badop, 6, 0, 0);
+	check(sense_is(&c, 0x5, 0x20, 0x00), "unsupported opcode -> INVALID COMMAND OPERATION CODE");
+	uint8_t turres[6] = { 0, 0x04, 0, 0, 0, 0 };
+	c = run(a, 0, turres, 6, 0, 0);
+	check(sense_is(&c, 0x5, 0x24, 0x00) && (c.sense[15] & 0xc0) == 0xc0 && c.sense[17] == 1 &&
+		      (c.sense[15] & 0x0f) == (0x08 | 2),
+	      "reserved bit in TEST UNIT READY -> 5/24/00, field pointer byte 1 bit 2");
+
+	/* -- MODE SENSE / MODE SELECT: WCE -- */
+	uint8_t ms6[6] = { 0x1a, 0x08, 0x08, 0, 255, 0 };
+	c = run(a, 0, ms6, 6, 0, 255);
+	check(c.status == SAM_STAT_GOOD && buf[4] == 0x08 && !(buf[6] & 0x04), "MODE SENSE(6) caching page: WCE=0");
+	uint8_t page[24];
+	memcpy(page, buf, 24);
+	memset(buf, 0, 24);
+	memcpy(buf + 4, page + 4, 20);
+	buf[6] |= 0x04;
+	uint8_t msel6[6] = { 0x15, 0x10, 0, 0, 24, 0 };
+	c = run(a, 0, msel6, 6, 24, 0);
+	check(c.status == SAM_STAT_GOOD, "MODE SELECT(6) sets WCE=1");
+	c = run(a, 0, ms6, 6, 0, 255);
+	check(c.status == SAM_STAT_GOOD && (buf[6] & 0x04), "MODE SENSE(6) now shows WCE=1");
+	c = run(b, 0, tur, 6, 0, 0);
+	check(sense_is(&c, 0x6, 0x2a, 0x01), "other nexus gets MODE PARAMETERS CHANGED UA 6/2A/01");
+	uint8_t ms_saved[6] = { 0x1a, 0x08, 0xc8, 0, 255, 0 };
+	c = run(a, 0, ms_saved, 6, 0, 255);
+	check(sense_is(&c, 0x5, 0x39, 0x00), "MODE SENSE saved values -> SAVING PARAMETERS NOT SUPPORTED");
+
+	/* -- SYNCHRONIZE CACHE -- */
+	uint8_t sync10[10] = { 0x35 };
+	c = run(a, 0, sync10, 10, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "SYNCHRONIZE CACHE(10)");
+
+	/* -- COMPARE AND WRITE -- */
+	uint8_t caw[16] = { 0x89 };
+	be64(caw + 2, 100);
+	caw[13] = 1;
+	c = rw10(a, 0x28, 100, 1, bs); /* current contents as the compare half */
+	memcpy(buf + bs, buf, bs);
+	memmove(buf, buf + bs, bs);
+	memset(buf + bs, 0xab, bs);
+	c = run(a, 0, caw, 16, 2 * bs, 0);
+	check(c.status == SAM_STAT_GOOD, "COMPARE AND WRITE with matching data succeeds");
+	c = rw10(a, 0x28, 100, 1, bs);
+	check(buf[0] == 0xab && buf[bs - 1] == 0xab, "COMPARE AND WRITE wrote the new block");
+	memset(buf, 0xab, bs);
+	buf[37] = 0;
+	memset(buf + bs, 0xcd, bs);
+	c = run(a, 0, caw, 16, 2 * bs, 0);
+	check(sense_is(&c, 0xe, 0x1d, 0x00) && (c.sense[0] & 0x80) && rd32(c.sense + 3) == 37,
+	      "COMPARE AND WRITE mismatch -> MISCOMPARE 0E/1D/00, information = offset 37");
+
+	/* -- UNMAP, GET LBA STATUS -- */
+	memset(buf, 0x5a, 64 * bs);
+	c = rw10(a, 0x2a, 4096, 64, 64 * bs);
+	uint8_t unmap[10] = { 0x42 };
+	unmap[8] = 24;
+	memset(buf, 0, 24);
+	buf[1] = 22;
+	buf[3] = 16;
+	be64(buf + 8, 4096);
+	be32(buf + 16, 64);
+	c = run(a, 0, unmap, 10, 24, 0);
+	check(c.status == SAM_STAT_GOOD, "UNMAP 64 blocks at LBA 4096");
+	uint8_t gls[16] = { 0x9e, 0x12 };
+	be64(gls + 2, 4096);
+	gls[13] = 64;
+	c = run(a, 0, gls, 16, 0, 64);
+	check(c.status == SAM_STAT_GOOD && rd64(buf + 8) == 4096 && rd32(buf + 16) >= 64 && buf[20] == 1,
+	      "GET LBA STATUS reports LBA 4096 deallocated");
+	c = rw10(a, 0x28, 4096, 1, bs);
+	bool zero = c.status == SAM_STAT_GOOD;
+	for (unsigned i = 0; zero && i < bs; i++)
+		zero = buf[i] == 0;
+	check(zero, "unmapped block reads back zeroes (LBPRZ)");
+	unmap[8] = 4;
+	c = run(a, 0, unmap, 10, 4, 0);
+	check(sense_is(&c, 0x5, 0x1a, 0x00), "UNMAP with a 4-byte parameter list -> PARAMETER LIST LENGTH ERROR");
+
+	/* -- persistent reservations between two nexuses -- */
+	pr_out(a, 0x00, 0, 0, 0x1111, &c);
+	check(c.status == SAM_STAT_GOOD, "nexus A registers key 0x1111");
+	pr_out(a, 0x01, 0x01, 0x1111, 0, &c);
+	check(c.status == SAM_STAT_GOOD, "nexus A reserves WRITE EXCLUSIVE");
+	memset(buf, 1, bs);
+	c = rw10(b, 0x2a, 10, 1, bs);
+	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "nexus B write -> RESERVATION CONFLICT");
+	c = rw10(b, 0x28, 10, 1, bs);
+	check(c.status == SAM_STAT_GOOD, "nexus B read under WRITE EXCLUSIVE is allowed");
+	c = rw10(a, 0x2a, 10, 1, bs);
+	check(c.status == SAM_STAT_GOOD, "holder A may write");
+	uint8_t prin[10] = { 0x5e, 0x01 };
+	prin[8] = 64;
+	c = run(b, 0, prin, 10, 0, 64);
+	check(c.status == SAM_STAT_GOOD && rd32(buf + 4) == 16 && rd64(buf + 8) == 0x1111 && buf[21] == 1,
+	      "READ RESERVATION shows key 0x1111 type WE");
+	pr_out(b, 0x00, 0, 0, 0x2222, &c);
+	pr_out(b, 0x04, 0x03, 0x2222, 0x1111, &c);
+	check(c.status == SAM_STAT_GOOD, "nexus B preempts A with EXCLUSIVE ACCESS");
+	c = run(a, 0, tur, 6, 0, 0);
+	check(sense_is(&c, 0x6, 0x2a, 0x05), "nexus A gets REGISTRATIONS PREEMPTED UA 6/2A/05");
+	c = rw10(a, 0x28, 10, 1, bs);
+	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "nexus A read under B's EXCLUSIVE ACCESS conflicts");
+	pr_out(b, 0x03, 0, 0x2222, 0, &c);
+	check(c.status == SAM_STAT_GOOD, "nexus B clears");
+	c = rw10(a, 0x28, 10, 1, bs);
+	check(c.status == SAM_STAT_GOOD, "after CLEAR nexus A reads again");
+
+	/* -- SPC-2 RESERVE between nexuses -- */
+	uint8_t res6[6] = { 0x16 }, rel6[6] = { 0x17 };
+	c = run(a, 0, res6, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "RESERVE(6) by A");
+	c = rw10(b, 0x28, 10, 1, bs);
+	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "B read while A holds RESERVE(6) conflicts");
+	c = run(a, 0, rel6, 6, 0, 0);
+	c = rw10(b, 0x28, 10, 1, bs);
+	check(c.status == SAM_STAT_GOOD, "after RELEASE(6) B reads");
+
+	/* -- WRITE SAME -- */
+	uint8_t ws10[10] = { 0x41 };
+	be32(ws10 + 2, 2000);
+	ws10[8] = 16;
+	memset(buf, 0x77, bs);
+	c = run(a, 0, ws10, 10, bs, 0);
+	check(c.status == SAM_STAT_GOOD, "WRITE SAME(10) 16 blocks of 0x77");
+	c = rw10(a, 0x28, 2000, 16, 16 * bs);
+	same = c.status == SAM_STAT_GOOD;
+	for (unsigned i = 0; same && i < 16 * bs; i++)
+		same = buf[i] == 0x77;
+	check(same, "WRITE SAME data reads back in every block");
+
+	/* -- REPORT SUPPORTED OPERATION CODES: one command -- */
+	uint8_t rsoc[12] = { 0xa3, 0x0c, 0x01, 0x28 };
+	rsoc[9] = 64;
+	c = run(a, 0, rsoc, 12, 0, 64);
+	check(c.status == SAM_STAT_GOOD && (buf[1] & 7) == 3 && buf[3] == 10 && buf[4] == 0x28,
+	      "REPORT SUPPORTED OPERATION CODES for READ(10): supported, 10-byte CDB, usage data");
+
+	/* -- descriptor sense when D_SENSE is set -- */
+	uint8_t msc[6] = { 0x1a, 0x08, 0x0a, 0, 255, 0 };
+	c = run(a, 0, msc, 6, 0, 255);
+	memcpy(page, buf + 4, 12);
+	memset(buf, 0, 16);
+	memcpy(buf + 4, page, 12);
+	buf[4 + 2] |= 0x04;
+	msel6[4] = 16;
+	c = run(a, 0, msel6, 6, 16, 0);
+	check(c.status == SAM_STAT_GOOD, "MODE SELECT sets D_SENSE");
+	c = rw10(a, 0x28, (uint32_t)nblocks, 1, bs);
+	check(c.status == SAM_STAT_CHECK_CONDITION && c.sense[0] == 0x72 && c.sense[1] == 5 && c.sense[2] == 0x21,
+	      "with D_SENSE, LBA OUT OF RANGE comes as descriptor sense 0x72");
+
+	scsi_nexus_close(a);
+	scsi_nexus_close(b);
+	workers_stop();
+	scsi_target_free(t);
+	scsi_lu_close(lu);
+	unlink(path);
+	char prf[300];
+	snprintf(prf, sizeof(prf), "%s/lun0.pr", dir);
+	unlink(prf);
+	rmdir(dir);
+	free(buf);
+	printf("%d checks, %d failed\n", checks, failures);
+	return failures ? 1 : 0;
+}

@@ -1,0 +1,68 @@
+/*
+ * chap.h - CHAP for iSCSI login (RFC 7143 12.1.3, RFC 1994), MD5 only
+ * (CHAP_A=5).
+ *
+ * The target sends CHAP_A, CHAP_I (one random byte) and CHAP_C (a random
+ * challenge from getrandom(2)); the initiator proves it knows the secret
+ * with CHAP_R = MD5(I | secret | C). For mutual CHAP the initiator sends
+ * its own CHAP_I/CHAP_C and we answer with CHAP_N/CHAP_R computed from
+ * the mutual secret. Binary values travel as hex (0x...) or base64 (0b...);
+ * both are accepted and we send hex.
+ *
+ * Secrets pass through these functions but never reach the log: callers
+ * log the user name and the outcome only.
+ *
+ * Threading: pure functions and caller-owned state; any thread.
+ */
+#ifndef TC_ISCSI_CHAP_H
+#define TC_ISCSI_CHAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CHAP_CHALLENGE_LEN 16
+#define CHAP_MD5_LEN 16
+#define CHAP_BIN_MAX 1024 /* longest challenge or response we decode */
+
+struct iscsi_chap {
+	uint8_t id;
+	uint8_t challenge[CHAP_CHALLENGE_LEN];
+};
+
+/*
+ * Decode a CHAP binary value ("0x" hex or "0b" base64, case-insensitive
+ * prefix) into out (at most max bytes). Returns the length, or -1 if
+ * malformed, empty or too long.
+ */
+int chap_decode(const char *s, uint8_t *out, size_t max);
+
+/* "0x" + lowercase hex of in; out must hold 2 * len + 3 bytes. */
+void chap_encode_hex(const uint8_t *in, size_t len, char *out);
+
+/* Does the initiator's CHAP_A list contain MD5 (5)? */
+bool chap_algorithm_ok(const char *list);
+
+/* Fresh identifier and challenge from getrandom(2). 0 or -1. */
+int chap_new_challenge(struct iscsi_chap *c);
+
+/* MD5(id | secret | challenge) through OpenSSL EVP. 0 or -1. */
+int chap_md5(uint8_t id, const char *secret, const uint8_t *chal, size_t chal_len,
+	     uint8_t out[CHAP_MD5_LEN]);
+
+/*
+ * Check the initiator's CHAP_R (encoded) against our challenge and secret
+ * in constant time. true when it matches.
+ */
+bool chap_verify(const struct iscsi_chap *c, const char *secret, const char *chap_r);
+
+/*
+ * Mutual CHAP: compute our CHAP_R (hex, into out of 2*16+3 bytes) for the
+ * initiator's CHAP_I/CHAP_C. Refuses (-1) a malformed identifier or
+ * challenge, and a challenge equal to the one we sent (a reflection attack
+ * would otherwise let the initiator make us answer our own challenge).
+ */
+int chap_mutual_response(const struct iscsi_chap *ours, const char *secret,
+			 const char *chap_i, const char *chap_c, char *out);
+
+#endif

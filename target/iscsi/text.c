@@ -1,0 +1,221 @@
+/*
+ * text.c - Text Request / Response in full feature phase (RFC 7143 11.10,
+ * 11.11): SendTargets and renegotiation of the keys allowed there.
+ *
+ * SendTargets=All lists every target this initiator's IQN may reach (the
+ * same ACL as login, so a target is invisible to an initiator outside its
+ * allow list), each with a TargetAddress naming the address the initiator
+ * is connected to. SendTargets=<iqn> lists that one target; an empty value
+ * in a normal session lists the session's own target.
+ *
+ * Long text crosses PDUs with the C bit in both directions: a request with
+ * C=1 is accumulated and answered with an empty response carrying a Target
+ * Transfer Tag; a response longer than the initiator's
+ * MaxRecvDataSegmentLength is sent in pieces, each next piece asked for by
+ * an empty request echoing our TTT.
+ *
+ * Threading: the connection's worker thread.
+ */
+#include "target/iscsi/iscsi_int.h"
+
+#include "common/log.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+static uint32_t new_ttt(struct iscsi_conn *c)
+{
+	c->text_ttt = (c->text_ttt + 1) & 0x7fffffff;
+	if (c->text_ttt == 0)
+		c->text_ttt = 1;
+	return c->text_ttt;
+}
+
+static void send_text_rsp(struct iscsi_conn *c, const uint8_t *req, const char *data,
+			  uint32_t len, bool more)
+{
+	struct iscsi_tx *tx = iscsi_tx_new(len);
+	if (!tx) {
+		iscsi_conn_close(c, "out of memory");
+		return;
+	}
+	const struct iscsi_text_hdr *q = (const struct iscsi_text_hdr *)req;
+	struct iscsi_text_hdr *r = (struct iscsi_text_hdr *)tx->hdr;
+	r->opcode = ISCSI_OP_TEXT_RSP;
+	r->flags = more ? ISCSI_TEXT_CONTINUE : ISCSI_FLAG_FINAL;
+	memcpy(r->lun, q->lun, 8);
+	be32_put(r->itt, bhs_itt(req));
+	be32_put(r->ttt, more ? new_ttt(c) : ISCSI_RSVD_TAG);
+	iscsi_conn_fill_sn(c, tx->hdr, true);
+	if (len)
+		memcpy(tx->payload, data, len);
+	iscsi_conn_send(c, tx);
+}
+
+/* Send the next piece of the pending response. */
+static void send_pending(struct iscsi_conn *c, const uint8_t *req)
+{
+	size_t left = c->text_out_len - c->text_out_off;
+	size_t chunk = left > c->params.initiator_mrdsl ? c->params.initiator_mrdsl : left;
+	bool more = chunk < left;
+
+	send_text_rsp(c, req, c->text_out + c->text_out_off, (uint32_t)chunk, more);
+	c->text_out_off += chunk;
+	if (!more) {
+		free(c->text_out);
+		c->text_out = NULL;
+		c->text_out_len = c->text_out_off = 0;
+	}
+}
+
+static void local_address(struct iscsi_conn *c, char *out, size_t outlen)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[INET6_ADDRSTRLEN];
+	const struct iscsi_portal_cfg *cfg = iscsi_portal_cfg();
+
+	if (getsockname(c->ev.fd, (struct sockaddr *)&ss, &sl) == 0) {
+		if (ss.ss_family == AF_INET) {
+			struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+			inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+			snprintf(out, outlen, "%s:%u,1", host, ntohs(a->sin_port));
+			return;
+		}
+		if (ss.ss_family == AF_INET6) {
+			struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+			if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+				inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof(host));
+				snprintf(out, outlen, "%s:%u,1", host, ntohs(a->sin6_port));
+			} else {
+				inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+				snprintf(out, outlen, "[%s]:%u,1", host, ntohs(a->sin6_port));
+			}
+			return;
+		}
+	}
+	if (cfg && cfg->nlisten)
+		snprintf(out, outlen, "%s:%u,1", cfg->listen[0].addr, cfg->listen[0].port);
+	else
+		snprintf(out, outlen, "127.0.0.1:3260,1");
+}
+
+static void send_targets(struct iscsi_conn *c, const char *which, struct iscsi_text_out *out)
+{
+	const struct iscsi_portal_cfg *cfg = iscsi_portal_cfg();
+	struct iscsi_sess *s = c->sess;
+	char addr[128];
+
+	local_address(c, addr, sizeof(addr));
+	if (!cfg)
+		return;
+	for (int i = 0; i < cfg->ntargets; i++) {
+		const struct iscsi_target_cfg *t = &cfg->targets[i];
+		if (!iscsi_acl_allows(t, s->initiator))
+			continue;
+		if (strcmp(which, "All") == 0) {
+			/* listed */
+		} else if (which[0] == '\0') {
+			if (t != s->tgt)
+				continue;
+		} else if (strcasecmp(which, t->iqn) != 0) {
+			continue;
+		}
+		iscsi_text_add(out, "TargetName", t->iqn);
+		iscsi_text_add(out, "TargetAddress", addr);
+	}
+}
+
+void iscsi_text_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint32_t dlen)
+{
+	const struct iscsi_text_hdr *h = (const struct iscsi_text_hdr *)bhs;
+	uint32_t ttt = be32_get(h->ttt);
+
+	if (!iscsi_sess_cmdsn_accept(c->sess, be32_get(h->sn24), bhs_immediate(bhs)))
+		return;
+	if (ttt != ISCSI_RSVD_TAG) {
+		if (ttt != c->text_ttt) {
+			iscsi_reject(c, ISCSI_REJECT_INVALID_PDU_FIELD, bhs);
+			return;
+		}
+		if (c->text_out) {
+			send_pending(c, bhs);
+			return;
+		}
+	} else if (c->text_out) {
+		/* A new request abandons the unfinished response. */
+		free(c->text_out);
+		c->text_out = NULL;
+		c->text_out_len = c->text_out_off = 0;
+	}
+	if (c->text_acc_len + dlen > ISCSI_TEXT_MAX) {
+		free(c->text_acc);
+		c->text_acc = NULL;
+		c->text_acc_len = 0;
+		iscsi_reject(c, ISCSI_REJECT_PROTOCOL_ERROR, bhs);
+		return;
+	}
+	if (dlen) {
+		char *n = realloc(c->text_acc, c->text_acc_len + dlen + 1);
+		if (!n) {
+			iscsi_conn_close(c, "out of memory");
+			return;
+		}
+		c->text_acc = n;
+		memcpy(c->text_acc + c->text_acc_len, data, dlen);
+		c->text_acc_len += dlen;
+	}
+	if (bhs[1] & ISCSI_TEXT_CONTINUE) {
+		send_text_rsp(c, bhs, NULL, 0, true);
+		return;
+	}
+
+	struct iscsi_kv kv[64];
+	char *answer = malloc(ISCSI_TEXT_MAX);
+	struct iscsi_text_out out = { .buf = answer, .cap = ISCSI_TEXT_MAX };
+	struct iscsi_neg_ctx ctx = { .phase = ISCSI_NEG_FULL_FEATURE, .discovery = c->sess->discovery,
+				     .leading = true };
+	int n = c->text_acc_len ? iscsi_text_parse(c->text_acc, c->text_acc_len, kv, 64) : 0;
+
+	if (!answer || n < 0) {
+		free(answer);
+		free(c->text_acc);
+		c->text_acc = NULL;
+		c->text_acc_len = 0;
+		if (!answer)
+			iscsi_conn_close(c, "out of memory");
+		else
+			iscsi_reject(c, ISCSI_REJECT_PROTOCOL_ERROR, bhs);
+		return;
+	}
+	struct iscsi_params p = c->params;
+	for (int i = 0; i < n; i++) {
+		if (strcmp(kv[i].key, "SendTargets") == 0) {
+			send_targets(c, kv[i].value, &out);
+			continue;
+		}
+		enum iscsi_neg_result r = iscsi_param_negotiate(&p, &ctx, kv[i].key, kv[i].value, &out);
+		if (r == ISCSI_NEG_NOT_MINE)
+			iscsi_text_add(&out, kv[i].key, "Reject");
+	}
+	/* Only MaxRecvDataSegmentLength may change in full feature phase. */
+	c->params.initiator_mrdsl = p.initiator_mrdsl;
+	c->sess->params.initiator_mrdsl = p.initiator_mrdsl;
+	free(c->text_acc);
+	c->text_acc = NULL;
+	c->text_acc_len = 0;
+	if (out.len > c->params.initiator_mrdsl) {
+		c->text_out = answer;
+		c->text_out_len = out.len;
+		c->text_out_off = 0;
+		send_pending(c, bhs);
+		return;
+	}
+	send_text_rsp(c, bhs, answer, (uint32_t)out.len, false);
+	free(answer);
+}

@@ -1,0 +1,168 @@
+/*
+ * tmf.c - Task Management Function requests (RFC 7143 11.5, 11.6).
+ *
+ * ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET and
+ * TARGET WARM/COLD RESET first take the affected commands of this session
+ * away from the normal path: a command still receiving data is freed at
+ * once; a command inside the backstore is marked aborted so its response
+ * is dropped when it comes back. The TMF response waits (struct
+ * iscsi_tmf_wait) until every aborted command has come back; only then is
+ * scsi_task_mgmt called for the SAM side effects (unit attentions,
+ * reservation release) and the response sent - so the initiator never sees
+ * a response for a task after the TMF response that aborted it.
+ * A command whose response is already on its way counts as completed:
+ * ABORT TASK answers "task does not exist" for it.
+ *
+ * TARGET COLD RESET, when the backstore performs it, also drops the
+ * connection after the response (RFC 7143 11.5.1). TASK REASSIGN needs
+ * ErrorRecoveryLevel 2: "allegiance reassignment not supported".
+ *
+ * Threading: the connection's worker thread.
+ */
+#include "target/iscsi/iscsi_int.h"
+
+#include "common/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct iscsi_tmf_wait {
+	struct iscsi_tmf_wait *next;
+	uint32_t itt;
+	uint8_t function;
+	uint64_t lun;
+	int response;      /* -1: ask scsi_task_mgmt when the aborts are done */
+};
+
+static void tmf_send(struct iscsi_conn *c, struct iscsi_tmf_wait *w)
+{
+	struct iscsi_sess *s = c->sess;
+	int response = w->response;
+	bool close_after = false;
+
+	if (response < 0) {
+		response = s->nexus ? scsi_task_mgmt(s->nexus, (enum scsi_tmf)w->function, w->lun)
+				    : ISCSI_TMF_RSP_NO_LUN;
+		if (w->function == ISCSI_TMF_TARGET_COLD_RESET && response == ISCSI_TMF_RSP_COMPLETE)
+			close_after = true;
+	}
+	struct iscsi_tx *tx = iscsi_tx_new(0);
+	if (!tx) {
+		iscsi_conn_close(c, "out of memory");
+		return;
+	}
+	struct iscsi_tmf_rsp_hdr *r = (struct iscsi_tmf_rsp_hdr *)tx->hdr;
+	r->opcode = ISCSI_OP_TMF_RSP;
+	r->flags = ISCSI_FLAG_FINAL;
+	r->response = (uint8_t)response;
+	be32_put(r->itt, w->itt);
+	iscsi_conn_fill_sn(c, tx->hdr, true);
+	tx->close_after = close_after;
+	iscsi_conn_send(c, tx);
+}
+
+/* Abort this session's commands on lun (UINT64_MAX: all LUNs). */
+static void abort_set(struct iscsi_sess *s, uint64_t lun)
+{
+	struct iscsi_cmd *cmd, *next;
+	for (cmd = s->active.next; cmd != &s->active; cmd = next) {
+		next = cmd->next;
+		if (lun == UINT64_MAX || cmd->sc.lun == lun)
+			iscsi_cmd_abort(cmd);
+	}
+}
+
+void iscsi_tmf_pdu(struct iscsi_conn *c, const uint8_t *bhs)
+{
+	const struct iscsi_tmf_req_hdr *h = (const struct iscsi_tmf_req_hdr *)bhs;
+	struct iscsi_sess *s = c->sess;
+	uint8_t fn = h->function & ISCSI_TMF_FUNC_MASK;
+	uint64_t lun = iscsi_lun_decode(h->lun);
+	struct iscsi_tmf_wait *w;
+
+	if (s->discovery) {
+		iscsi_reject(c, ISCSI_REJECT_PROTOCOL_ERROR, bhs);
+		return;
+	}
+	if (!iscsi_sess_cmdsn_accept(s, be32_get(h->cmdsn), bhs_immediate(bhs)))
+		return;
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		iscsi_conn_close(c, "out of memory");
+		return;
+	}
+	w->itt = bhs_itt(bhs);
+	w->function = fn;
+	w->lun = lun;
+	w->response = -1;
+
+	switch (fn) {
+	case ISCSI_TMF_ABORT_TASK: {
+		struct iscsi_cmd *cmd = iscsi_cmd_by_itt(s, be32_get(h->ref_itt));
+		if (!cmd || cmd->state == CMD_SENDING) {
+			w->response = ISCSI_TMF_RSP_NO_TASK;
+		} else {
+			iscsi_cmd_abort(cmd);
+			w->response = ISCSI_TMF_RSP_COMPLETE;
+		}
+		break;
+	}
+	case ISCSI_TMF_ABORT_TASK_SET:
+	case ISCSI_TMF_CLEAR_TASK_SET:
+	case ISCSI_TMF_LOGICAL_UNIT_RESET:
+		if (!s->nexus || !scsi_nexus_has_lun(s->nexus, lun)) {
+			w->response = ISCSI_TMF_RSP_NO_LUN;
+			break;
+		}
+		abort_set(s, lun);
+		break;
+	case ISCSI_TMF_CLEAR_ACA:
+		break;
+	case ISCSI_TMF_TARGET_WARM_RESET:
+	case ISCSI_TMF_TARGET_COLD_RESET:
+		abort_set(s, UINT64_MAX);
+		break;
+	case ISCSI_TMF_TASK_REASSIGN:
+		w->response = ISCSI_TMF_RSP_NO_REASSIGN;
+		break;
+	default:
+		w->response = ISCSI_TMF_RSP_NOT_SUPPORTED;
+		break;
+	}
+	log_debug("iSCSI %s: task management function %u on LUN %llu", c->peer, fn,
+		  (unsigned long long)lun);
+	if (s->aborted_inflight == 0 && !s->tmf_head) {
+		tmf_send(c, w);
+		free(w);
+		return;
+	}
+	if (s->tmf_tail)
+		s->tmf_tail->next = w;
+	else
+		s->tmf_head = w;
+	s->tmf_tail = w;
+}
+
+void iscsi_tmf_aborted_done(struct iscsi_sess *s)
+{
+	if (s->aborted_inflight)
+		return;
+	while (s->tmf_head && s->conn && s->conn->state != CONN_CLOSING) {
+		struct iscsi_tmf_wait *w = s->tmf_head;
+		s->tmf_head = w->next;
+		if (!s->tmf_head)
+			s->tmf_tail = NULL;
+		tmf_send(s->conn, w);
+		free(w);
+	}
+}
+
+void iscsi_tmf_free_all(struct iscsi_sess *s)
+{
+	while (s->tmf_head) {
+		struct iscsi_tmf_wait *w = s->tmf_head;
+		s->tmf_head = w->next;
+		free(w);
+	}
+	s->tmf_tail = NULL;
+}

@@ -7,13 +7,16 @@
 #   make bench      benchmarks (print numbers, assert nothing about speed)
 #   make conformance  libiscsi's suite against tiercached and tgtd
 #   make deps       install the Debian packages the build and tests need
+#   make check-system  LIO + TCMU + NVMe + targetcli on Debian's kernel under qemu (2-4 minutes)
+#   make install    binaries, systemd unit, example config, man pages
+#                   (PREFIX=/usr/local, DESTDIR= for staging)
 #   make clean
 #
 # CC=clang works too; both must build warning-free.
 
 CC ?= cc
 BUILD ?= build
-PKGS := liburing liburcu liburcu-cds libisal libcrypto inih json-c libsystemd
+PKGS := liburing liburcu liburcu-cds libisal libcrypto inih json-c libsystemd libnvme
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -23,11 +26,13 @@ CFLAGS ?= $(OPT) -g
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter \
 	  -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	  -D_GNU_SOURCE -I. $(PKG_CFLAGS) -MMD -MP
-LDLIBS += $(PKG_LIBS) -lpthread
+# libtcmu2 ships only libtcmu.so.2 (no -dev symlink, no header): link it by
+# name, and GLib (its dependency) for the main loop its D-Bus registration needs.
+LDLIBS += $(PKG_LIBS) -l:libtcmu.so.2 -l:libglib-2.0.so.0 -lpthread
 
 # Every .c under these folders is part of the engine library; the programs
 # add their own main.
-LIB_DIRS := common config backstore cache target/iscsi
+LIB_DIRS := common config backstore cache target/iscsi target/tcmu
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 
@@ -43,9 +48,9 @@ BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
-PROGS := $(BUILD)/tiercached $(BUILD)/tierctl
+PROGS := $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 
-.PHONY: all deps run check check-long conformance bench fuzz unit clean
+.PHONY: all deps run check check-long conformance bench fuzz unit clean install check-system
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
 deps:
@@ -66,6 +71,15 @@ $(BUILD)/tiercached: $(DAEMON_OBJS) $(BUILD)/libtiercache.a
 $(BUILD)/tierctl: $(BUILD)/obj/tools/tierctl.o $(BUILD)/libtiercache.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+# tierbench is the only program that links libiscsi (an initiator).
+ISCSI_CFLAGS := $(shell pkg-config --cflags libiscsi 2>/dev/null)
+ISCSI_LIBS := $(shell pkg-config --libs libiscsi 2>/dev/null)
+JSONC_LIBS := $(shell pkg-config --libs json-c 2>/dev/null)
+TIERBENCH_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/tierbench*.c))
+$(TIERBENCH_OBJS): CFLAGS += $(ISCSI_CFLAGS)
+$(BUILD)/tierbench: $(TIERBENCH_OBJS)
+	$(CC) $(CFLAGS) -o $@ $^ $(ISCSI_LIBS) $(JSONC_LIBS) -lm
+
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS)
@@ -78,6 +92,7 @@ $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtiercache.a
 # run; they assert nothing about speed.
 bench: all
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
+	@bash tests/bench/compare.sh
 
 # libFuzzer harnesses: clang, ASan + UBSan, linked against the library
 # sources compiled again with the same instrumentation.
@@ -108,6 +123,38 @@ check-long: deps
 conformance: deps
 	@$(MAKE) --no-print-directory all
 	@TC_KEEP= bash tests/test_conformance_libiscsi.sh
+
+# The real kernel: LIO + target_core_user + iscsi_target_mod + two QEMU NVMe
+# drives, tiercached inside, initiators on the host (tests/system/): once with
+# configfs written directly, once through targetcli + D-Bus + tcmu-runner in a
+# debootstrap'ed guest. The first run installs qemu-system-x86 and debootstrap,
+# fetches Debian's kernel package and builds the guest root (about 2 minutes).
+check-system: deps
+	@$(MAKE) --no-print-directory $(BUILD)/tiercached $(BUILD)/tierctl
+	@BUILD=$(BUILD) bash tests/system/run-vm-tcmu.sh
+	@BUILD=$(BUILD) bash tests/system/run-vm-targetcli.sh
+
+# Install layout (GNU-style variables). The unit names /usr/sbin; with
+# another PREFIX the installed copy is rewritten to point at SBINDIR.
+PREFIX ?= /usr/local
+SBINDIR ?= $(PREFIX)/sbin
+MANDIR ?= $(PREFIX)/share/man
+DOCDIR ?= $(PREFIX)/share/doc/tiercache
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+install: $(BUILD)/tiercached $(BUILD)/tierctl
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(MANDIR)/man5 \
+		$(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(SYSCONFDIR)/tiercache
+	install -m 0755 $(BUILD)/tiercached $(BUILD)/tierctl $(DESTDIR)$(SBINDIR)/
+	sed -e 's#/usr/sbin/#$(SBINDIR)/#g' -e 's#/etc/tiercache/#$(SYSCONFDIR)/tiercache/#g' \
+		systemd/tiercached.service > $(DESTDIR)$(UNITDIR)/tiercached.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/tiercached.service
+	install -m 0644 man/tiercached.8 man/tierctl.8 $(DESTDIR)$(MANDIR)/man8/
+	install -m 0644 man/tiercached.conf.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 0644 config/examples/tiercached.conf config/examples/quickstart.conf $(DESTDIR)$(DOCDIR)/examples/
+	@# never overwrite an admin's configuration
+	test -e $(DESTDIR)$(SYSCONFDIR)/tiercache/tiercached.conf || \
+		install -m 0640 config/examples/tiercached.conf $(DESTDIR)$(SYSCONFDIR)/tiercache/tiercached.conf
 
 clean:
 	rm -rf $(BUILD)

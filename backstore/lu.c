@@ -64,6 +64,8 @@ static const struct cmd_desc cmd_table[] = {
 	  { OP_VERIFY_10, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
 	{ OP_PREFETCH_10, 0, 10, 0, RW, sbc_prefetch, "PRE-FETCH(10)",
 	  { OP_PREFETCH_10, 0x02, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
+	{ OP_READ_DEFECT_DATA_10, 0, 10, R, 0, sbc_read_defect_data, "READ DEFECT DATA(10)",
+	  { OP_READ_DEFECT_DATA_10, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, CTL } },
 	{ OP_SYNC_CACHE_10, 0, 10, 0, WR, sbc_sync_cache, "SYNCHRONIZE CACHE(10)",
 	  { OP_SYNC_CACHE_10, 0x06, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL } },
 	{ OP_WRITE_SAME_10, 0, 10, W, WR, sbc_write_same, "WRITE SAME(10)",
@@ -144,6 +146,8 @@ static const struct cmd_desc cmd_table[] = {
 	  { OP_READ_12, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
 	{ OP_WRITE_12, 0, 12, W, WR, sbc_write, "WRITE(12)",
 	  { OP_WRITE_12, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
+	{ OP_READ_DEFECT_DATA_12, 0, 12, R, 0, sbc_read_defect_data, "READ DEFECT DATA(12)",
+	  { OP_READ_DEFECT_DATA_12, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, CTL } },
 	{ OP_WRITE_VERIFY_12, 0, 12, W, WR, sbc_write_verify, "WRITE AND VERIFY(12)",
 	  { OP_WRITE_VERIFY_12, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, CTL } },
 	{ OP_VERIFY_12, 0, 12, W, RW, sbc_verify, "VERIFY(12)",
@@ -400,6 +404,7 @@ struct scsi_nexus *scsi_nexus_open(struct scsi_target *t, const char *initiator_
 		nl->lu = lu;
 		nl->lun = t->maps[i].lun;
 		atomic_init(&nl->ua, UA_POWER_ON);
+		nl->mode_seen = lu_mode_state(lu);
 		pthread_mutex_lock(&lu->mutex);
 		nl->next_in_lu = lu->attached;
 		lu->attached = nl;
@@ -487,13 +492,29 @@ static uint16_t ua_asc(unsigned bit)
  * ASC, or 0 when none. Used by dispatch and REQUEST SENSE. Any thread;
  * lock-free (the mask is an atomic).
  */
+unsigned lu_mode_state(const struct scsi_lu *lu)
+{
+	return (atomic_load(&lu->wce) ? 1u : 0) | (atomic_load(&lu->d_sense) ? 2u : 0) |
+	       (atomic_load(&lu->swp) ? 4u : 0);
+}
+
 uint16_t lu_ua_take(struct nexus_lu *nl)
 {
 	unsigned cur = atomic_load(&nl->ua);
 	while (cur) {
 		unsigned bit = cur & -cur;
-		if (atomic_compare_exchange_weak(&nl->ua, &cur, cur & ~bit))
-			return ua_asc(bit);
+		if (!atomic_compare_exchange_weak(&nl->ua, &cur, cur & ~bit))
+			continue;
+		if (bit == UA_MODE_CHANGED) {
+			/* parameters changed and changed back: nothing to report */
+			unsigned now = lu_mode_state(nl->lu);
+			if (now == nl->mode_seen) {
+				cur &= ~bit;
+				continue;
+			}
+			nl->mode_seen = now;
+		}
+		return ua_asc(bit);
 	}
 	return 0;
 }
@@ -633,8 +654,7 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 		scsi_cmd_complete(cmd);
 		return;
 	}
-	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) &&
-	    pr_conflicts(cmd, d)) {
+	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
 		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
 		scsi_cmd_complete(cmd);
 		return;

@@ -52,6 +52,7 @@
 #define OP_WRITE_VERIFY_10 0x2e
 #define OP_VERIFY_10 0x2f
 #define OP_PREFETCH_10 0x34
+#define OP_READ_DEFECT_DATA_10 0x37
 #define OP_SYNC_CACHE_10 0x35
 #define OP_WRITE_BUFFER 0x3b
 #define OP_READ_BUFFER 0x3c
@@ -82,6 +83,7 @@
 #define OP_READ_12 0xa8
 #define OP_WRITE_12 0xaa
 #define OP_WRITE_VERIFY_12 0xae
+#define OP_READ_DEFECT_DATA_12 0xb7
 #define OP_VERIFY_12 0xaf
 
 /* service actions */
@@ -165,9 +167,8 @@ enum {
 /* ------------------------------------------------------------------ */
 /* Objects                                                             */
 
-#define LU_MAX_WS_BLOCKS 65536u      /* MAXIMUM WRITE SAME LENGTH */
-#define LU_MAX_XFER_BYTES (8u << 20) /* MAXIMUM TRANSFER LENGTH, in bytes */
-#define LU_MAX_UNMAP_BLOCKS 0x400000u
+#define LU_MAX_XFER_BYTES (32u << 20) /* MAXIMUM TRANSFER LENGTH, in bytes */
+#define LU_MAX_UNMAP_BLOCKS 0x100000u
 #define LU_MAX_UNMAP_DESCS 256u
 #define LU_MAX_CAW_BLOCKS 1u         /* MAXIMUM COMPARE AND WRITE LENGTH */
 #define PORT_NAME_MAX 256
@@ -268,6 +269,10 @@ struct nexus_lu {
 	atomic_uint ua;
 	struct nexus_lu *next_in_lu; /* lu->attached list, under lu->mutex */
 	bool prevent;                /* PREVENT ALLOW MEDIUM REMOVAL state */
+	/* lu_mode_state() as this nexus last knew it: a pending MODE
+	 * PARAMETERS CHANGED that finds the parameters back at this value is
+	 * dropped, since nothing changed from this nexus's point of view */
+	unsigned mode_seen;
 };
 
 struct scsi_nexus {
@@ -357,12 +362,20 @@ size_t scsi_data_out(struct scsi_cmd *cmd, size_t off, void *dst, size_t len);
 /* Total bytes in the cmd iovec. */
 size_t scsi_iov_len(const struct scsi_cmd *cmd);
 
+/* MAXIMUM WRITE SAME LENGTH in blocks: as many bytes as one transfer. */
+static inline uint64_t lu_max_ws_blocks(const struct scsi_lu *lu)
+{
+	return LU_MAX_XFER_BYTES >> lu->block_shift;
+}
+
 /* the nexus_lu of the command (NULL if the LUN is not mapped) */
 struct nexus_lu *scsi_cmd_nlu(struct scsi_cmd *cmd);
 
 /* Establish ua on every nexus attached to lu, except skip (may be NULL).
  * Caller holds lu->mutex. */
 void lu_ua_all_locked(struct scsi_lu *lu, unsigned ua, const struct scsi_nexus *skip);
+/* The LU's mode parameters as one comparable word (WCE, D_SENSE, SWP). */
+unsigned lu_mode_state(const struct scsi_lu *lu);
 /* Establish ua on the nexuses whose initiator port is i_port. Locked. */
 void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port);
 
@@ -426,6 +439,7 @@ void sbc_compare_and_write(struct scsi_cmd *cmd);
 void sbc_get_lba_status(struct scsi_cmd *cmd);
 void sbc_sanitize(struct scsi_cmd *cmd);
 void sbc_orwrite(struct scsi_cmd *cmd);
+void sbc_read_defect_data(struct scsi_cmd *cmd);
 
 /*
  * Writers outside sbc.c (xcopy) go through the same CAW interlock:
@@ -443,6 +457,8 @@ void pr_release(struct scsi_cmd *cmd);
 /* Slow path conflict check, called only when lu->resv_held: true if the
  * command must end with RESERVATION CONFLICT. */
 bool pr_conflicts(struct scsi_cmd *cmd, const struct cmd_desc *d);
+/* The same for access by nx to another LU (EXTENDED COPY targets). */
+bool pr_conflicts_lu(struct scsi_lu *lu, struct scsi_nexus *nx, const struct cmd_desc *d);
 /* load persisted state at open: 0 or -1 with err */
 int pr_load(struct scsi_lu *lu, char *err, size_t errlen);
 void pr_free(struct scsi_lu *lu);

@@ -117,14 +117,20 @@ static bool cmd_is_write(const struct cmd_desc *d)
 
 bool pr_conflicts(struct scsi_cmd *cmd, const struct cmd_desc *d)
 {
-	struct scsi_lu *lu = cmd->lu;
+	return pr_conflicts_lu(cmd->lu, cmd->nexus, d);
+}
+
+bool pr_conflicts_lu(struct scsi_lu *lu, struct scsi_nexus *nx, const struct cmd_desc *d)
+{
 	bool conflict = false;
 
+	if (!atomic_load_explicit(&lu->resv_held, memory_order_acquire))
+		return false;
 	pthread_mutex_lock(&lu->mutex);
-	if (lu->spc2_holder && lu->spc2_holder != cmd->nexus) {
+	if (lu->spc2_holder && lu->spc2_holder != nx) {
 		conflict = !(d->flags & CMDF_RESV_SPC2_OK);
 	} else if (lu->pr.type && !(d->flags & CMDF_PR_ALLOWED)) {
-		struct pr_reg *r = reg_find(lu, cmd->nexus);
+		struct pr_reg *r = reg_find(lu, nx);
 		bool access = is_holder(lu, r) || (r && type_registrants_only(lu->pr.type));
 		if (!access)
 			conflict = type_exclusive_access(lu->pr.type) || cmd_is_write(d);

@@ -353,7 +353,8 @@ void sbc_read_capacity_16(struct scsi_cmd *cmd)
 	memset(b, 0, sizeof(b));
 	put_be64(b, lu->nblocks - 1);
 	put_be32(b + 8, lu->block_size);
-	b[13] = lu->block_size < 4096 ? (uint8_t)(12 - lu->block_shift) : 0;
+	/* LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT stays 0: the backing
+	 * store takes single-block writes atomically and unmaps by block. */
 	if (lu->dev->can_unmap)
 		b[14] = 0x80 | 0x40; /* LBPME, LBPRZ */
 	scsi_data_in(cmd, b, sizeof(b), alloc);
@@ -422,6 +423,11 @@ void sbc_read(struct scsi_cmd *cmd)
 	}
 	/* The initiator wants less than the CDB says (or a ragged buffer):
 	 * read it all into a pooled buffer and hand over what fits. */
+	if (bytes > BUF_MAX) {
+		scsi_fail_cdb(cmd, cmd->cdb[0] == OP_READ_16 ? 10 : 7, -1);
+		scsi_cmd_complete(cmd);
+		return;
+	}
 	if (!io_alloc(io, bytes)) {
 		scsi_cmd_complete(cmd);
 		return;
@@ -485,6 +491,19 @@ static void write_start(struct sbc_io *io, uint64_t lba, uint32_t n, bool fua)
 		write_go(io);
 }
 
+/*
+ * Blocks of a WRITE that the Data-Out actually carries. An initiator that
+ * sends less than the CDB asks for (iSCSI EDTL < transfer length) gets the
+ * command processed for the whole blocks it sent and nothing beyond
+ * (FCP-4 / RFC 7143 overflow semantics); the front end reports the
+ * residual from cdb_xfer_len.
+ */
+static uint32_t data_out_blocks(const struct scsi_cmd *cmd, uint32_t n)
+{
+	uint32_t have = cmd->write_len >> cmd->lu->block_shift;
+	return have < n ? have : n;
+}
+
 /* Common checks of the WRITE families; false after completing cmd. */
 static bool write_checks(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, bool has_protect)
 {
@@ -497,9 +516,6 @@ static bool write_checks(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, bool ha
 		/* failed */
 	} else if (bytes > LU_MAX_XFER_BYTES) {
 		scsi_fail_cdb(cmd, cmd->cdb[0] >> 5 == 0 ? 4 : 7, -1);
-	} else if (cmd->write_len < bytes) {
-		/* Less Data-Out than the CDB needs: write nothing. */
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_IU);
 	} else {
 		return true;
 	}
@@ -516,6 +532,7 @@ void sbc_write(struct scsi_cmd *cmd)
 	decode_lba_len(cmd->cdb, &lba, &n);
 	if (!write_checks(cmd, lba, n, cmd->cdb[0] != OP_WRITE_6))
 		return;
+	n = data_out_blocks(cmd, n);
 	if (n == 0) {
 		scsi_cmd_complete(cmd);
 		return;
@@ -532,6 +549,7 @@ void sbc_write_verify(struct scsi_cmd *cmd)
 	decode_lba_len(cmd->cdb, &lba, &n);
 	if (!write_checks(cmd, lba, n, true))
 		return;
+	n = data_out_blocks(cmd, n);
 	if (n == 0) {
 		scsi_cmd_complete(cmd);
 		return;
@@ -595,7 +613,7 @@ void sbc_verify(struct scsi_cmd *cmd)
 		/* failed */
 	} else if (n == 0 || bytchk == BYTCHK_NONE) {
 		/* the medium is always readable: nothing to check */
-	} else if (bytes > LU_MAX_XFER_BYTES) {
+	} else if (bytes > LU_MAX_XFER_BYTES || bytes > BUF_MAX) {
 		scsi_fail_cdb(cmd, 7, -1);
 	} else if (cmd->write_len < dout) {
 		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_IU);
@@ -749,14 +767,14 @@ void sbc_write_same(struct scsi_cmd *cmd)
 	}
 	if (n == 0 && lba <= lu->nblocks) {
 		n = lu->nblocks - lba; /* to the end of the medium */
-		if (n > LU_MAX_WS_BLOCKS) {
+		if (n > lu_max_ws_blocks(lu)) {
 			scsi_fail_cdb(cmd, sixteen ? 10 : 7, -1);
 			goto out;
 		}
 	}
 	if (!range_ok(cmd, lba, n))
 		goto out;
-	if (n > LU_MAX_WS_BLOCKS) {
+	if (n > lu_max_ws_blocks(lu)) {
 		scsi_fail_cdb(cmd, sixteen ? 10 : 7, -1);
 		goto out;
 	}
@@ -776,7 +794,9 @@ void sbc_write_same(struct scsi_cmd *cmd)
 	io->end = (lba + n) << lu->block_shift;
 	io->wflags = write_flags(cmd, false);
 	bool zero = all_zero(block, bs);
-	if (zero && unmap && lu->dev->can_unmap) {
+	if (unmap && lu->dev->can_unmap) {
+		/* UNMAP asks for deallocation; reads then return zeroes
+		 * (LBPRZ), whatever block came with the command. */
 		io->op = BDEV_UNMAP;
 	} else if (zero) {
 		io->op = BDEV_WRITE_ZEROES;
@@ -979,10 +999,13 @@ static void atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, uint32_t 
 	} else if (!range_ok(cmd, lba, n)) {
 		/* failed */
 	} else if (n == 0) {
-		/* nothing to do */
+		/* nothing to do, unless Data-Out came that the length cannot
+		 * account for (a NUMBER OF BLOCKS that wrapped, e.g. 256) */
+		if (cmd->write_len)
+			scsi_fail_cdb(cmd, len_byte, -1);
 	} else if (cmd->write_len < dout || (cmd->cdb[0] == OP_COMPARE_AND_WRITE && cmd->write_len != dout)) {
 		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_IU);
-	} else if (io_alloc(io, 2 * bytes)) {
+	} else if (io_alloc(io, bytes + dout)) { /* medium image + Data-Out */
 		io->lba = lba;
 		io->nblocks = n;
 		io->wflags = write_flags(cmd, cmd->cdb[1] & 0x08);
@@ -1006,7 +1029,8 @@ void sbc_orwrite(struct scsi_cmd *cmd)
 {
 	uint32_t n = get_be32(cmd->cdb + 10);
 	uint64_t dout = (uint64_t)n << cmd->lu->block_shift;
-	atomic_rmw(cmd, get_be64(cmd->cdb + 2), n, LU_MAX_XFER_BYTES >> cmd->lu->block_shift, 10,
+	/* medium image and Data-Out share one pooled buffer */
+	atomic_rmw(cmd, get_be64(cmd->cdb + 2), n, (BUF_MAX / 2) >> cmd->lu->block_shift, 10,
 		   dout > UINT32_MAX ? UINT32_MAX : dout);
 }
 
@@ -1067,6 +1091,26 @@ void sbc_get_lba_status(struct scsi_cmd *cmd)
 	}
 	put_be32(b, (uint32_t)(off - 4));
 	scsi_data_in(cmd, b, off, alloc);
+	scsi_cmd_complete(cmd);
+}
+
+/* ---------------------------------------------------------------- */
+/* READ DEFECT DATA: the medium is a file or a RAID volume; it has no  */
+/* defect list of its own, so both lists are reported, and empty.      */
+
+#define DEFECT_PLISTV 0x10
+#define DEFECT_GLISTV 0x08
+
+void sbc_read_defect_data(struct scsi_cmd *cmd)
+{
+	bool twelve = cmd->cdb[0] == OP_READ_DEFECT_DATA_12;
+	uint8_t req = twelve ? cmd->cdb[1] : cmd->cdb[2];
+	uint32_t alloc = twelve ? get_be32(cmd->cdb + 6) : get_be16(cmd->cdb + 7);
+	uint8_t b[8];
+
+	memset(b, 0, sizeof(b));
+	b[1] = req & (DEFECT_PLISTV | DEFECT_GLISTV | 0x07);
+	scsi_data_in(cmd, b, twelve ? 8 : 4, alloc);
 	scsi_cmd_complete(cmd);
 }
 

@@ -199,12 +199,13 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 			put_be32(b + 24, LU_MAX_UNMAP_DESCS);
 			put_be32(b + 28, gran ? gran : 1);
 		}
-		put_be64(b + 36, LU_MAX_WS_BLOCKS);
+		put_be64(b + 36, lu_max_ws_blocks(lu));
 		break;
 	}
 	case VPD_BLOCK_CHARS:
 		len = 64;
 		put_be16(b + 4, lu->dev->rotational ? 7200 : 1);
+		b[7] = 0x40; /* WABEREQ 01b: reads after BLOCK ERASE succeed (zeroes) */
 		break;
 	case VPD_LBP:
 		len = 8;
@@ -618,6 +619,10 @@ void spc_mode_select(struct scsi_cmd *cmd)
 	}
 	if (changed)
 		lu_ua_all_locked(lu, UA_MODE_CHANGED, cmd->nexus);
+	/* the nexus that selected knows the values it set */
+	struct nexus_lu *self_nl = scsi_cmd_nlu(cmd);
+	if (self_nl)
+		self_nl->mode_seen = lu_mode_state(lu);
 	pthread_mutex_unlock(&lu->mutex);
 	complete(cmd);
 }

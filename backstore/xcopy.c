@@ -200,17 +200,30 @@ static void xc_read_chunk(struct xcopy_io *io)
 	xc_submit(io, io->src, BDEV_READ, 0, io->src_off, len);
 }
 
-/* Resolve target descriptor idx to an LU, or NULL. */
+/*
+ * Resolve target descriptor idx to an LU, or NULL. Only LUs mapped in the
+ * target the command came through qualify: the registry knows every open
+ * LU, but an initiator reaches only what its target grants (invariant 5).
+ */
 static struct scsi_lu *xc_target(struct xcopy_io *io, unsigned idx)
 {
 	const uint8_t *t = io->param + XC_HDR + (size_t)idx * XC_TGT_DESC_LEN;
 	uint8_t type = t[5] & 0x0f;
 	uint8_t len = t[7];
+	const struct scsi_target *tgt = io->cmd->nexus ? io->cmd->nexus->tgt : NULL;
 
-	if (type != DESIG_TYPE_NAA || len > 16)
+	if (type != DESIG_TYPE_NAA || len > 16 || !tgt)
 		return NULL;
-	return lu_registry_find_naa(t + 8, len);
+	struct scsi_lu *lu = lu_registry_find_naa(t + 8, len);
+	for (int i = 0; lu && i < tgt->nmaps; i++)
+		if (tgt->maps[i].lu == lu)
+			return lu;
+	return NULL;
 }
+
+/* Reservation checks on the copy's source (read) and destination (write). */
+static const struct cmd_desc xc_read_access = { .flags = CMDF_READS };
+static const struct cmd_desc xc_write_access = { .flags = CMDF_WRITES };
 
 static void xc_next_segment(struct xcopy_io *io)
 {
@@ -232,6 +245,12 @@ static void xc_next_segment(struct xcopy_io *io)
 	io->dst = xc_target(io, dst_idx);
 	if (!io->src || !io->dst) {
 		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
+		return;
+	}
+	if (pr_conflicts_lu(io->src, io->cmd->nexus, &xc_read_access) ||
+	    pr_conflicts_lu(io->dst, io->cmd->nexus, &xc_write_access)) {
+		io->cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+		xc_finish(io, false);
 		return;
 	}
 	if (io->dst->read_only || atomic_load(&io->dst->swp)) {

@@ -22,6 +22,7 @@
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
+#include <urcu.h>
 #include <urcu/wfcqueue.h>
 
 #define RING_ENTRIES 1024
@@ -204,6 +205,8 @@ static void *worker_main(void *arg)
 	char name[16];
 
 	self = w;
+	/* The cache map is read under rcu_read_lock on this thread. */
+	rcu_register_thread();
 	snprintf(name, sizeof(name), "tc-worker%u", w->idx);
 	pthread_setname_np(pthread_self(), name);
 	worker_watch(&w->ring_ev, EPOLLIN);
@@ -227,6 +230,7 @@ static void *worker_main(void *arg)
 	}
 	run_posts(w);
 	worker_flush();
+	rcu_unregister_thread();
 	return NULL;
 }
 

@@ -10,6 +10,8 @@
  */
 #include "config.h"
 
+#include "../cache/cache.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <ini.h>
@@ -29,7 +31,7 @@ struct parse_state {
 	FILE *fp;
 	const char *str;
 	/* current section */
-	enum { SEC_NONE, SEC_DAEMON, SEC_PORTAL, SEC_TARGET, SEC_LUN } sec;
+	enum { SEC_NONE, SEC_DAEMON, SEC_PORTAL, SEC_TARGET, SEC_LUN, SEC_TCMU, SEC_CACHE } sec;
 	int header_line;    /* line of the last "[section]" the reader saw */
 	int section_line;   /* line of the section keys currently go to */
 };
@@ -211,6 +213,8 @@ static int begin_section(struct parse_state *ps, const char *section)
 		ps->sec = SEC_DAEMON;
 	} else if (!strcmp(section, "portal")) {
 		ps->sec = SEC_PORTAL;
+	} else if (!strcmp(section, "tcmu")) {
+		ps->sec = SEC_TCMU;
 	} else if (!strncmp(section, "target", 6) && (section[6] == ' ' || section[6] == '\t')) {
 		arg = section + 7;
 		while (*arg == ' ' || *arg == '\t')
@@ -264,9 +268,40 @@ static int begin_section(struct parse_state *ps, const char *section)
 		l->block_size = 512;
 		l->line = line;
 		ps->sec = SEC_LUN;
+	} else if (!strncmp(section, "cache", 5) && (section[5] == ' ' || section[5] == '\t')) {
+		arg = section + 6;
+		while (*arg == ' ' || *arg == '\t')
+			arg++;
+		if (!*arg || strlen(arg) > 63 || strpbrk(arg, " \t/")) {
+			fail_at(ps, line,
+				"[cache %s]: a cache set name is 1 to 63 characters without spaces or '/'; rename it", arg);
+			return 0;
+		}
+		for (int i = 0; i < cfg->ncaches; i++)
+			if (!strcmp(cfg->caches[i].name, arg)) {
+				fail_at(ps, line, "[cache %s] is defined twice (first at line %d); merge the two sections",
+					arg, cfg->caches[i].line);
+				return 0;
+			}
+		struct cfg_cache *c = grow(cfg->caches, cfg->ncaches, sizeof(*c));
+		if (!c) {
+			fail_at(ps, line, "out of memory");
+			return 0;
+		}
+		cfg->caches = c;
+		c = &cfg->caches[cfg->ncaches++];
+		c->name = xstrdup(ps, arg);
+		c->extent = 256u << 10;
+		c->mode = CACHE_WRITE_BACK;
+		c->admit_hits = 2;
+		c->seq_cutoff = 4u << 20;
+		c->dirty_target = 10;
+		c->line = line;
+		ps->sec = SEC_CACHE;
 	} else {
 		fail_at(ps, line,
-			"unknown section [%s]; sections are [daemon], [portal], [target IQN] and [lun NAME]",
+			"unknown section [%s]; sections are [daemon], [portal], [target IQN], [lun NAME], "
+			"[cache NAME] and [tcmu]",
 			section);
 		return 0;
 	}
@@ -320,16 +355,12 @@ static int handle_daemon(struct parse_state *ps, const char *key, const char *va
 	return 1;
 }
 
-static int handle_portal(struct parse_state *ps, const char *key, const char *val)
+/* One ADDRESS:PORT / [V6]:PORT line into arr (the portal's listen lines,
+ * or the LIO portals of [tcmu]); key names the line in messages. */
+static int add_address(struct parse_state *ps, const char *key, const char *val, struct cfg_listen *arr, int *n)
 {
-	struct config *cfg = ps->cfg;
-
-	if (strcmp(key, "listen")) {
-		fail_at(ps, ps->line, "[portal] has no key \"%s\"; the portal takes listen = ADDRESS:PORT lines", key);
-		return 0;
-	}
-	if (cfg->nlisten >= CFG_MAX_LISTEN) {
-		fail_at(ps, ps->line, "more than %d listen lines; remove some", CFG_MAX_LISTEN);
+	if (*n >= CFG_MAX_LISTEN) {
+		fail_at(ps, ps->line, "more than %d %s lines; remove some", CFG_MAX_LISTEN, key);
 		return 0;
 	}
 	char host[256];
@@ -337,7 +368,7 @@ static int handle_portal(struct parse_state *ps, const char *key, const char *va
 	if (val[0] == '[') {
 		const char *close = strchr(val, ']');
 		if (!close || (size_t)(close - val - 1) >= sizeof(host)) {
-			fail_at(ps, ps->line, "listen = %s: an IPv6 address is written [ADDRESS]:PORT, e.g. [::1]:3260", val);
+			fail_at(ps, ps->line, "%s = %s: an IPv6 address is written [ADDRESS]:PORT, e.g. [::1]:3260", key, val);
 			return 0;
 		}
 		memcpy(host, val + 1, close - val - 1);
@@ -346,12 +377,12 @@ static int handle_portal(struct parse_state *ps, const char *key, const char *va
 	} else {
 		const char *colon = strrchr(val, ':');
 		if (colon && strchr(val, ':') != colon) {
-			fail_at(ps, ps->line, "listen = %s: write an IPv6 address in brackets, e.g. [%s]:3260", val, val);
+			fail_at(ps, ps->line, "%s = %s: write an IPv6 address in brackets, e.g. [%s]:3260", key, val, val);
 			return 0;
 		}
 		size_t hl = colon ? (size_t)(colon - val) : strlen(val);
 		if (hl == 0 || hl >= sizeof(host)) {
-			fail_at(ps, ps->line, "listen = %s: give ADDRESS:PORT, e.g. 127.0.0.1:3260 or 0.0.0.0:3260", val);
+			fail_at(ps, ps->line, "%s = %s: give ADDRESS:PORT, e.g. 127.0.0.1:3260 or 0.0.0.0:3260", key, val);
 			return 0;
 		}
 		memcpy(host, val, hl);
@@ -360,19 +391,28 @@ static int handle_portal(struct parse_state *ps, const char *key, const char *va
 	}
 	unsigned long port;
 	if (!port_s || parse_uint(port_s, 65535, &port) || port == 0) {
-		fail_at(ps, ps->line, "listen = %s: the port must be a number from 1 to 65535", val);
+		fail_at(ps, ps->line, "%s = %s: the port must be a number from 1 to 65535", key, val);
 		return 0;
 	}
-	for (int i = 0; i < cfg->nlisten; i++)
-		if (!strcmp(cfg->listen[i].addr, host) && cfg->listen[i].port == port) {
-			fail_at(ps, ps->line, "listen = %s repeats line %d; remove one", val, cfg->listen[i].line);
+	for (int i = 0; i < *n; i++)
+		if (!strcmp(arr[i].addr, host) && arr[i].port == port) {
+			fail_at(ps, ps->line, "%s = %s repeats line %d; remove one", key, val, arr[i].line);
 			return 0;
 		}
-	struct cfg_listen *l = &cfg->listen[cfg->nlisten++];
+	struct cfg_listen *l = &arr[(*n)++];
 	l->addr = xstrdup(ps, host);
 	l->port = (uint16_t)port;
 	l->line = ps->line;
 	return 1;
+}
+
+static int handle_portal(struct parse_state *ps, const char *key, const char *val)
+{
+	if (strcmp(key, "listen")) {
+		fail_at(ps, ps->line, "[portal] has no key \"%s\"; the portal takes listen = ADDRESS:PORT lines", key);
+		return 0;
+	}
+	return add_address(ps, "listen", val, ps->cfg->listen, &ps->cfg->nlisten);
 }
 
 static int check_secret(struct parse_state *ps, const char *key, const char *val)
@@ -384,6 +424,27 @@ static int check_secret(struct parse_state *ps, const char *key, const char *val
 		fail_at(ps, ps->line,
 			"%s is %zu characters long; CHAP secrets must be 12 to 16 characters "
 			"(RFC 7143 and the Windows initiator require it)", key, n);
+		return 0;
+	}
+	return 1;
+}
+
+/* [tcmu]: the LIO front end (target/tcmu). */
+static int handle_tcmu(struct parse_state *ps, const char *key, const char *val)
+{
+	bool *dst;
+	if (!strcmp(key, "portal"))
+		return add_address(ps, "portal", val, ps->cfg->tcmu_portal, &ps->cfg->ntcmu_portal);
+	if (!strcmp(key, "enable")) {
+		dst = &ps->cfg->tcmu_enable;
+	} else if (!strcmp(key, "dbus")) {
+		dst = &ps->cfg->tcmu_dbus;
+	} else {
+		fail_at(ps, ps->line, "[tcmu] has no key \"%s\"; known keys: enable, dbus, portal", key);
+		return 0;
+	}
+	if (parse_bool(val, dst)) {
+		fail_at(ps, ps->line, "[tcmu] %s = %s: use yes or no", key, val);
 		return 0;
 	}
 	return 1;
@@ -496,10 +557,98 @@ static int handle_lun(struct parse_state *ps, const char *key, const char *val)
 			l->write_cache = b;
 		else
 			l->read_only = b;
+	} else if (!strcmp(key, "cache")) {
+		if (!*val) {
+			fail_at(ps, ps->line, "[lun %s] cache is empty; name a [cache NAME] section", l->name);
+			return 0;
+		}
+		free(l->cache);
+		l->cache = xstrdup(ps, val);
+		l->cache_line = ps->line;
 	} else {
 		fail_at(ps, ps->line,
-			"[lun %s] has no key \"%s\"; known keys: backing, size, block_size, serial, write_cache, read_only",
-			l->name, key);
+			"[lun %s] has no key \"%s\"; known keys: backing, size, block_size, serial, write_cache, "
+			"read_only, cache", l->name, key);
+		return 0;
+	}
+	return 1;
+}
+
+static int handle_cache(struct parse_state *ps, const char *key, const char *val)
+{
+	struct cfg_cache *c = &ps->cfg->caches[ps->cfg->ncaches - 1];
+	unsigned long u;
+	uint64_t sz;
+
+	if (!strcmp(key, "legs")) {
+		char buf[4096];
+		snprintf(buf, sizeof(buf), "%s", val);
+		for (int i = 0; i < c->nlegs; i++)
+			free(c->legs[i]);
+		c->nlegs = 0;
+		for (char *save = NULL, *tok = strtok_r(buf, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
+			if (c->nlegs == 2) {
+				fail_at(ps, ps->line, "[cache %s] legs lists more than two devices; a set is a mirror "
+					"of two legs", c->name);
+				return 0;
+			}
+			c->legs[c->nlegs++] = xstrdup(ps, tok);
+		}
+		if (c->nlegs == 2 && !strcmp(c->legs[0], c->legs[1])) {
+			fail_at(ps, ps->line, "[cache %s] legs lists %s twice; the mirror needs two different devices",
+				c->name, c->legs[0]);
+			return 0;
+		}
+	} else if (!strcmp(key, "allow_single_leg")) {
+		if (parse_bool(val, &c->allow_single_leg)) {
+			fail_at(ps, ps->line, "[cache %s] allow_single_leg = %s: use yes or no", c->name, val);
+			return 0;
+		}
+	} else if (!strcmp(key, "size")) {
+		if (config_parse_size(val, &c->size) || c->size < (16u << 20)) {
+			fail_at(ps, ps->line, "[cache %s] size = %s: write a size of at least 16M, like 256M or 800G",
+				c->name, val);
+			return 0;
+		}
+	} else if (!strcmp(key, "extent")) {
+		if (config_parse_size(val, &sz) || sz < (64u << 10) || sz > (4u << 20) || (sz & (sz - 1))) {
+			fail_at(ps, ps->line, "[cache %s] extent = %s: use a power of two from 64K to 4M "
+				"(256K is the default)", c->name, val);
+			return 0;
+		}
+		c->extent = (uint32_t)sz;
+	} else if (!strcmp(key, "mode")) {
+		enum cache_mode m;
+		if (cache_mode_parse(val, &m)) {
+			fail_at(ps, ps->line, "[cache %s] mode = %s: use write-back, write-through, write-around "
+				"or pass-through", c->name, val);
+			return 0;
+		}
+		c->mode = (int)m;
+	} else if (!strcmp(key, "admit_hits")) {
+		if (parse_uint(val, 1000, &u) || u == 0) {
+			fail_at(ps, ps->line, "[cache %s] admit_hits = %s: give the number of misses before an "
+				"extent is promoted, 1 to 1000", c->name, val);
+			return 0;
+		}
+		c->admit_hits = (uint32_t)u;
+	} else if (!strcmp(key, "seq_cutoff")) {
+		if (config_parse_size(val, &c->seq_cutoff)) {
+			fail_at(ps, ps->line, "[cache %s] seq_cutoff = %s: write a size like 4M, or 0 to cache "
+				"sequential streams too", c->name, val);
+			return 0;
+		}
+	} else if (!strcmp(key, "dirty_target")) {
+		if (parse_uint(val, 90, &u) || u == 0) {
+			fail_at(ps, ps->line, "[cache %s] dirty_target = %s: give a percentage from 1 to 90",
+				c->name, val);
+			return 0;
+		}
+		c->dirty_target = (uint32_t)u;
+	} else {
+		fail_at(ps, ps->line,
+			"[cache %s] has no key \"%s\"; known keys: legs, allow_single_leg, size, extent, mode, "
+			"admit_hits, seq_cutoff, dirty_target", c->name, key);
 		return 0;
 	}
 	return 1;
@@ -527,6 +676,8 @@ static int handler(void *user, const char *section, const char *name, const char
 	case SEC_PORTAL: return handle_portal(ps, name, value);
 	case SEC_TARGET: return handle_target(ps, name, value);
 	case SEC_LUN: return handle_lun(ps, name, value);
+	case SEC_TCMU: return handle_tcmu(ps, name, value);
+	case SEC_CACHE: return handle_cache(ps, name, value);
 	default: return 0;
 	}
 }
@@ -537,6 +688,63 @@ struct cfg_lun *config_find_lun(const struct config *cfg, const char *name)
 		if (!strcmp(cfg->luns[i].name, name))
 			return &cfg->luns[i];
 	return NULL;
+}
+
+struct cfg_cache *config_find_cache(const struct config *cfg, const char *name)
+{
+	for (int i = 0; i < cfg->ncaches; i++)
+		if (!strcmp(cfg->caches[i].name, name))
+			return &cfg->caches[i];
+	return NULL;
+}
+
+static int validate_caches(struct parse_state *ps)
+{
+	struct config *cfg = ps->cfg;
+
+	for (int i = 0; i < cfg->ncaches; i++) {
+		struct cfg_cache *c = &cfg->caches[i];
+		if (c->nlegs == 0) {
+			fail_at(ps, c->line, "[cache %s] has no legs; add legs = /dev/nvme0n1 /dev/nvme1n1 (two "
+				"devices or files, mirrored)", c->name);
+			return -1;
+		}
+		if (c->nlegs == 1 && !c->allow_single_leg) {
+			fail_at(ps, c->line, "[cache %s] has one leg; with a single device, data in the cache "
+				"(dirty data in write-back mode) is lost when it dies: add a second leg, or set "
+				"allow_single_leg = yes to accept that", c->name);
+			return -1;
+		}
+		for (int k = 0; k < c->nlegs; k++) {
+			for (int j = 0; j < cfg->nluns; j++)
+				if (!strcmp(cfg->luns[j].backing, c->legs[k])) {
+					fail_at(ps, c->line, "[cache %s] leg %s is the backing store of [lun %s]; "
+						"a cache leg needs a device of its own", c->name, c->legs[k],
+						cfg->luns[j].name);
+					return -1;
+				}
+			for (int j = 0; j < i; j++)
+				for (int m = 0; m < cfg->caches[j].nlegs; m++)
+					if (!strcmp(cfg->caches[j].legs[m], c->legs[k])) {
+						fail_at(ps, c->line, "[cache %s] leg %s is also a leg of [cache %s] "
+							"(line %d); give each set its own devices", c->name,
+							c->legs[k], cfg->caches[j].name, cfg->caches[j].line);
+						return -1;
+					}
+		}
+	}
+	for (int i = 0; i < cfg->nluns; i++) {
+		struct cfg_lun *l = &cfg->luns[i];
+		if (!l->cache)
+			continue;
+		l->cache_set = config_find_cache(cfg, l->cache);
+		if (!l->cache_set) {
+			fail_at(ps, l->cache_line, "[lun %s] cache = %s: there is no [cache %s] section; add one "
+				"or fix the name", l->name, l->cache, l->cache);
+			return -1;
+		}
+	}
+	return 0;
 }
 
 static int validate(struct parse_state *ps)
@@ -570,6 +778,8 @@ static int validate(struct parse_state *ps)
 				return -1;
 			}
 	}
+	if (validate_caches(ps) < 0)
+		return -1;
 	for (int i = 0; i < cfg->ntargets; i++) {
 		struct cfg_target *t = &cfg->targets[i];
 		for (int j = 0; j < t->nluns; j++) {
@@ -667,6 +877,8 @@ void config_free(struct config *cfg)
 		return;
 	for (int i = 0; i < cfg->nlisten; i++)
 		free(cfg->listen[i].addr);
+	for (int i = 0; i < cfg->ntcmu_portal; i++)
+		free(cfg->tcmu_portal[i].addr);
 	for (int i = 0; i < cfg->ntargets; i++) {
 		struct cfg_target *t = &cfg->targets[i];
 		free(t->iqn);
@@ -680,7 +892,14 @@ void config_free(struct config *cfg)
 		free(t->mutual_secret);
 	}
 	free(cfg->targets);
+	for (int i = 0; i < cfg->ncaches; i++) {
+		free(cfg->caches[i].name);
+		for (int k = 0; k < cfg->caches[i].nlegs; k++)
+			free(cfg->caches[i].legs[k]);
+	}
+	free(cfg->caches);
 	for (int i = 0; i < cfg->nluns; i++) {
+		free(cfg->luns[i].cache);
 		free(cfg->luns[i].name);
 		free(cfg->luns[i].backing);
 		free(cfg->luns[i].serial);

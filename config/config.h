@@ -12,7 +12,13 @@
  *   [portal]        listen (repeatable; host:port, [v6]:port)
  *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
  *                   mutual_user/mutual_secret
- *   [lun NAME]      backing, size, block_size, serial, write_cache, read_only
+ *   [lun NAME]      backing, size, block_size, serial, write_cache, read_only,
+ *                   cache (the [cache NAME] set in front of the backing store)
+ *   [cache NAME]    legs = A [B], allow_single_leg, size, extent, mode,
+ *                   admit_hits, seq_cutoff, dirty_target (cache/cache.h)
+ *   [tcmu]          enable (serve LIO's user:tiercache backstores through
+ *                   target_core_user; see target/tcmu/tcmu.h), dbus,
+ *                   portal (LIO's portals, for tierctl targetcli)
  *
  * Relative paths are taken relative to the daemon's working directory.
  * Not thread-safe; called from the main thread only.
@@ -36,7 +42,24 @@ struct cfg_lun {
 	char *serial;         /* "auto" or up to 32 printable ASCII chars */
 	bool write_cache;     /* initial WCE bit (default off: durable on status) */
 	bool read_only;
+	char *cache;          /* [cache NAME] in front of it, or NULL */
+	struct cfg_cache *cache_set; /* resolved after parsing */
+	int cache_line;
 	int line;             /* where the section starts */
+};
+
+struct cfg_cache {
+	char *name;
+	char *legs[2];
+	int nlegs;
+	bool allow_single_leg;
+	uint64_t size;         /* bytes per leg; 0 = existing size */
+	uint32_t extent;       /* bytes, power of two, 64 KiB .. 4 MiB (default 256 KiB) */
+	int mode;              /* enum cache_mode (default write-back) */
+	uint32_t admit_hits;   /* misses before promotion (default 2) */
+	uint64_t seq_cutoff;   /* sequential bypass (default 4 MiB; 0 = off) */
+	uint32_t dirty_target; /* percent (default 10) */
+	int line;
 };
 
 struct cfg_target_lun {
@@ -80,6 +103,14 @@ struct config {
 	int ntargets;
 	struct cfg_lun *luns;
 	int nluns;
+	/* [cache ...] */
+	struct cfg_cache *caches;
+	int ncaches;
+	/* [tcmu] */
+	bool tcmu_enable;        /* attach LIO user:tiercache devices (default no) */
+	bool tcmu_dbus;          /* register with tcmu-runner over D-Bus for targetcli (default no) */
+	struct cfg_listen tcmu_portal[CFG_MAX_LISTEN]; /* LIO's portals for tierctl targetcli */
+	int ntcmu_portal;        /* 0 = LIO takes the [portal] listen addresses */
 };
 
 /*
@@ -96,5 +127,6 @@ void config_free(struct config *cfg);
 int config_parse_size(const char *s, uint64_t *out);
 
 struct cfg_lun *config_find_lun(const struct config *cfg, const char *name);
+struct cfg_cache *config_find_cache(const struct config *cfg, const char *name);
 
 #endif

@@ -9,11 +9,16 @@
  */
 #include "backstore/scsi.h"
 #include "cache/bdev.h"
+#include "cache/cache.h"
+#include "cache/status.h"
 #include "common/log.h"
 #include "common/worker.h"
 #include "config/config.h"
 #include "daemon/control.h"
+#include "daemon/leg_health.h"
+#include "daemon/watchdog.h"
 #include "target/iscsi/portal.h"
+#include "target/tcmu/tcmu.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -26,6 +31,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -38,6 +44,7 @@ struct daemon {
 	char (*serials)[33];
 	struct iscsi_target_cfg *portal_targets;
 	struct iscsi_listen_cfg *portal_listen;
+	struct cache_set **sets;    /* parallel to cfg->caches */
 };
 
 static int mkdir_p(const char *path);
@@ -82,6 +89,68 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 	}
 	json_object_object_add(resp, "targets", targets);
 	json_object_object_add(resp, "luns", luns);
+	struct json_object *caches = json_object_new_array();
+	for (int i = 0; d->sets && i < cfg->ncaches; i++) {
+		struct cache_set_status st;
+		if (!d->sets[i])
+			continue;
+		cache_set_status(d->sets[i], &st);
+		struct json_object *o = json_object_new_object();
+		struct json_object *legs = json_object_new_array();
+		json_object_object_add(o, "name", json_object_new_string(st.name));
+		json_object_object_add(o, "state", json_object_new_string(st.degraded ? "degraded" : "healthy"));
+		for (int k = 0; k < st.nlegs; k++) {
+			struct json_object *lg = json_object_new_object();
+			json_object_object_add(lg, "path", json_object_new_string(st.legs[k].path));
+			json_object_object_add(lg, "health", json_object_new_string(
+				st.legs[k].health == LEG_HEALTHY ? "healthy" :
+				st.legs[k].health == LEG_FAILED ? "failed" : "resyncing"));
+			json_object_object_add(lg, "errors", json_object_new_int64((int64_t)st.legs[k].errors));
+			leg_health_json(lg, st.legs[k].path);
+			if (st.legs[k].health == LEG_RESYNCING) {
+				json_object_object_add(lg, "resync_done", json_object_new_int64((int64_t)st.legs[k].resync_done));
+				json_object_object_add(lg, "resync_total", json_object_new_int64((int64_t)st.legs[k].resync_total));
+			}
+			json_object_array_add(legs, lg);
+		}
+		json_object_object_add(o, "legs", legs);
+		struct json_object *cl = json_object_new_array();
+		for (int k = 0; k < st.nluns; k++) {
+			struct json_object *lo = json_object_new_object();
+			json_object_object_add(lo, "name", json_object_new_string(st.luns[k]));
+			json_object_object_add(lo, "mode", json_object_new_string(cache_mode_name(st.lun_mode[k])));
+			json_object_array_add(cl, lo);
+		}
+		json_object_object_add(o, "luns", cl);
+		json_object_object_add(o, "extent_size", json_object_new_int64(st.extent_size));
+		json_object_object_add(o, "slots", json_object_new_int64(st.nslots));
+		json_object_object_add(o, "slots_used", json_object_new_int64(st.slots_used));
+		json_object_object_add(o, "dirty_bytes", json_object_new_int64((int64_t)st.dirty_bytes));
+		json_object_object_add(o, "hit_ratio", json_object_new_double(st.hit_ratio));
+		json_object_object_add(o, "read_hits", json_object_new_int64((int64_t)st.read_hits));
+		json_object_object_add(o, "read_misses", json_object_new_int64((int64_t)st.read_misses));
+		json_object_object_add(o, "read_partial", json_object_new_int64((int64_t)st.read_partial));
+		json_object_object_add(o, "write_hits", json_object_new_int64((int64_t)st.write_hits));
+		json_object_object_add(o, "write_misses", json_object_new_int64((int64_t)st.write_misses));
+		json_object_object_add(o, "promotions", json_object_new_int64((int64_t)st.promotions));
+		json_object_object_add(o, "evictions", json_object_new_int64((int64_t)st.evictions));
+		json_object_object_add(o, "destaged_bytes", json_object_new_int64((int64_t)st.destaged_bytes));
+		json_object_object_add(o, "cleaner_rate_bps", json_object_new_int64((int64_t)st.cleaner_rate_bps));
+		json_object_object_add(o, "lost_ios", json_object_new_int64((int64_t)st.lost_ios));
+		if (st.lost_ios) {
+			char r[64];
+			snprintf(r, sizeof(r), "%llu-%llu", (unsigned long long)st.lost_lo, (unsigned long long)st.lost_hi);
+			json_object_object_add(o, "lost_range", json_object_new_string(r));
+		}
+		json_object_object_add(o, "mem_bytes", json_object_new_int64((int64_t)st.mem_bytes));
+		json_object_array_add(caches, o);
+	}
+	json_object_object_add(resp, "caches", caches);
+	if (cfg->tcmu_enable) {
+		struct json_object *tcmu = json_object_new_object();
+		tcmu_status_json(tcmu);
+		json_object_object_add(resp, "tcmu", tcmu);
+	}
 	return 0;
 }
 
@@ -181,10 +250,59 @@ static enum log_level parse_level(const char *s)
 	return LOG_LVL_INFO;
 }
 
+/* Open (format or recover) every [cache] set. Workers must be running. */
+static int open_caches(struct daemon *d)
+{
+	struct config *cfg = d->cfg;
+	char err[1024];
+
+	d->sets = calloc(cfg->ncaches ? cfg->ncaches : 1, sizeof(*d->sets));
+	if (!d->sets)
+		return -1;
+	for (int i = 0; i < cfg->ncaches; i++) {
+		struct cfg_cache *c = &cfg->caches[i];
+		struct cache_set_cfg csc = {
+			.name = c->name,
+			.legs = { c->legs[0], c->legs[1] },
+			.nlegs = c->nlegs,
+			.allow_single_leg = c->allow_single_leg,
+			.size = c->size,
+			.extent_size = c->extent,
+			.mode = (enum cache_mode)c->mode,
+			.admit_hits = c->admit_hits,
+			.seq_cutoff = c->seq_cutoff,
+			.dirty_target = c->dirty_target,
+		};
+		for (int k = 0; k < c->nlegs; k++)
+			if (c->size && mkdir_parent(c->legs[k]) < 0) {
+				log_err("%s:%d: [cache %s]: cannot create the directory of %s: %s", cfg->path, c->line,
+					c->name, c->legs[k], strerror(errno));
+				return -1;
+			}
+		d->sets[i] = cache_set_open(&csc, err, sizeof(err));
+		if (!d->sets[i]) {
+			log_err("%s:%d: [cache %s]: %s", cfg->path, c->line, c->name, err);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Clean stop of every set: destage nothing, checkpoint metadata. Before workers_stop. */
+static void shutdown_caches(struct daemon *d)
+{
+	for (int i = 0; d->sets && i < d->cfg->ncaches; i++)
+		if (d->sets[i])
+			cache_set_shutdown(d->sets[i]);
+}
+
 static int open_luns(struct daemon *d)
 {
 	struct config *cfg = d->cfg;
 	char err[512];
+
+	if (open_caches(d) < 0)
+		return -1;
 
 	d->lus = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->lus));
 	d->serials = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->serials));
@@ -202,6 +320,17 @@ static int open_luns(struct daemon *d)
 		if (!dev) {
 			log_err("%s:%d: [lun %s]: %s", cfg->path, l->line, l->name, err);
 			return -1;
+		}
+		if (l->cache_set) {
+			int ci = (int)(l->cache_set - cfg->caches);
+			struct bdev *vol = cache_vol_open(d->sets[ci], l->name, dev, l->backing,
+							  (enum cache_mode)l->cache_set->mode, err, sizeof(err));
+			if (!vol) {
+				log_err("%s:%d: [lun %s]: %s", cfg->path, l->cache_line, l->name, err);
+				bdev_close(dev);
+				return -1;
+			}
+			dev = vol;
 		}
 		struct scsi_lu_config lc = {
 			.name = l->name,
@@ -285,6 +414,9 @@ static void teardown(struct daemon *d)
 	free(d->serials);
 	free(d->portal_targets);
 	free(d->portal_listen);
+	for (int i = 0; d->sets && i < cfg->ncaches; i++)
+		cache_set_close(d->sets[i]);
+	free(d->sets);
 	config_free(cfg);
 }
 
@@ -354,7 +486,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (open_luns(&d) < 0 || build_targets(&d) < 0) {
-		workers_stop();
+		shutdown_caches(&d);
+	workers_stop();
 		teardown(&d);
 		return 1;
 	}
@@ -368,7 +501,8 @@ int main(int argc, char **argv)
 	};
 	if (iscsi_portal_start(&pc, err, sizeof(err)) < 0) {
 		log_err("%s", err);
-		workers_stop();
+		shutdown_caches(&d);
+	workers_stop();
 		teardown(&d);
 		return 1;
 	}
@@ -376,6 +510,15 @@ int main(int argc, char **argv)
 		log_info("portal listening on %s%s%s:%u", strchr(d.cfg->listen[i].addr, ':') ? "[" : "",
 			 d.cfg->listen[i].addr, strchr(d.cfg->listen[i].addr, ':') ? "]" : "",
 			 d.cfg->listen[i].port);
+	/* LIO through TCMU: optional; a kernel without it is not fatal. */
+	if (d.cfg->tcmu_enable && tcmu_start(d.lus, d.cfg->nluns, d.cfg->tcmu_dbus, err, sizeof(err)) < 0) {
+		log_err("%s", err);
+		iscsi_portal_drain();
+		shutdown_caches(&d);
+		workers_stop();
+		teardown(&d);
+		return 1;
+	}
 	err[0] = '\0';
 	started_ms = now_ms();
 	control_register("status", ctl_status, &d);
@@ -383,7 +526,8 @@ int main(int argc, char **argv)
 	    control_start(d.cfg->control_socket, err, sizeof(err)) < 0) {
 		log_err("%s", err[0] ? err : "cannot create the control socket directory");
 		iscsi_portal_drain();
-		workers_stop();
+		shutdown_caches(&d);
+	workers_stop();
 		teardown(&d);
 		return 1;
 	}
@@ -391,10 +535,20 @@ int main(int argc, char **argv)
 	log_info("ready: %d target(s), %d LUN(s), %u worker thread(s)", d.cfg->ntargets, d.cfg->nluns,
 		 workers_count());
 
+	watchdog_start();
 	for (;;) {
 		int sig;
-		if (sigwait(&set, &sig))
+		int wd_ms = watchdog_poll_ms();
+		if (wd_ms >= 0) {
+			/* Wake at least every half watchdog interval to feed it. */
+			struct timespec ts = { .tv_sec = wd_ms / 1000, .tv_nsec = (long)(wd_ms % 1000) * 1000000L };
+			sig = sigtimedwait(&set, NULL, &ts);
+			watchdog_feed();
+			if (sig < 0)
+				continue;
+		} else if (sigwait(&set, &sig)) {
 			continue;
+		}
 		if (sig == SIGHUP) {
 			log_info("SIGHUP: configuration reload is not supported yet; restart to apply changes");
 			continue;
@@ -403,8 +557,11 @@ int main(int argc, char **argv)
 		break;
 	}
 	sd_notify(0, "STOPPING=1");
+	watchdog_stop();
 	control_stop();
 	iscsi_portal_drain();
+	tcmu_stop();
+	shutdown_caches(&d);
 	workers_stop();
 	teardown(&d);
 	log_info("stopped cleanly");

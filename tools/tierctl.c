@@ -10,6 +10,7 @@
  * 2 for usage errors and 3 when the daemon cannot be reached.
  */
 #include "config/config.h"
+#include "config/targetcli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -35,6 +36,8 @@ static void usage(FILE *f)
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 flush, then run the LUN uncached\n"
 		"  leg replace SET OLD NEW    resync a new leg in place of OLD, online\n"
+		"  targetcli                  print targetcli commands for LIO (needs -c CONFIG;\n"
+		"                             no daemon needed): pipe them into targetcli\n"
 		"options:\n"
 		"  -s, --socket PATH          control socket (default " DEFAULT_SOCKET ")\n"
 		"  -c, --config FILE          take the socket path from the daemon's config\n"
@@ -150,6 +153,27 @@ static const char *socket_from_config(const char *conf)
 	return path;
 }
 
+/* tierctl -c CONFIG targetcli: computed from the file, no daemon involved. */
+static int print_targetcli(const char *conf, int nargs)
+{
+	struct config *cfg;
+	char err[1024];
+
+	if (!conf || nargs) {
+		fprintf(stderr, "tierctl: targetcli takes no arguments and needs the config: tierctl -c CONFIG targetcli\n");
+		return 2;
+	}
+	if (config_load(conf, &cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "tierctl: %s\n", err);
+		return 2;
+	}
+	int r = config_targetcli_script(cfg, stdout, stderr, err, sizeof(err));
+	if (r < 0)
+		fprintf(stderr, "tierctl: %s\n", err);
+	config_free(cfg);
+	return r < 0 ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -160,13 +184,14 @@ int main(int argc, char **argv)
 		{ 0 },
 	};
 	const char *path = DEFAULT_SOCKET;
+	const char *conf = NULL;
 	bool json = false;
 	int c;
 
 	while ((c = getopt_long(argc, argv, "+s:c:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 's': path = optarg; break;
-		case 'c': path = socket_from_config(optarg); break;
+		case 'c': conf = optarg; path = socket_from_config(optarg); break;
 		case 'j': json = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -178,6 +203,8 @@ int main(int argc, char **argv)
 	}
 	const char *cmd = argv[optind++];
 	int nargs = argc - optind;
+	if (!strcmp(cmd, "targetcli"))
+		return print_targetcli(conf, nargs);
 	char **args = argv + optind;
 	struct json_object *req = json_object_new_object();
 	bool watch = false, wait = false;

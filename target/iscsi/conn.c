@@ -30,7 +30,6 @@
  */
 #include "target/iscsi/iscsi_int.h"
 
-#include "common/bufpool.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -82,15 +81,21 @@ void iscsi_conn_update_watch(struct iscsi_conn *c)
 
 static void conn_leave(struct iscsi_conn *c)
 {
-	if (--c->in_handler > 0)
+	if (c->in_handler > 1) {
+		c->in_handler--;
 		return;
+	}
+	/* Outermost: still counted while flushing, so a close triggered by a
+	 * written PDU (close_after) cannot free the connection under us. */
 	if (c->state != CONN_CLOSING) {
 		iscsi_conn_flush(c);
-		if (c->draining && c->state != CONN_CLOSING && iscsi_conn_drained(c))
+		if (c->draining && c->state != CONN_CLOSING && !c->closing_after_tx &&
+		    iscsi_conn_drained(c))
 			iscsi_conn_close(c, "portal drained");
 		if (c->state != CONN_CLOSING)
 			iscsi_conn_update_watch(c);
 	}
+	c->in_handler = 0;
 	iscsi_conn_maybe_free(c);
 }
 
@@ -491,6 +496,12 @@ static int rx_step(struct iscsi_conn *c)
 		c->rx_got += (uint32_t)r;
 		if (c->rx_got < ISCSI_BHS_LEN)
 			return 1;
+		if (c->state == CONN_LOGIN && bhs_opcode(c->rx_hdr) != ISCSI_OP_LOGIN_REQ) {
+			log_warn("iSCSI %s: opcode 0x%02x before login completed; dropping the connection",
+				 c->peer, bhs_opcode(c->rx_hdr));
+			iscsi_conn_close(c, "PDU before login");
+			return -1;
+		}
 		uint32_t ahs = (uint32_t)c->rx_hdr[4] * 4;
 		bool hd = c->state == CONN_FULL_FEATURE && c->params.header_digest;
 		c->rx_hdr_len = ISCSI_BHS_LEN + ahs + (hd ? ISCSI_DIGEST_LEN : 0);
@@ -567,7 +578,7 @@ static void on_tick(struct worker_tick *t)
 		iscsi_conn_close(c, "login timed out");
 	else if (c->state == CONN_FULL_FEATURE)
 		iscsi_nop_tick(c);
-	if (c->draining && iscsi_conn_drained(c))
+	if (c->draining && !c->closing_after_tx && iscsi_conn_drained(c))
 		iscsi_conn_close(c, "portal drained");
 	conn_leave(c);
 }
@@ -673,7 +684,12 @@ void iscsi_conn_drain(struct iscsi_conn *c)
 {
 	conn_enter(c);
 	c->draining = true;
-	if (iscsi_conn_drained(c))
+	if (c->state == CONN_FULL_FEATURE && c->sess && !c->sess->discovery &&
+	    !c->closing_after_tx) {
+		/* Tell the initiator why the connection is about to go. */
+		iscsi_async_logout_request(c, 1, iscsi_conn_drained(c));
+	} else if (iscsi_conn_drained(c)) {
 		iscsi_conn_close(c, "portal drained");
+	}
 	conn_leave(c);
 }

@@ -306,7 +306,8 @@ void iscsi_nop_tick(struct iscsi_conn *c);
 void iscsi_reject(struct iscsi_conn *c, uint8_t reason, const uint8_t *bhs);
 /* Reject and then close the connection (protocol errors at ERL 0). */
 void iscsi_reject_close(struct iscsi_conn *c, uint8_t reason, const uint8_t *bhs, const char *why);
-void iscsi_async_logout_request(struct iscsi_conn *c, uint16_t wait_seconds);
+/* Asynchronous Message "request logout" (drain); close once written if asked. */
+void iscsi_async_logout_request(struct iscsi_conn *c, uint16_t wait_seconds, bool close_after);
 
 /* ---- digest (conn.c) ---- */
 uint32_t iscsi_crc32c(const void *buf, size_t len, uint32_t crc);

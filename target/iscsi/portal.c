@@ -11,8 +11,9 @@
  * there until it closes.
  *
  * iscsi_portal_drain stops accepting, asks every worker to stop reading
- * new requests and to close each connection once its in-flight commands
- * have answered and its queue is written, waits for the count of live
+ * new requests on its connections, to send each normal session an
+ * Asynchronous Message requesting logout, and to close each connection
+ * once its in-flight commands have answered and its queue is written; waits for the count of live
  * connections to reach zero, and after a few seconds closes whatever is
  * left (an initiator that stopped reading).
  *

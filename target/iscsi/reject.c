@@ -11,6 +11,8 @@
  */
 #include "target/iscsi/iscsi_int.h"
 
+#include "common/log.h"
+
 #include <string.h>
 
 static void queue_reject(struct iscsi_conn *c, uint8_t reason, const uint8_t *bhs, bool close)
@@ -38,11 +40,12 @@ void iscsi_reject(struct iscsi_conn *c, uint8_t reason, const uint8_t *bhs)
 
 void iscsi_reject_close(struct iscsi_conn *c, uint8_t reason, const uint8_t *bhs, const char *why)
 {
-	(void)why;
+	log_debug("iSCSI %s: rejecting opcode 0x%02x (reason 0x%02x) and closing: %s", c->peer,
+		  bhs_opcode(bhs), reason, why);
 	queue_reject(c, reason, bhs, true);
 }
 
-void iscsi_async_logout_request(struct iscsi_conn *c, uint16_t wait_seconds)
+void iscsi_async_logout_request(struct iscsi_conn *c, uint16_t wait_seconds, bool close_after)
 {
 	struct iscsi_tx *tx = iscsi_tx_new(0);
 	if (!tx)
@@ -55,5 +58,6 @@ void iscsi_async_logout_request(struct iscsi_conn *c, uint16_t wait_seconds)
 	h->event = ISCSI_ASYNC_REQUEST_LOGOUT;
 	/* Parameter3: seconds the initiator has to log out. */
 	be16_put(h->param3, wait_seconds);
+	tx->close_after = close_after;
 	iscsi_conn_send(c, tx);
 }

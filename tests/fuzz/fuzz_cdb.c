@@ -13,9 +13,12 @@
  * thread waits for done() on a semaphore, which keeps every run
  * synchronous and deterministic enough for libFuzzer.
  *
- * Input layout: byte 0 selects nexus / LUN / direction, byte 1 the CDB
- * length, byte 2-3 the Data-In room, then the CDB, then the Data-Out.
+ * Input layout: byte 0 selects nexus / LUN / direction and whether the
+ * opcode (and service action) is taken from the command table (so most
+ * inputs get past dispatch into the handlers), byte 1 the CDB length,
+ * byte 2-3 the Data-In room, then the CDB, then the Data-Out.
  */
+#include "backstore/lu.h"
 #include "backstore/scsi.h"
 #include "cache/bdev.h"
 #include "common/worker.h"
@@ -126,6 +129,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	memset(&r, 0, sizeof(r));
 	memcpy(r.cmd.cdb, data, cdb_len);
+	if (sel & 0x10) {
+		size_t n;
+		const struct cmd_desc *tab = scsi_cmd_table(&n);
+		const struct cmd_desc *d = &tab[data[0] % n];
+		r.cmd.cdb[0] = d->opcode;
+		if (d->flags & CMDF_SA)
+			r.cmd.cdb[1] = (uint8_t)((r.cmd.cdb[1] & 0xe0) | d->sa);
+		cdb_len = d->cdb_len;
+		if (size < cdb_len)
+			return 0;
+		memcpy(r.cmd.cdb + 1, data + 1, cdb_len - 1);
+		if (d->flags & CMDF_SA)
+			r.cmd.cdb[1] = (uint8_t)((r.cmd.cdb[1] & 0xe0) | d->sa);
+		if (sel & 0x20) /* keep reserved bits clear half of the time */
+			for (size_t i = 1; i < cdb_len; i++)
+				r.cmd.cdb[i] &= d->usage[i];
+	}
 	r.cmd.cdb_len = (uint8_t)cdb_len;
 	data += cdb_len;
 	size -= cdb_len;

@@ -97,6 +97,38 @@ static struct scsi_cmd run(struct scsi_nexus *nx, uint64_t lun, const uint8_t *c
 	return out;
 }
 
+/* Two commands submitted back to back from one worker call, so the
+ * second arrives while the first is still in flight. */
+struct pair {
+	struct job *first, *second;
+};
+
+static void submit_pair_on_worker(void *arg)
+{
+	struct pair *p = arg;
+	scsi_cmd_submit(&p->first->cmd);
+	scsi_cmd_submit(&p->second->cmd);
+}
+
+static struct job *job_new(struct scsi_nexus *nx, const uint8_t *cdb, size_t cdb_len, void *data,
+			   uint32_t write_len)
+{
+	struct job *j = calloc(1, sizeof(*j));
+	sem_init(&j->done, 0, 0);
+	memcpy(j->cmd.cdb, cdb, cdb_len);
+	j->cmd.cdb_len = (uint8_t)cdb_len;
+	j->cmd.nexus = nx;
+	j->iov.iov_base = data;
+	j->iov.iov_len = write_len;
+	j->cmd.iov = &j->iov;
+	j->cmd.iovcnt = 1;
+	j->cmd.write_len = write_len;
+	j->cmd.dir = SCSI_DIR_WRITE;
+	j->cmd.done = cmd_done;
+	j->cmd.fe_priv = j;
+	return j;
+}
+
 static bool sense_is(const struct scsi_cmd *c, uint8_t key, uint8_t asc, uint8_t ascq)
 {
 	if (c->status != SAM_STAT_CHECK_CONDITION || c->sense_len < 14)
@@ -174,6 +206,19 @@ int main(void)
 	}
 	struct scsi_target *t = scsi_target_new("iqn.2026-11.test:tgt");
 	scsi_target_map(t, 0, lu);
+	/* a second LU for EXTENDED COPY across LUs */
+	char path2[300];
+	snprintf(path2, sizeof(path2), "%s/lun1.img", dir);
+	struct bdev *dev2 = bdev_file_open(path2, 1024 * bs, bs, true, err, sizeof(err));
+	struct scsi_lu_config cfg2 = cfg;
+	cfg2.name = "lun1";
+	cfg2.serial = "TC-SECOND-LU";
+	struct scsi_lu *lu2 = dev2 ? scsi_lu_open(&cfg2, dev2, err, sizeof(err)) : NULL;
+	if (!lu2) {
+		fprintf(stderr, "%s\n", err);
+		return 2;
+	}
+	scsi_target_map(t, 1, lu2);
 	struct scsi_nexus *a = open_nexus(t, "iqn.2026-11.test:init1");
 	struct scsi_nexus *b = open_nexus(t, "iqn.2026-11.test:init2");
 	struct scsi_cmd c;
@@ -213,7 +258,8 @@ int main(void)
 	/* -- REPORT LUNS -- */
 	uint8_t rl[12] = { 0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0 };
 	c = run(a, 0, rl, 12, 0, 256);
-	check(c.status == SAM_STAT_GOOD && rd32(buf) == 8 && buf[9] == 0, "REPORT LUNS lists LUN 0");
+	check(c.status == SAM_STAT_GOOD && rd32(buf) == 16 && buf[9] == 0 && buf[17] == 1,
+	      "REPORT LUNS lists LUN 0 and LUN 1");
 
 	/* -- READ CAPACITY -- */
 	uint8_t rc16[16] = { 0x9e, 0x10 };
@@ -239,8 +285,15 @@ int main(void)
 	check(same, "READ(10) returns what was written");
 	c = rw10(a, 0x28, (uint32_t)nblocks - 1, 2, 2 * bs);
 	check(sense_is(&c, 0x5, 0x21, 0x00), "READ(10) past the end -> LBA OUT OF RANGE 5/21/00");
+	memset(buf, 'a', 2 * bs);
+	c = rw10(a, 0x2a, 0, 2, 2 * bs);
+	memset(buf, 'b', 2 * bs);
 	c = rw10(a, 0x2a, 0, 2, bs);
-	check(sense_is(&c, 0x5, 0x0e, 0x03), "WRITE(10) with too little Data-Out -> 5/0E/03, nothing written");
+	check(c.status == SAM_STAT_GOOD && c.cdb_xfer_len == 2 * bs,
+	      "WRITE(10) of 2 blocks with 1 block of Data-Out: GOOD, CDB length kept for the residual");
+	c = rw10(a, 0x28, 0, 2, 2 * bs);
+	check(buf[0] == 'b' && buf[bs - 1] == 'b' && buf[bs] == 'a' && buf[2 * bs - 1] == 'a',
+	      "only the block that arrived was written, the second is untouched");
 	uint8_t rdprot[10] = { 0x28, 0x20, 0, 0, 0, 0, 0, 0, 1, 0 };
 	c = run(a, 0, rdprot, 10, 0, bs);
 	check(sense_is(&c, 0x5, 0x24, 0x00), "READ(10) with RDPROTECT -> INVALID FIELD IN CDB");
@@ -385,6 +438,121 @@ int main(void)
 	check(c.status == SAM_STAT_GOOD && (buf[1] & 7) == 3 && buf[3] == 10 && buf[4] == 0x28,
 	      "REPORT SUPPORTED OPERATION CODES for READ(10): supported, 10-byte CDB, usage data");
 
+	/* -- COMPARE AND WRITE holds off an overlapping WRITE (slow path) -- */
+	{
+		uint8_t *d1 = NULL, *d2 = NULL;
+		if (posix_memalign((void **)&d1, 4096, 2 * bs) || posix_memalign((void **)&d2, 4096, bs))
+			return 2;
+		memset(buf, 0x11, bs);
+		rw10(a, 0x2a, 300, 1, bs);
+		memset(d1, 0x11, bs);        /* compare: matches */
+		memset(d1 + bs, 0x22, bs);   /* CAW writes 0x22 */
+		memset(d2, 0x33, bs);        /* the plain write that must land after */
+		uint8_t cawc[16] = { 0x89 };
+		be64(cawc + 2, 300);
+		cawc[13] = 1;
+		uint8_t w10[10] = { 0x2a, 0, 0, 0, 1, 44, 0, 0, 1, 0 }; /* LBA 300 */
+		struct pair p = { job_new(a, cawc, 16, d1, 2 * bs), job_new(b, w10, 10, d2, bs) };
+		worker_post(worker_get(0), submit_pair_on_worker, &p);
+		sem_wait(&p.first->done);
+		sem_wait(&p.second->done);
+		check(p.first->cmd.status == SAM_STAT_GOOD && p.second->cmd.status == SAM_STAT_GOOD,
+		      "COMPARE AND WRITE and an overlapping WRITE issued together both complete GOOD");
+		c = rw10(a, 0x28, 300, 1, bs);
+		check(buf[0] == 0x33 && buf[bs - 1] == 0x33,
+		      "the overlapping WRITE waited for the COMPARE AND WRITE and landed after it");
+		free(p.first);
+		free(p.second);
+		free(d1);
+		free(d2);
+	}
+
+	/* -- EXTENDED COPY from LUN 0 to LUN 1 (target descriptors by NAA) -- */
+	{
+		uint8_t naa0[8], naa1[8];
+		c = run(a, 0, vpd83, 6, 0, 255);
+		memcpy(naa0, buf + 8, 8);
+		c = run(a, 1, vpd83, 6, 0, 255);
+		check(c.status == SAM_STAT_GOOD && memcmp(buf + 8, naa0, 8), "LUN 1 has its own NAA designator");
+		memcpy(naa1, buf + 8, 8);
+		memset(buf, 0x5c, 4 * bs);
+		rw10(a, 0x2a, 700, 4, 4 * bs);
+		uint8_t *p = buf;
+		memset(p, 0, 16 + 64 + 28);
+		p[1] = 0x10;            /* list id usage 10b: do not hold results */
+		p[3] = 64;              /* two target descriptors */
+		p[11] = 28;             /* one segment descriptor */
+		for (int i = 0; i < 2; i++) {
+			uint8_t *td = p + 16 + 32 * i;
+			td[0] = 0xe4;
+			td[4] = 0x01;   /* binary */
+			td[5] = 0x03;   /* NAA, LU association */
+			td[7] = 8;
+			memcpy(td + 8, i ? naa1 : naa0, 8);
+			td[30] = bs >> 8;
+			td[31] = bs & 0xff;
+		}
+		uint8_t *sd = p + 16 + 64;
+		sd[0] = 0x02;
+		sd[3] = 24;
+		sd[7] = 1;              /* source 0 -> destination 1 */
+		sd[11] = 4;             /* 4 blocks */
+		be64(sd + 12, 700);
+		be64(sd + 20, 10);
+		uint8_t xc[16] = { 0x83 };
+		be32(xc + 10, 16 + 64 + 28);
+		c = run(a, 0, xc, 16, 16 + 64 + 28, 0);
+		check(c.status == SAM_STAT_GOOD, "EXTENDED COPY of 4 blocks from LUN 0 to LUN 1");
+		uint8_t r10[10] = { 0x28, 0, 0, 0, 0, 10, 0, 0, 4, 0 };
+		c = run(a, 1, tur, 6, 0, 0); /* LUN 1's power-on UA for this nexus */
+		c = run(a, 1, r10, 10, 0, 4 * bs);
+		same = c.status == SAM_STAT_GOOD;
+		for (unsigned i = 0; same && i < 4 * bs; i++)
+			same = buf[i] == 0x5c;
+		check(same, "LUN 1 holds the copied blocks at LBA 10");
+	}
+
+	/* -- APTPL: registrations survive a restart (LU reopened from state_dir) -- */
+	{
+		uint8_t prout[10] = { 0x5f, 0x00 };
+		prout[8] = 24;
+		memset(buf, 0, 24);
+		be64(buf + 8, 0xabcdef);
+		buf[20] = 0x01; /* APTPL */
+		c = run(a, 0, prout, 10, 24, 0);
+		check(c.status == SAM_STAT_GOOD, "REGISTER key 0xabcdef with APTPL");
+		char err2[256];
+		struct bdev *dev3 = bdev_file_open(path, 0, bs, false, err2, sizeof(err2));
+		struct scsi_lu *lu3 = dev3 ? scsi_lu_open(&cfg, dev3, err2, sizeof(err2)) : NULL;
+		check(lu3 != NULL, "the LU reopens with its persisted reservation state");
+		if (lu3) {
+			struct scsi_target *t3 = scsi_target_new("iqn.2026-11.test:restarted");
+			scsi_target_map(t3, 0, lu3);
+			struct scsi_nexus *n3 = open_nexus(t3, "iqn.2026-11.test:init3");
+			clear_ua(n3);
+			uint8_t rk[10] = { 0x5e, 0x00 };
+			rk[8] = 64;
+			c = run(n3, 0, rk, 10, 0, 64);
+			check(c.status == SAM_STAT_GOOD && rd32(buf + 4) == 8 && rd64(buf + 8) == 0xabcdef,
+			      "after the restart READ KEYS still lists 0xabcdef");
+			uint8_t cap[10] = { 0x5e, 0x02 };
+			cap[8] = 8;
+			c = run(n3, 0, cap, 10, 0, 8);
+			check(c.status == SAM_STAT_GOOD && (buf[3] & 0x01), "REPORT CAPABILITIES shows PTPL_A");
+			scsi_nexus_close(n3);
+			scsi_target_free(t3);
+			scsi_lu_close(lu3);
+		}
+		/* unregister (APTPL off) removes the state file */
+		memset(buf, 0, 24);
+		be64(buf, 0xabcdef);
+		c = run(a, 0, prout, 10, 24, 0);
+		char prf0[300];
+		snprintf(prf0, sizeof(prf0), "%s/lun0.pr", dir);
+		check(c.status == SAM_STAT_GOOD && access(prf0, F_OK) != 0,
+		      "unregistering with APTPL clear removes the persisted state");
+	}
+
 	/* -- descriptor sense when D_SENSE is set -- */
 	uint8_t msc[6] = { 0x1a, 0x08, 0x0a, 0, 255, 0 };
 	c = run(a, 0, msc, 6, 0, 255);
@@ -404,7 +572,9 @@ int main(void)
 	workers_stop();
 	scsi_target_free(t);
 	scsi_lu_close(lu);
+	scsi_lu_close(lu2);
 	unlink(path);
+	unlink(path2);
 	char prf[300];
 	snprintf(prf, sizeof(prf), "%s/lun0.pr", dir);
 	unlink(prf);

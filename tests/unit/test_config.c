@@ -2,6 +2,7 @@
  * test_config.c - the config parser accepts what the docs show and refuses
  * every bad file with "NAME:LINE:" and a sentence naming the fix.
  */
+#include "cache/cache.h"
 #include "config/config.h"
 
 #include <stdio.h>
@@ -106,6 +107,19 @@ static const struct bad_case bad[] = {
 	{ "[lun a]\nbacking = /x\nserial = has space\n", "bad.conf:3: [lun a] serial = has space" },
 	{ "[lun a]\nthis line is not a key value\n", "bad.conf:2: cannot parse this line" },
 	{ "x = 1\n", "bad.conf:1: \"x\" appears before any section" },
+	{ "[cache c]\nsize = 1G\n", "bad.conf:1: [cache c] has no legs" },
+	{ "[cache c]\nlegs = /a\n", "bad.conf:1: [cache c] has one leg" },
+	{ "[cache c]\nlegs = /a /b /c\n", "bad.conf:2: [cache c] legs lists more than two" },
+	{ "[cache c]\nlegs = /a /a\n", "bad.conf:2: [cache c] legs lists /a twice" },
+	{ "[cache c]\nlegs = /a /b\nextent = 100K\n", "bad.conf:3: [cache c] extent = 100K: use a power of two" },
+	{ "[cache c]\nlegs = /a /b\nextent = 8M\n", "bad.conf:3: [cache c] extent = 8M" },
+	{ "[cache c]\nlegs = /a /b\nmode = write-sometimes\n", "bad.conf:3: [cache c] mode = write-sometimes: use write-back" },
+	{ "[cache c]\nlegs = /a /b\nadmit_hits = 0\n", "bad.conf:3: [cache c] admit_hits = 0" },
+	{ "[cache c]\nlegs = /a /b\nspeed = fast\n", "bad.conf:3: [cache c] has no key \"speed\"" },
+	{ "[cache c]\nlegs = /a /b\n[cache c]\nlegs = /d /e\n", "bad.conf:3: [cache c] is defined twice" },
+	{ "[lun a]\nbacking = /x\ncache = nope\n", "bad.conf:3: [lun a] cache = nope: there is no [cache nope]" },
+	{ "[lun a]\nbacking = /x\n[cache c]\nlegs = /x /y\n", "bad.conf:3: [cache c] leg /x is the backing store of [lun a]" },
+	{ "[cache c]\nlegs = /a /b\n[cache d]\nlegs = /b /e\n", "bad.conf:3: [cache d] leg /b is also a leg of [cache c]" },
 };
 
 static void test_bad(void)
@@ -141,9 +155,45 @@ static void test_sizes(void)
 	CHECK(config_parse_size("0.3", &v) < 0, "fractional bytes refused");
 }
 
+static void test_cache_sections(void)
+{
+	struct config *cfg = NULL;
+	char err[512] = "";
+	const char *text =
+		"[cache fast]\n"
+		"legs = var/a.img var/b.img\n"
+		"size = 256M\n"
+		"extent = 1M\n"
+		"mode = write-through\n"
+		"admit_hits = 3\n"
+		"seq_cutoff = 0\n"
+		"[cache one]\n"
+		"legs = var/c.img\n"
+		"allow_single_leg = yes\n"
+		"[lun a]\nbacking = /x\ncache = fast\n"
+		"[lun b]\nbacking = /y\ncache = fast\n"
+		"[lun c]\nbacking = /z\n";
+	int r = config_parse_string(text, "cache.conf", &cfg, err, sizeof(err));
+	CHECK(r == 0, "cache sections parse (%s)", err);
+	if (r)
+		return;
+	struct cfg_cache *f = config_find_cache(cfg, "fast");
+	CHECK(cfg->ncaches == 2 && f && f->nlegs == 2 && !strcmp(f->legs[1], "var/b.img"), "two sets, two legs");
+	CHECK(f->size == 256u << 20 && f->extent == 1u << 20 && f->admit_hits == 3 && f->seq_cutoff == 0,
+	      "size, extent, admit_hits, seq_cutoff");
+	CHECK(f->mode == CACHE_WRITE_THROUGH, "mode = write-through");
+	struct cfg_cache *o = config_find_cache(cfg, "one");
+	CHECK(o && o->nlegs == 1 && o->allow_single_leg && o->extent == 256u << 10 && o->mode == CACHE_WRITE_BACK &&
+	      o->seq_cutoff == 4u << 20, "defaults: 256K extents, write-back, 4M sequential cutoff");
+	CHECK(cfg->luns[0].cache_set == f && cfg->luns[1].cache_set == f && !cfg->luns[2].cache_set,
+	      "two LUNs share one set, the third is uncached");
+	config_free(cfg);
+}
+
 int main(void)
 {
 	test_good();
+	test_cache_sections();
 	test_bad();
 	test_secret_never_echoed();
 	test_sizes();

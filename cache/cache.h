@@ -1,0 +1,107 @@
+/*
+ * cache.h - the tiering engine's public surface: cache sets and volumes.
+ *
+ * A cache set is a RAID1 pair of leg devices holding extents of one or
+ * more backing stores. Each LUN that uses the set gets a cache volume: a
+ * bdev stacked on its backing bdev, which the SCSI layer uses like any
+ * other bdev. The daemon:
+ *
+ *     workers_start();
+ *     cs = cache_set_open(&cfg, err, n);            // format or recover
+ *     dev = cache_vol_open(cs, "lun0", backing, path, err, n);
+ *     scsi_lu_open(..., dev, ...);
+ *     ...
+ *     cache_set_shutdown(cs);                        // before workers_stop
+ *     workers_stop();
+ *     bdev_close(dev);                               // by scsi_lu_close
+ *     cache_set_close(cs);
+ *
+ * Threading: open/shutdown/close/flush/mode are main-thread (or control
+ * thread) calls that may sleep; they run their I/O on the workers, which
+ * must be running. Volume I/O follows bdev.h.
+ */
+#ifndef TC_CACHE_H
+#define TC_CACHE_H
+
+#include "bdev.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum cache_mode {
+	CACHE_WRITE_BACK,    /* writes land on the legs; the cleaner destages */
+	CACHE_WRITE_THROUGH, /* writes go to the backing store, then the cache */
+	CACHE_WRITE_AROUND,  /* writes go to the backing store, cached copy dropped */
+	CACHE_PASS_THROUGH,  /* the cache is not used (after a flush) */
+};
+
+const char *cache_mode_name(enum cache_mode m);
+int cache_mode_parse(const char *s, enum cache_mode *out);
+
+struct cache_set_cfg {
+	const char *name;
+	const char *legs[2];
+	int nlegs;
+	bool allow_single_leg;
+	uint64_t size;          /* bytes per leg; 0 = existing size */
+	uint32_t extent_size;   /* 64 KiB .. 4 MiB, power of two */
+	enum cache_mode mode;
+	uint32_t admit_hits;    /* misses before promotion (policy) */
+	uint64_t seq_cutoff;    /* sequential bypass, bytes (0 = never) */
+	uint32_t dirty_target;  /* percent of slots the cleaner aims to keep dirty at most */
+};
+
+struct cache_set;
+
+/*
+ * Open the legs (files are created at cfg->size when missing), then either
+ * format them (no superblock anywhere) or recover: newest superblock,
+ * table, journal replay. Refuses a leg of another set, a corrupt
+ * superblock, a layout that differs from cfg, with a sentence in err.
+ * Main thread, workers running; sleeps.
+ */
+struct cache_set *cache_set_open(const struct cache_set_cfg *cfg, char *err, size_t errlen);
+
+/* Same, on leg bdevs already open (tests, other leg types); takes ownership. */
+struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bdev **legs, char *err,
+				      size_t errlen);
+
+/*
+ * The bdev a LUN should use: backing with the set in front of it.
+ * backing_path is stat()ed for the identity check (NULL: identity by size
+ * and name only, for block devices and tests). A backing store whose
+ * identity differs from the one recorded for this LUN is refused.
+ * Main thread. bdev_close on the result frees the volume and closes backing.
+ */
+struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *backing,
+			    const char *backing_path, enum cache_mode mode, char *err, size_t errlen);
+
+/* Destage every dirty extent and wait (timeout_ms 0 = forever). 0 or -errno. Main thread. */
+int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);
+/* Change a volume's mode; leaving write-back flushes first. Main thread. */
+int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode);
+
+/*
+ * Put newdev in place of failed leg number leg (0 or 1) and rebuild it
+ * online from the other leg; progress in cache_set_status (resyncing,
+ * resync_done/resync_total). 0, or -1 with a sentence in err. Main or
+ * control thread; returns once the copy has started. The set owns newdev.
+ */
+int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, char *err, size_t errlen);
+/* Same by paths (tierctl leg replace SET OLD NEW); a missing NEW file is created. */
+int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const char *new_path, char *err,
+			       size_t errlen);
+
+/*
+ * Quiesce and write the final checkpoint with the clean-shutdown flag.
+ * Call after the front end has drained, before workers_stop. Main thread.
+ */
+int cache_set_shutdown(struct cache_set *cs);
+/* Free everything (volumes already closed). Main thread, workers stopped. */
+void cache_set_close(struct cache_set *cs);
+
+/* RAM used by the set's in-memory map, slots, bitmaps and policy (bytes). */
+uint64_t cache_set_mem_bytes(const struct cache_set *cs);
+
+#endif

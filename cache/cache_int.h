@@ -1,0 +1,354 @@
+/*
+ * cache_int.h - the engine's internal objects, shared by the files of cache/.
+ *
+ * Nothing outside cache/ includes this; the public surface is cache.h
+ * (build and open sets and volumes) and status.h (what tierctl shows).
+ *
+ * Objects:
+ *  - struct slot: one extent-sized place on the legs; 16 bytes of RAM.
+ *  - struct cache_map: backing extent key -> slot number, an open-addressing
+ *    table of 32-bit slot numbers published with RCU (map.c).
+ *  - struct mirror: RAID1 of the leg bdevs (mirror.c).
+ *  - struct journal: one metadata log ring per worker, group commit (journal.c).
+ *  - struct cache_set: all of the above plus the free list, the cleaner state
+ *    and the superblock (set.c).
+ *  - struct cache_vol: the bdev a LUN sees (volume.c).
+ */
+#ifndef TC_CACHE_INT_H
+#define TC_CACHE_INT_H
+
+#include "bdev.h"
+#include "cache.h"
+#include "meta.h"
+#include "policy.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <urcu.h>
+
+/* ---- slots ---------------------------------------------------------- */
+
+/*
+ * slot.bits: one atomic word holding a tiny spinlock, the state and the
+ * summary flags, with a write generation in the high bits.
+ */
+#define SB_LOCK        0x1u
+#define SB_STATE_MASK  0x6u
+#define SB_FREE        0x0u   /* on the free list or being reclaimed */
+#define SB_FILLING     0x2u   /* promotion in flight: not readable yet */
+#define SB_READY       0x4u   /* in the map, serving */
+#define SB_RETIRED     0x6u   /* out of the map, waiting for a grace period */
+#define SB_FULL_VALID  0x8u   /* every block valid (bitmap may be absent) */
+#define SB_DIRTY       0x10u  /* some block dirty */
+#define SB_HAS_BM      0x20u  /* per-block bitmaps are authoritative */
+#define SB_CANCEL      0x40u  /* a write met the fill: drop it */
+#define SB_DESTAGING   0x80u  /* the cleaner is writing it to the backing store */
+#define SB_WGEN_SHIFT  8
+#define SB_WGEN_ONE    (1u << SB_WGEN_SHIFT) /* bumped at each write start */
+
+/* slot.users: readers in the low half, writers in the high half */
+#define SU_READER 1u
+#define SU_WRITER (1u << 16)
+
+struct slot {
+	_Atomic uint64_t key;   /* CACHE_KEY_NONE when free */
+	_Atomic uint32_t bits;
+	_Atomic uint32_t users;
+};
+_Static_assert(sizeof(struct slot) == 16, "a slot is 16 bytes of RAM");
+
+/* ---- map -------------------------------------------------------------- */
+
+#define MAP_EMPTY UINT32_MAX
+#define MAP_TOMB (UINT32_MAX - 1)
+
+struct map_table {
+	uint32_t size;
+	uint32_t used;      /* live entries */
+	uint32_t tombs;
+	struct rcu_head rcu;
+	_Atomic uint32_t e[];
+};
+
+struct cache_map {
+	/* published like rcu_assign_pointer/rcu_dereference, spelled as C11
+	 * release/acquire so ThreadSanitizer sees the publication too */
+	_Atomic(struct map_table *) t;
+	struct slot *slots;
+	uint32_t nslots;
+};
+
+/* init/destroy: main thread, no reader. */
+int map_init(struct cache_map *m, struct slot *slots, uint32_t nslots);
+void map_destroy(struct cache_map *m);
+/* Needs rcu_read_lock (or alloc_lock); lock-free, never sleeps. */
+uint32_t map_lookup(struct cache_map *m, uint64_t key);
+/* insert/remove: alloc_lock held; never sleep (call_rcu only queues). */
+int map_insert(struct cache_map *m, uint64_t key, uint32_t slot);
+void map_remove(struct cache_map *m, uint64_t key, uint32_t slot);
+/* Any thread. */
+uint64_t map_mem_bytes(const struct cache_map *m);
+
+/* ---- per-block bitmaps ------------------------------------------------- */
+
+#define BM_GROUP 64          /* slots per lazily allocated bitmap chunk */
+
+struct cache_bitmaps {
+	uint32_t words;           /* 64-bit words per bitmap (bpe / 64, >= 1) */
+	uint32_t bpe;
+	uint32_t ngroups;
+	_Atomic(uint64_t *) *group; /* [ngroups]: NULL until a slot in it goes partial */
+	_Atomic uint64_t allocated_bytes;
+};
+
+/* Main thread. */
+int bm_init(struct cache_bitmaps *b, uint32_t nslots, uint32_t bpe);
+void bm_destroy(struct cache_bitmaps *b);
+/* Any thread, lock-free: valid and dirty words of slot s (allocating the
+ * chunk when create, which only slot-lock holders do; may call malloc). */
+_Atomic uint64_t *bm_valid(struct cache_bitmaps *b, uint32_t s, bool create);
+_Atomic uint64_t *bm_dirty(struct cache_bitmaps *b, uint32_t s, bool create);
+
+/* ---- slot state helpers (map.c) -------------------------------------- */
+
+struct cache_set;
+
+void slot_lock(struct slot *sl);
+void slot_unlock(struct slot *sl);
+/*
+ * Apply an absolute per-block change to slot s (caller holds slot_lock):
+ * op is a JOP_*; blocks [first, first+count).
+ */
+void slot_apply(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count);
+/* Are all of [first, first+count) valid? (no lock: atomic loads) */
+bool slot_all_valid(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
+/* Length of the run starting at first whose valid bit equals *v (set). */
+uint32_t slot_valid_run(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count, bool *v);
+/* Is any of [first, first+count) dirty? */
+bool slot_any_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
+/* First dirty run at or after *first within the extent; false if none. */
+bool slot_next_dirty_run(struct cache_set *cs, uint32_t s, uint32_t *first, uint32_t *count);
+
+/* ---- mirror ------------------------------------------------------------ */
+
+struct mirror_waiter;
+
+/* request flag, internal: a superblock write does not wait for the failed mask */
+#define MIRROR_F_NOWAIT 0x100
+
+struct mirror {
+	struct bdev dev;                 /* what the engine submits to */
+	struct bdev *leg[CACHE_MAX_LEGS];
+	int nlegs;
+	_Atomic uint32_t failed;         /* legs that erred: not read, not written */
+	_Atomic uint32_t persisted;      /* failed mask known durable on the survivors */
+	_Atomic uint32_t resyncing;      /* legs being rebuilt: written, not read */
+	_Atomic uint32_t rr;
+	_Atomic uint64_t errors[CACHE_MAX_LEGS];
+	/* resync window: writes at or above resync_pos skip the resyncing leg */
+	_Atomic uint64_t resync_pos, resync_end;
+	_Atomic uint64_t resync_chunk_gen;
+	_Atomic uint32_t resync_chunk_inflight;
+	_Atomic uint64_t resync_chunk_start, resync_chunk_end;
+	pthread_mutex_t lock;            /* the waiters list */
+	struct mirror_waiter *waiters;
+	/* set.c persists a new failed mask and then calls mirror_persisted */
+	void (*persist)(struct mirror *m, uint32_t failed, void *arg);
+	void *persist_arg;
+};
+
+/* Main thread. I/O: bdev_submit(&m->dev, req) on a worker, as any bdev. */
+int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed);
+void mirror_destroy(struct mirror *m);
+/* The failed mask m->persist was asked to write is durable. Any thread. */
+void mirror_persisted(struct mirror *m, uint32_t failed);
+/* Any thread, lock-free. */
+bool mirror_all_failed(struct mirror *m);
+/* Worker thread: a leg erred (asks the set to persist the failure). */
+void mirror_leg_failed(struct mirror *m, int leg, int err);
+
+/* ---- journal ----------------------------------------------------------- */
+
+struct jwait {
+	struct jwait *next;
+	struct cache_jrec_disk rec;
+	void (*done)(struct jwait *w, int err); /* on the appending worker */
+	struct worker *worker;                  /* the appending worker */
+	int err;
+};
+
+struct journal {
+	struct cache_set *cs;
+	unsigned idx;
+	pthread_mutex_t lock;                  /* lists and busy; never held across I/O */
+	struct jwait *pend_head, **pend_tail;  /* records waiting for a block */
+	struct jwait *inflight;                /* records in the block being written */
+	bool busy;
+	struct cache_jblock_disk *buf;
+	_Atomic uint64_t head;                 /* next absolute block to write */
+	_Atomic uint64_t tail;                 /* oldest block still needed */
+	struct worker *owner;                  /* worker that last appended */
+	struct bdev_req req;
+	struct iovec iov;
+	uint64_t commits, records;
+};
+
+/* Worker thread: append w->rec (seq filled by the caller) to the calling
+ * worker's ring; w->done runs on this worker once durable. Never sleeps. */
+void journal_append(struct cache_set *cs, struct jwait *w);
+struct journal *journal_self(struct cache_set *cs);
+/* Any worker thread. */
+void journal_kick(struct journal *j);
+
+/* ---- the set ----------------------------------------------------------- */
+
+#define CACHE_SET_MAX_VOLS CACHE_MAX_BACKINGS
+
+struct cache_vol;
+
+struct cache_set {
+	char *name;
+	struct cache_set_cfg cfg;
+	struct cache_layout lay;
+	uint8_t uuid[16];
+	struct mirror mirror;
+	struct bdev *legs[CACHE_MAX_LEGS];
+	struct slot *slots;
+	struct cache_map map;
+	struct cache_bitmaps bm;
+	struct policy *policy;
+	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id */
+	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
+	pthread_mutex_t alloc_lock;   /* free list, map inserts/removes, policy structures */
+	uint64_t *free_bits;          /* a bit per slot: on the free list (1 bit, not 4 bytes, per slot) */
+	uint32_t nfree;
+	uint32_t free_cursor;
+	_Atomic uint64_t next_seq;
+	struct journal journals[CACHE_NJOURNALS];
+	_Atomic uint8_t *ckpt_dirty;  /* a bit per slot: record changed since checkpoint */
+	/* superblock writes */
+	pthread_mutex_t sb_lock;
+	uint64_t sb_gen;
+	uint64_t ckpt_seq;
+	uint64_t jtail[CACHE_NJOURNALS];
+	bool ckpt_running;
+	_Atomic bool ckpt_wanted;
+	bool clean_flag;
+	/* in-flight writes that bypass the cache, hashed by extent (fills check) */
+	_Atomic uint32_t bypass[1024];
+	/* statistics */
+	_Atomic uint64_t st_read_hits, st_read_misses, st_read_partial, st_write_hits, st_write_misses;
+	_Atomic uint64_t st_promotions, st_evictions, st_destaged_bytes, st_lost_ios;
+	_Atomic uint64_t dirty_blocks;  /* approximate: blocks marked dirty */
+	_Atomic uint64_t lost_lo, lost_hi; /* a range that failed with both legs gone */
+	/* reclaim: slots retired, waiting for a grace period then users == 0 */
+	uint32_t *reclaim;
+	uint32_t nreclaim;
+	uint32_t *graced;             /* past a grace period */
+	uint32_t ngraced;
+	_Atomic bool reclaim_pending;
+	/* cleaner and checkpoint */
+	struct cleaner *cleaner;
+	struct ckpt *ckpt;
+	_Atomic uint32_t flush_req;      /* >0: the cleaner ignores its rate limit */
+	struct worker_tick tick;
+	struct sb_job *sb_waiting, *sb_inflight;
+	bool sb_busy;
+	int sb_pending, sb_ok;
+	struct cache_sb_disk *sbbuf[CACHE_MAX_LEGS];
+	struct bdev_req sbreq[CACHE_MAX_LEGS];
+	struct iovec sbiov[CACHE_MAX_LEGS];
+	struct bdev *old_legs[8];       /* replaced legs, closed with the set */
+	int nold_legs;
+	/* activity: last foreground I/O (ms), for idle detection */
+	_Atomic uint64_t last_io_ms;
+	_Atomic uint64_t fg_inflight;
+	_Atomic uint64_t bg_inflight;   /* fills and eviction batches in flight */
+	_Atomic int stopping;
+};
+
+static inline uint64_t cache_key(uint32_t bid, uint64_t ext) { return (uint64_t)bid << 40 | ext; }
+static inline uint32_t key_bid(uint64_t key) { return (uint32_t)(key >> 40); }
+static inline uint64_t key_ext(uint64_t key) { return key & ((1ull << 40) - 1); }
+static inline uint64_t slot_leg_off(const struct cache_set *cs, uint32_t s)
+{
+	return cs->lay.data_off + (uint64_t)s * cs->lay.extent_size;
+}
+
+/* Allocate a global sequence number (journal order). */
+static inline uint64_t cache_seq(struct cache_set *cs) { return atomic_fetch_add(&cs->next_seq, 1); }
+
+/* mark slot's table record as changed since the last checkpoint */
+static inline void ckpt_mark(struct cache_set *cs, uint32_t s)
+{
+	atomic_fetch_or(&cs->ckpt_dirty[s / 8], (uint8_t)(1u << (s % 8)));
+}
+
+/*
+ * Record an absolute change of slot s: takes seq, applies it in RAM,
+ * marks the table record dirty and fills w->rec, all under the slot lock;
+ * then appends w to the calling worker's journal (w->done runs when the
+ * record is durable on every healthy leg). Worker thread.
+ */
+void cache_record(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count,
+		  struct jwait *w);
+/* Same, with the slot lock already held by the caller (who unlocks). */
+void cache_record_locked(struct cache_set *cs, uint32_t s, uint64_t key, int op, uint32_t first,
+			 uint32_t count, struct jwait *w);
+
+/* The free list, under alloc_lock. */
+static inline void free_push(struct cache_set *cs, uint32_t s)
+{
+	cs->free_bits[s / 64] |= 1ull << (s % 64);
+	cs->nfree++;
+}
+static inline uint32_t free_pop(struct cache_set *cs)
+{
+	uint32_t words = (cs->lay.nslots + 63) / 64;
+	for (uint32_t k = 0; k <= words; k++) {
+		uint32_t w = (cs->free_cursor + k) % words;
+		if (cs->free_bits[w]) {
+			uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(cs->free_bits[w]);
+			cs->free_bits[w] &= cs->free_bits[w] - 1;
+			cs->free_cursor = w;
+			cs->nfree--;
+			return s;
+		}
+	}
+	return POLICY_NO_SLOT;
+}
+
+/* Take a free slot for key and insert it (state given). POLICY_NO_SLOT if none. */
+uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing);
+/* Drop a slot that never became valid (a cancelled fill). Worker thread. */
+void cache_drop_slot(struct cache_set *cs, uint32_t s);
+/* Evict clean slots when the free list runs low; reclaim retired slots. Worker. */
+void cache_reclaim(struct cache_set *cs);
+/* Ask for a checkpoint (journal filling up). Any thread. */
+void cache_want_checkpoint(struct cache_set *cs);
+/* Write the superblock to every healthy leg; cb on the calling worker. */
+void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *arg);
+
+/* volume.c: any thread, read-only accessors; cache_vol_new main thread. */
+struct bdev *cache_vol_backing(struct cache_vol *v);
+struct cache_set *cache_vol_set(struct cache_vol *v);
+struct cache_vol *cache_vol_new(struct cache_set *cs, const char *lun, struct bdev *backing, uint32_t bid,
+				enum cache_mode mode);
+enum cache_mode cache_vol_mode(struct cache_vol *v);
+void cache_vol_store_mode(struct cache_vol *v, enum cache_mode m);
+const char *cache_vol_name(struct cache_vol *v);
+uint32_t cache_vol_bid(struct cache_vol *v);
+
+/* cleaner.c: new/free main thread; tick on worker 0; stats any thread. */
+struct cleaner;
+struct cleaner *cleaner_new(struct cache_set *cs);
+void cleaner_free(struct cleaner *c);
+void cleaner_tick(struct cleaner *c);
+void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy);
+
+
+/* helpers shared by the files: synchronous I/O from the main thread */
+int cache_sync_io(struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, uint64_t len,
+		  unsigned flags);
+
+#endif

@@ -1,0 +1,352 @@
+/*
+ * cleaner.c - destage dirty extents to the backing store.
+ *
+ * Write-back keeps the newest data on the legs; the cleaner copies dirty
+ * blocks to the backing store so the slots become clean (evictable) and a
+ * flush or mode switch can finish. Three concerns:
+ *
+ *  - Order: dirty slots are gathered in batches (up to CLEAN_BATCH), sorted
+ *    by key (backing id, then extent = LBA order), and destaged in that
+ *    order; within an extent each maximal dirty run is one backing write, so
+ *    adjacent dirty blocks are coalesced.
+ *  - Rate: a proportional-integral controller in the manner of bcache's
+ *    writeback rate: the error is dirty bytes minus the target (dirty_target
+ *    percent of the cache); rate = error / 40 + integral / 10000 per
+ *    second, never below a trickle while anything is dirty. When foreground
+ *    I/O has been idle for 2 s, or a flush was asked for, the limit is
+ *    lifted. At most CLEAN_OPS extents are in flight, so foreground I/O is
+ *    never starved of queue depth.
+ *  - Correctness under overwrite: a destage snapshots the slot's write
+ *    generation under the slot lock (skipping slots with writes in flight)
+ *    and marks the runs clean only if no write started since; the CLEAN
+ *    records are journaled like any other change. A slot being destaged
+ *    carries SB_DESTAGING so UNMAP and write-around wait rather than let
+ *    old data land on the backing store after them.
+ *
+ * Threading: everything here runs on worker 0 (the set's tick and the
+ * completions of the I/O it submits). cleaner_stats: any thread.
+ */
+#include "cache_int.h"
+
+#include "../common/bufpool.h"
+#include "../common/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CLEAN_OPS 4
+#define CLEAN_RUNS 32
+#define CLEAN_BATCH 4096
+#define CLEAN_MIN_RATE (256u << 10)
+#define CLEAN_MAX_RATE (1ull << 40)
+
+struct destage {
+	struct cleaner *c;
+	bool busy;
+	uint32_t slot;
+	uint64_t key;
+	struct cache_vol *v;
+	uint32_t wgen0;
+	uint32_t nruns;
+	uint32_t first[CLEAN_RUNS], count[CLEAN_RUNS];
+	uint8_t *buf;
+	struct iovec iov[CLEAN_RUNS];
+	struct bdev_req req[CLEAN_RUNS];
+	struct cjw {
+		struct jwait jw;
+		struct destage *d;
+	} jw[CLEAN_RUNS];
+	int pending;
+	int err;
+	int stage;
+	uint64_t bytes;
+};
+
+struct dirty_ent {
+	uint64_t key;
+	uint32_t slot;
+};
+
+struct cleaner {
+	struct cache_set *cs;
+	_Atomic uint64_t rate;
+	_Atomic int inflight;
+	double integral;
+	int64_t budget;
+	bool unlimited;
+	struct dirty_ent *order;
+	uint32_t norder, pos, scan;
+	struct destage ops[CLEAN_OPS];
+};
+
+static void pump(struct cleaner *c);
+
+static void op_end(struct destage *d)
+{
+	struct cleaner *c = d->c;
+	struct cache_set *cs = c->cs;
+	if (d->buf)
+		buf_put(d->buf, cs->lay.extent_size);
+	d->buf = NULL;
+	d->busy = false;
+	atomic_fetch_sub(&c->inflight, 1);
+	pump(c);
+}
+
+static void clear_destaging(struct cache_set *cs, uint32_t s)
+{
+	struct slot *sl = &cs->slots[s];
+	slot_lock(sl);
+	atomic_fetch_and(&sl->bits, ~SB_DESTAGING);
+	slot_unlock(sl);
+}
+
+static void recorded(struct jwait *w, int err)
+{
+	struct destage *d = caa_container_of(w, struct cjw, jw)->d;
+	if (--d->pending)
+		return;
+	atomic_fetch_add(&d->c->cs->st_destaged_bytes, d->bytes);
+	op_end(d);
+}
+
+static void step(struct bdev_req *req, int err)
+{
+	struct destage *d = req->priv;
+	struct cache_set *cs = d->c->cs;
+
+	if (err && !d->err)
+		d->err = err;
+	if (--d->pending)
+		return;
+	if (d->err) {
+		if (d->stage == 2)
+			log_err("cache %s: destage to %s failed: %s; the data stays dirty in the cache",
+				cs->name, cache_vol_backing(d->v)->name, strerror(-d->err));
+		clear_destaging(cs, d->slot);
+		op_end(d);
+		return;
+	}
+	if (d->stage == 1) {
+		/* read from the legs done: write every run to the backing store */
+		d->stage = 2;
+		d->pending = (int)d->nruns;
+		uint64_t base = key_ext(d->key) * cs->lay.extent_size;
+		for (uint32_t i = 0; i < d->nruns; i++) {
+			d->req[i] = (struct bdev_req){
+				.op = BDEV_WRITE,
+				.flags = BDEV_F_FUA,
+				.offset = base + (uint64_t)d->first[i] * CACHE_SECTOR,
+				.len = (uint64_t)d->count[i] * CACHE_SECTOR,
+				.iov = &d->iov[i],
+				.iovcnt = 1,
+				.done = step,
+				.priv = d,
+			};
+			bdev_submit(cache_vol_backing(d->v), &d->req[i]);
+		}
+		return;
+	}
+	/* backing writes durable: clean the runs unless a write started since */
+	struct slot *sl = &cs->slots[d->slot];
+	slot_lock(sl);
+	uint32_t wgen = atomic_load(&sl->bits) >> SB_WGEN_SHIFT;
+	bool same = wgen == d->wgen0;
+	if (same)
+		for (uint32_t i = 0; i < d->nruns; i++)
+			cache_record_locked(cs, d->slot, d->key, JOP_CLEAN, d->first[i], d->count[i], &d->jw[i].jw);
+	atomic_fetch_and(&sl->bits, ~SB_DESTAGING);
+	slot_unlock(sl);
+	if (!same) {
+		op_end(d);
+		return;
+	}
+	d->stage = 3;
+	d->pending = (int)d->nruns;
+	for (uint32_t i = 0; i < d->nruns; i++) {
+		d->jw[i].d = d;
+		d->jw[i].jw.done = recorded;
+		journal_append(cs, &d->jw[i].jw);
+	}
+}
+
+static bool start(struct cleaner *c, struct destage *d, uint32_t s)
+{
+	struct cache_set *cs = c->cs;
+	struct slot *sl = &cs->slots[s];
+	uint64_t key = atomic_load(&sl->key);
+	if (key == CACHE_KEY_NONE)
+		return false;
+	struct cache_vol *v = atomic_load(&cs->vols[key_bid(key)]);
+	if (!v)
+		return false; /* its LUN is not attached this run */
+	if (atomic_load(&cs->bypass[(uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> 54)]))
+		return false;
+	slot_lock(sl);
+	uint32_t bits = atomic_load(&sl->bits);
+	if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY) || (bits & SB_DESTAGING) ||
+	    (atomic_load(&sl->users) >> 16) || atomic_load(&sl->key) != key) {
+		slot_unlock(sl);
+		return false;
+	}
+	d->nruns = 0;
+	uint32_t at = 0, n;
+	while (d->nruns < CLEAN_RUNS && slot_next_dirty_run(cs, s, &at, &n)) {
+		d->first[d->nruns] = at;
+		d->count[d->nruns] = n;
+		d->nruns++;
+		at += n;
+	}
+	if (!d->nruns) {
+		slot_unlock(sl);
+		return false;
+	}
+	atomic_fetch_or(&sl->bits, SB_DESTAGING);
+	d->wgen0 = bits >> SB_WGEN_SHIFT;
+	slot_unlock(sl);
+
+	d->buf = buf_get(cs->lay.extent_size);
+	if (!d->buf) {
+		clear_destaging(cs, s);
+		return false;
+	}
+	d->busy = true;
+	d->c = c;
+	d->slot = s;
+	d->key = key;
+	d->v = v;
+	d->err = 0;
+	d->stage = 1;
+	d->bytes = 0;
+	d->pending = (int)d->nruns;
+	atomic_fetch_add(&c->inflight, 1);
+	for (uint32_t i = 0; i < d->nruns; i++) {
+		uint64_t off = (uint64_t)d->first[i] * CACHE_SECTOR, len = (uint64_t)d->count[i] * CACHE_SECTOR;
+		d->bytes += len;
+		d->iov[i].iov_base = d->buf + off;
+		d->iov[i].iov_len = len;
+		d->req[i] = (struct bdev_req){
+			.op = BDEV_READ,
+			.offset = slot_leg_off(cs, s) + off,
+			.len = len,
+			.iov = &d->iov[i],
+			.iovcnt = 1,
+			.done = step,
+			.priv = d,
+		};
+		bdev_submit(&cs->mirror.dev, &d->req[i]);
+	}
+	c->budget -= (int64_t)d->bytes;
+	return true;
+}
+
+static int ent_cmp(const void *a, const void *b)
+{
+	const struct dirty_ent *x = a, *y = b;
+	return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* Gather up to CLEAN_BATCH dirty slots (continuing where the last scan stopped), sorted by key. */
+static void gather(struct cleaner *c)
+{
+	struct cache_set *cs = c->cs;
+	uint32_t n = cs->lay.nslots;
+	c->norder = 0;
+	c->pos = 0;
+	for (uint32_t k = 0; k < n && c->norder < CLEAN_BATCH; k++) {
+		uint32_t s = (c->scan + k) % n;
+		uint32_t bits = atomic_load(&cs->slots[s].bits);
+		if ((bits & SB_STATE_MASK) == SB_READY && (bits & SB_DIRTY)) {
+			c->order[c->norder].key = atomic_load(&cs->slots[s].key);
+			c->order[c->norder].slot = s;
+			c->norder++;
+		}
+		if (k + 1 == n || c->norder == CLEAN_BATCH)
+			c->scan = (c->scan + k + 1) % n;
+	}
+	qsort(c->order, c->norder, sizeof(*c->order), ent_cmp);
+}
+
+static void pump(struct cleaner *c)
+{
+	struct cache_set *cs = c->cs;
+	if (atomic_load(&cs->stopping) && !atomic_load(&cs->flush_req))
+		return;
+	bool regathered = false;
+	while (atomic_load(&c->inflight) < CLEAN_OPS && (c->unlimited || atomic_load(&cs->flush_req) ||
+							  c->budget > 0)) {
+		if (c->pos >= c->norder) {
+			if (regathered || !atomic_load(&cs->dirty_blocks))
+				return;
+			gather(c);
+			regathered = true;
+			if (!c->norder)
+				return;
+		}
+		struct destage *d = NULL;
+		for (int i = 0; i < CLEAN_OPS; i++)
+			if (!c->ops[i].busy) {
+				d = &c->ops[i];
+				break;
+			}
+		if (!d)
+			return;
+		start(c, d, c->order[c->pos++].slot);
+	}
+}
+
+/* Worker 0, once a second: new rate, new budget, start destaging. */
+void cleaner_tick(struct cleaner *c)
+{
+	struct cache_set *cs = c->cs;
+	uint64_t dirty = atomic_load(&cs->dirty_blocks) * CACHE_SECTOR;
+	uint64_t cap = (uint64_t)cs->lay.nslots * cs->lay.extent_size;
+	uint32_t pct = cs->cfg.dirty_target ? cs->cfg.dirty_target : 10;
+	double target = (double)cap * pct / 100.0;
+	double error = (double)dirty - target;
+	bool idle = now_ms() - atomic_load(&cs->last_io_ms) > 2000 && !atomic_load(&cs->fg_inflight);
+
+	if (error < 0)
+		c->integral *= 0.5;
+	else
+		c->integral += error;
+	if (c->integral > target * 100)
+		c->integral = target * 100;
+	double rate = error / 40.0 + c->integral / 10000.0;
+	if (rate < CLEAN_MIN_RATE)
+		rate = CLEAN_MIN_RATE;
+	c->unlimited = idle || atomic_load(&cs->flush_req);
+	if (c->unlimited)
+		rate = (double)CLEAN_MAX_RATE;
+	atomic_store(&c->rate, dirty ? (uint64_t)rate : 0);
+	c->budget = dirty ? (int64_t)(rate > 1e12 ? 1e12 : rate) : 0;
+	pump(c);
+}
+
+/* Any thread. */
+void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy)
+{
+	*rate_bps = atomic_load(&c->rate);
+	*busy = (uint64_t)atomic_load(&c->inflight);
+}
+
+/* Main thread. */
+struct cleaner *cleaner_new(struct cache_set *cs)
+{
+	struct cleaner *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->cs = cs;
+	c->order = calloc(CLEAN_BATCH, sizeof(*c->order));
+	if (!c->order) {
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+void cleaner_free(struct cleaner *c)
+{
+	free(c->order);
+	free(c);
+}

@@ -1,0 +1,170 @@
+/*
+ * journal.c - the metadata log with group commit.
+ *
+ * A write-back write is acknowledged only when its data and the record that
+ * says where that data is are durable on every healthy leg. Writing a 4 KiB
+ * slot-table page per 4 KiB write would double the I/O; instead each change
+ * becomes a 32-byte record appended to a log block, and all records that
+ * arrive while one log block is being written share the next one: with 16
+ * writes in flight, one metadata write serves up to 16 data writes.
+ *
+ * One ring per worker thread (CACHE_NJOURNALS on disk; with more workers
+ * than rings, workers share rings round-robin): a worker does not wait on
+ * another thread's commit, and the ring's mutex is uncontended. Records carry
+ * a global sequence number; recovery merges the rings in seq order. At most
+ * one block per ring is in flight, and its records complete (in order)
+ * only when it is durable: a later block can never be acknowledged ahead of
+ * an earlier one of the same ring, and recovery stops at the first block
+ * whose position or checksum is wrong.
+ *
+ * The ring is reused after a checkpoint (set.c) wrote the slot table and
+ * moved the ring's tail; when the ring fills, commits pause until then.
+ *
+ * Threading: journal_append and journal_kick on worker threads; a record's
+ * done() runs on the worker that appended it.
+ */
+#include "cache_int.h"
+
+#include <string.h>
+
+/* Worker thread. The calling worker's ring. */
+struct journal *journal_self(struct cache_set *cs)
+{
+	return &cs->journals[worker_index(worker_self()) % CACHE_NJOURNALS];
+}
+
+static void call_done(void *arg)
+{
+	struct jwait *w = arg;
+	w->done(w, w->err);
+}
+
+static void journal_written(struct bdev_req *req, int err)
+{
+	struct journal *j = req->priv;
+
+	pthread_mutex_lock(&j->lock);
+	struct jwait *list = j->inflight;
+	j->inflight = NULL;
+	j->busy = false;
+	j->commits++;
+	pthread_mutex_unlock(&j->lock);
+	struct worker *self = worker_self();
+	while (list) {
+		struct jwait *w = list;
+		list = w->next;
+		w->err = err;
+		/* done() runs on the appender's worker (another one only when
+		 * more workers than rings share this ring) */
+		if (w->worker == self || worker_post(w->worker, call_done, w) < 0)
+			w->done(w, err);
+	}
+	journal_kick(j);
+}
+
+/*
+ * Any worker thread. Starts a commit if none is in flight; the block's
+ * completion runs on the calling worker. The ring's mutex is uncontended
+ * unless several workers share a ring; it is never held across I/O.
+ */
+void journal_kick(struct journal *j)
+{
+	struct cache_set *cs = j->cs;
+
+	pthread_mutex_lock(&j->lock);
+	if (j->busy || !j->pend_head) {
+		pthread_mutex_unlock(&j->lock);
+		return;
+	}
+	uint64_t head = atomic_load(&j->head), tail = atomic_load(&j->tail);
+	if (head - tail >= cs->lay.jblocks / 2)
+		cache_want_checkpoint(cs);
+	if (head - tail >= cs->lay.jblocks) {
+		pthread_mutex_unlock(&j->lock);
+		return; /* full: the checkpoint's completion kicks us again */
+	}
+
+	struct cache_jblock_disk *b = j->buf;
+	memset(b, 0, sizeof(*b));
+	uint32_t n = 0;
+	struct jwait **tailp = &j->inflight;
+	while (j->pend_head && n < JBLOCK_RECS) {
+		struct jwait *w = j->pend_head;
+		j->pend_head = w->next;
+		b->rec[n++] = w->rec;
+		w->next = NULL;
+		*tailp = w;
+		tailp = &w->next;
+	}
+	if (!j->pend_head)
+		j->pend_tail = &j->pend_head;
+	j->records += n;
+	b->pos = le64_of(head);
+	memcpy(b->set_uuid8, cs->uuid, 8);
+	b->nrec = le32_of(n);
+	b->journal = le32_of(j->idx);
+	meta_jblock_seal(b);
+	atomic_store(&j->head, head + 1);
+
+	j->busy = true;
+	j->iov.iov_base = b;
+	j->iov.iov_len = CACHE_PAGE;
+	j->req = (struct bdev_req){
+		.op = BDEV_WRITE,
+		.flags = BDEV_F_FUA,
+		.offset = cs->lay.journal_off +
+			  ((uint64_t)j->idx * cs->lay.jblocks + head % cs->lay.jblocks) * CACHE_PAGE,
+		.len = CACHE_PAGE,
+		.iov = &j->iov,
+		.iovcnt = 1,
+		.done = journal_written,
+		.priv = j,
+	};
+	pthread_mutex_unlock(&j->lock);
+	bdev_submit(&cs->mirror.dev, &j->req);
+}
+
+/* Worker thread. w->rec is complete (seq set); w->done runs when durable. */
+void journal_append(struct cache_set *cs, struct jwait *w)
+{
+	struct journal *j = journal_self(cs);
+	w->next = NULL;
+	w->worker = worker_self();
+	pthread_mutex_lock(&j->lock);
+	j->owner = w->worker;
+	*j->pend_tail = w;
+	j->pend_tail = &w->next;
+	pthread_mutex_unlock(&j->lock);
+	journal_kick(j);
+}
+
+/*
+ * Worker thread. Take a seq, apply the change in RAM and fill the record,
+ * atomically with respect to other changes of this slot and to a
+ * checkpoint's snapshot of it (both hold the slot lock); then append.
+ */
+void cache_record_locked(struct cache_set *cs, uint32_t s, uint64_t key, int op, uint32_t first,
+			 uint32_t count, struct jwait *w)
+{
+	uint64_t seq = cache_seq(cs);
+	slot_apply(cs, s, op, first, count);
+	ckpt_mark(cs, s);
+	w->rec = (struct cache_jrec_disk){
+		.seq = le64_of(seq),
+		.key = le64_of(key),
+		.slot = le32_of(s),
+		.op = le16_of((uint16_t)op),
+		.first = le16_of((uint16_t)first),
+		.count = le16_of((uint16_t)count),
+	};
+}
+
+void cache_record(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count,
+		  struct jwait *w)
+{
+	struct slot *sl = &cs->slots[s];
+	slot_lock(sl);
+	cache_record_locked(cs, s, atomic_load(&sl->key), op, first, count, w);
+	slot_unlock(sl);
+	journal_append(cs, w);
+}

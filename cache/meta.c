@@ -1,0 +1,116 @@
+/*
+ * meta.c - layout arithmetic and checksums of the on-disk formats (meta.h).
+ *
+ * Kept apart from the code that reads and writes metadata (set.c,
+ * journal.c) so that encode/decode and checksum rejection can be tested on
+ * buffers alone. All functions are pure: any thread, never sleep.
+ */
+#include "meta.h"
+
+#include <isa-l/crc.h>
+#include <string.h>
+
+uint32_t meta_crc(const void *buf, size_t len)
+{
+	return crc32_iscsi((unsigned char *)buf, (int)len, 0xffffffffu);
+}
+
+int meta_layout(uint64_t leg_size, uint32_t extent_size, struct cache_layout *out)
+{
+	struct cache_layout l = { .leg_size = leg_size, .extent_size = extent_size };
+
+	l.bpe = extent_size / CACHE_SECTOR;
+	l.rec_size = 64;
+	while (l.rec_size < sizeof(struct cache_slot_disk) + l.bpe / 4)
+		l.rec_size *= 2;
+	/* Journal: 1/64 of the leg, between 2 MiB and 256 MiB, split in rings. */
+	uint64_t jbytes = leg_size / 64;
+	if (jbytes < (2u << 20))
+		jbytes = 2u << 20;
+	if (jbytes > (256ull << 20))
+		jbytes = 256ull << 20;
+	l.jblocks = (uint32_t)(jbytes / CACHE_NJOURNALS / CACHE_PAGE);
+	l.table_off = CACHE_TABLE_OFF;
+	/* Solve for nslots: table + journal + data fit, data extent-aligned. */
+	uint64_t fixed = l.table_off + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE + extent_size;
+	if (leg_size <= fixed)
+		return -1;
+	uint64_t n = (leg_size - fixed) / (extent_size + l.rec_size);
+	for (; n >= 8; n--) {
+		uint64_t table = (n * l.rec_size + CACHE_PAGE - 1) / CACHE_PAGE * CACHE_PAGE;
+		uint64_t joff = l.table_off + table;
+		uint64_t doff = joff + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE;
+		doff = (doff + extent_size - 1) / extent_size * extent_size;
+		if (doff + n * extent_size <= leg_size) {
+			l.journal_off = joff;
+			l.data_off = doff;
+			l.nslots = (uint32_t)n;
+			*out = l;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+void meta_sb_seal(struct cache_sb_disk *sb)
+{
+	sb->crc = le32_of(0);
+	sb->crc = le32_of(meta_crc(sb, sizeof(*sb)));
+}
+
+int meta_sb_check(const struct cache_sb_disk *sb, const char **why)
+{
+	if (le64_get(sb->magic) != CACHE_MAGIC) {
+		*why = "no tiercache superblock (never formatted, or overwritten)";
+		return -1;
+	}
+	if (le32_get(sb->version) != CACHE_VERSION) {
+		*why = "superblock version unknown to this tiercached";
+		return -1;
+	}
+	struct cache_sb_disk tmp;
+	memcpy(&tmp, sb, sizeof(tmp));
+	tmp.crc = le32_of(0);
+	if (meta_crc(&tmp, sizeof(tmp)) != le32_get(sb->crc)) {
+		*why = "superblock checksum mismatch (corrupt)";
+		return -1;
+	}
+	return 0;
+}
+
+void meta_slot_seal(void *rec, uint32_t rec_size)
+{
+	struct cache_slot_disk *h = rec;
+	h->crc = le32_of(0);
+	h->crc = le32_of(meta_crc(rec, rec_size));
+}
+
+bool meta_slot_ok(const void *rec, uint32_t rec_size)
+{
+	const struct cache_slot_disk *h = rec;
+	uint32_t want = le32_get(h->crc);
+	uint8_t tmp[CACHE_PAGE];
+	if (rec_size > sizeof(tmp))
+		return false;
+	memcpy(tmp, rec, rec_size);
+	((struct cache_slot_disk *)tmp)->crc = le32_of(0);
+	return meta_crc(tmp, rec_size) == want;
+}
+
+void meta_jblock_seal(struct cache_jblock_disk *b)
+{
+	b->magic = le32_of(JBLOCK_MAGIC);
+	b->crc = le32_of(0);
+	b->crc = le32_of(meta_crc(b, sizeof(*b)));
+}
+
+bool meta_jblock_ok(const struct cache_jblock_disk *b, const uint8_t uuid8[8], uint64_t pos)
+{
+	if (le32_get(b->magic) != JBLOCK_MAGIC || le64_get(b->pos) != pos ||
+	    memcmp(b->set_uuid8, uuid8, 8) || le32_get(b->nrec) > JBLOCK_RECS)
+		return false;
+	struct cache_jblock_disk tmp;
+	memcpy(&tmp, b, sizeof(tmp));
+	tmp.crc = le32_of(0);
+	return meta_crc(&tmp, sizeof(tmp)) == le32_get(b->crc);
+}

@@ -1,0 +1,197 @@
+/*
+ * meta.h - the cache's on-disk formats, declared once.
+ *
+ * Every structure written to a leg is here, as a packed struct of
+ * explicitly little-endian fields (le16/le32/le64 wrappers: a field cannot
+ * be read without the helper, so byte order is never forgotten) with a
+ * _Static_assert on its size. Checksums are CRC32C (ISA-L crc32_iscsi).
+ *
+ * Leg layout (every leg of a set holds the same bytes at the same offsets):
+ *
+ *   0        superblock copy A (4 KiB)      two copies, written alternately
+ *   4 KiB    superblock copy B (4 KiB)      by generation: a torn write of
+ *                                           one leaves the other intact
+ *   8 KiB    ... padding to 64 KiB
+ *   table    one slot record per slot, rec_size bytes (a power of two),
+ *            grouped in 4 KiB pages: the checkpointed extent map
+ *   journal  CACHE_NJOURNALS rings of jblocks 4 KiB blocks: metadata
+ *            updates since the last checkpoint, one ring per worker thread
+ *            (so a worker never waits on another thread's commit)
+ *   data     slot i at data_off + i * extent_size
+ *
+ * Recovery = newest valid superblock, load the table, replay every journal
+ * record with seq >= ckpt_seq in seq order (records are absolute per-block
+ * assignments, so replaying over a snapshot that already holds some of them
+ * yields the same state).
+ *
+ * Threading: pure functions, any thread.
+ */
+#ifndef TC_CACHE_META_H
+#define TC_CACHE_META_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct { uint8_t b[2]; } le16;
+typedef struct { uint8_t b[4]; } le32;
+typedef struct { uint8_t b[8]; } le64;
+
+static inline uint16_t le16_get(le16 v) { return (uint16_t)(v.b[0] | v.b[1] << 8); }
+static inline uint32_t le32_get(le32 v)
+{
+	return (uint32_t)v.b[0] | (uint32_t)v.b[1] << 8 | (uint32_t)v.b[2] << 16 | (uint32_t)v.b[3] << 24;
+}
+static inline uint64_t le64_get(le64 v)
+{
+	uint64_t r = 0;
+	for (int i = 7; i >= 0; i--)
+		r = r << 8 | v.b[i];
+	return r;
+}
+static inline le16 le16_of(uint16_t x) { return (le16){ { (uint8_t)x, (uint8_t)(x >> 8) } }; }
+static inline le32 le32_of(uint32_t x)
+{
+	return (le32){ { (uint8_t)x, (uint8_t)(x >> 8), (uint8_t)(x >> 16), (uint8_t)(x >> 24) } };
+}
+static inline le64 le64_of(uint64_t x)
+{
+	le64 v;
+	for (int i = 0; i < 8; i++)
+		v.b[i] = (uint8_t)(x >> (8 * i));
+	return v;
+}
+
+#define CACHE_MAGIC 0x3145484341434354ULL /* "TCCACHE1" little-endian */
+#define CACHE_VERSION 1
+#define CACHE_SECTOR 512u          /* metadata granularity: one valid/dirty bit each */
+#define CACHE_PAGE 4096u
+#define CACHE_NJOURNALS 16
+#define CACHE_MAX_BACKINGS 16
+#define CACHE_MAX_LEGS 2
+#define CACHE_TABLE_OFF (64u << 10)
+
+/*
+ * Identity of a backing store attached to the set. We keep the LUN name,
+ * the store's size and, for regular files, the inode number and the
+ * filesystem's device number. Why not a header written into the store:
+ * the store is the LUN's data, every byte belongs to the initiator. Why
+ * inode + device: a file restored from a copy, or a config pointing at
+ * another file of the same size, gets a different inode, and destaging
+ * dirty extents into it would corrupt it silently. Block devices (whose
+ * major:minor can change between boots) are matched by size and path.
+ */
+struct cache_backing_disk {
+	char lun[64];        /* NUL-padded LUN name; empty = unused entry */
+	char path[128];      /* NUL-padded, for messages */
+	le64 size;
+	le64 ino;            /* 0 for a block device */
+	le64 fsdev;
+	le32 bid;            /* backing id in extent keys */
+	le32 is_blockdev;
+};
+_Static_assert(sizeof(struct cache_backing_disk) == 224, "backing identity is 224 bytes");
+
+struct cache_sb_disk {
+	le64 magic;
+	le32 version;
+	le32 crc;            /* crc32c of the 4 KiB with this field zero */
+	uint8_t set_uuid[16];
+	le64 gen;            /* bumped on every superblock write; the higher copy wins */
+	le32 leg_index;
+	le32 nlegs;
+	le32 extent_size;
+	le32 block_size;     /* CACHE_SECTOR */
+	le32 nslots;
+	le32 rec_size;
+	le32 njournals;
+	le32 jblocks;        /* per journal ring */
+	le64 leg_size;
+	le64 table_off;
+	le64 journal_off;
+	le64 data_off;
+	le32 clean;          /* 1: written by a clean shutdown, journals empty */
+	le32 failed_mask;    /* legs known to hold stale data (need resync) */
+	le64 ckpt_seq;       /* records with seq < ckpt_seq are in the table */
+	le64 jtail[CACHE_NJOURNALS]; /* first journal block (absolute) to replay */
+	char set_name[64];
+	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
+	uint8_t pad[4096 - 8 - 4 - 4 - 16 - 8 - 4 * 8 - 8 * 4 - 4 - 4 - 8 - 8 * CACHE_NJOURNALS - 64 -
+		    224 * CACHE_MAX_BACKINGS];
+};
+_Static_assert(sizeof(struct cache_sb_disk) == 4096, "superblock is one 4 KiB block");
+
+/* Slot record in the table: header, then valid bitmap, then dirty bitmap. */
+struct cache_slot_disk {
+	le64 key;            /* CACHE_KEY_NONE: free */
+	le32 flags;          /* SLOTF_* (summary; bitmaps authoritative) */
+	le32 crc;            /* crc32c of rec_size bytes with this field zero */
+	le64 nblocks;        /* blocks per extent, a sanity check */
+	le64 reserved;
+	/* uint8_t valid[bpe / 8]; uint8_t dirty[bpe / 8]; */
+};
+_Static_assert(sizeof(struct cache_slot_disk) == 32, "slot record header is 32 bytes");
+
+#define CACHE_KEY_NONE UINT64_MAX
+
+enum jrec_op {
+	JOP_DIRTY = 1,      /* blocks valid and dirty (write-back write) */
+	JOP_VALID = 2,      /* blocks valid and clean (promotion, write-through) */
+	JOP_CLEAN = 3,      /* blocks clean (destaged) */
+	JOP_INVALIDATE = 4, /* blocks invalid (write-around, UNMAP) */
+	JOP_FREE = 5,       /* slot holds nothing */
+};
+
+struct cache_jrec_disk {
+	le64 seq;
+	le64 key;
+	le32 slot;
+	le16 op;
+	le16 first;          /* first block inside the extent */
+	le16 count;          /* blocks */
+	uint8_t pad[6];
+};
+_Static_assert(sizeof(struct cache_jrec_disk) == 32, "journal record is 32 bytes");
+
+#define JBLOCK_MAGIC 0x4b4c424a /* "JBLK" */
+#define JBLOCK_RECS 127
+
+struct cache_jblock_disk {
+	le32 magic;
+	le32 crc;            /* crc32c of the block with this field zero */
+	le64 pos;            /* absolute position in the ring: replay expects consecutive */
+	uint8_t set_uuid8[8];
+	le32 nrec;
+	le32 journal;        /* which ring */
+	struct cache_jrec_disk rec[JBLOCK_RECS];
+};
+_Static_assert(sizeof(struct cache_jblock_disk) == 4096, "journal block is 4 KiB");
+
+/* Geometry derived from a leg size and extent size. */
+struct cache_layout {
+	uint64_t leg_size;
+	uint32_t extent_size;
+	uint32_t bpe;        /* blocks (sectors) per extent */
+	uint32_t rec_size;
+	uint32_t nslots;
+	uint32_t jblocks;
+	uint64_t table_off, journal_off, data_off;
+};
+
+/* Compute the layout; 0, or -1 if the leg is too small for 8 slots. */
+int meta_layout(uint64_t leg_size, uint32_t extent_size, struct cache_layout *out);
+
+uint32_t meta_crc(const void *buf, size_t len);
+
+/* Seal (compute crc) and check superblocks, slot records, journal blocks. */
+void meta_sb_seal(struct cache_sb_disk *sb);
+/* 0 if magic, version and checksum are right; otherwise -1 and a reason. */
+int meta_sb_check(const struct cache_sb_disk *sb, const char **why);
+
+void meta_slot_seal(void *rec, uint32_t rec_size);
+bool meta_slot_ok(const void *rec, uint32_t rec_size);
+
+void meta_jblock_seal(struct cache_jblock_disk *b);
+bool meta_jblock_ok(const struct cache_jblock_disk *b, const uint8_t uuid8[8], uint64_t pos);
+
+#endif

@@ -1,0 +1,318 @@
+/*
+ * mirror.c - RAID1 of the cache legs, presented as one bdev.
+ *
+ * Writes (and flushes) go to every healthy leg; reads go to one healthy leg,
+ * alternating. A leg that returns an error is marked failed and never used
+ * again until it is replaced: a failed read is retried on the other leg, a
+ * write that reached the other leg succeeds. So one dying leg produces no
+ * error upward; only when no leg is left does the engine see -EIO (and
+ * volume.c then fails dirty blocks with MEDIUM ERROR and reads clean
+ * blocks from the backing store).
+ *
+ * The subtle part is durability of the failure itself: once leg 1 is
+ * failed, writes land on leg 0 only, so leg 1 holds stale data. If the
+ * daemon crashed before it recorded that, a restart would read leg 1 as
+ * good. Therefore, after a failure, no write completes upward until the set
+ * has written the new failed mask into the survivors' superblocks
+ * (m->persist, then mirror_persisted); such writes wait on a short list.
+ * Superblock writes themselves carry MIRROR_F_NOWAIT.
+ *
+ * Threading: mirror_submit on a worker thread, completions on the same
+ * worker (waiters released from another worker are posted back to their
+ * own). Request contexts come from a per-thread free list: no malloc per
+ * I/O in steady state.
+ */
+#include "cache_int.h"
+
+#include "../common/log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mirror_waiter {
+	struct mirror_waiter *next;
+	struct worker *w;
+	struct mreq *r;
+};
+
+struct mreq {
+	struct mreq *next_free;
+	struct mirror *m;
+	struct bdev_req *up;
+	struct bdev_req sub[CACHE_MAX_LEGS];
+	int pending;
+	int ok;              /* legs that succeeded */
+	int result;
+	uint32_t tried;      /* read: legs tried */
+	bool in_chunk;       /* counted in the resync chunk */
+	struct mirror_waiter wait;
+};
+
+static __thread struct mreq *mreq_free;
+
+static struct mreq *mreq_get(void)
+{
+	struct mreq *r = mreq_free;
+	if (r) {
+		mreq_free = r->next_free;
+		return r;
+	}
+	return malloc(sizeof(*r));
+}
+
+static void mreq_put(struct mreq *r)
+{
+	r->next_free = mreq_free;
+	mreq_free = r;
+}
+
+static void finish_now(void *arg)
+{
+	struct mreq *r = arg;
+	struct bdev_req *up = r->up;
+	if (r->in_chunk) {
+		atomic_fetch_add(&r->m->resync_chunk_gen, 1);
+		atomic_fetch_sub(&r->m->resync_chunk_inflight, 1);
+		r->in_chunk = false;
+	}
+	int err = r->result;
+	mreq_put(r);
+	up->done(up, err);
+}
+
+/* Complete later on this worker (done() must never run inside submit). */
+static void finish_async(struct mreq *r, int err)
+{
+	r->result = err;
+	if (worker_post(worker_self(), finish_now, r) < 0)
+		finish_now(r); /* out of memory: better a nested call than a lost I/O */
+}
+
+bool mirror_all_failed(struct mirror *m)
+{
+	uint32_t all = (1u << m->nlegs) - 1;
+	return (atomic_load(&m->failed) & all) == all;
+}
+
+/* Any worker: leg erred; mark it failed and have the set persist that. */
+void mirror_leg_failed(struct mirror *m, int leg, int err)
+{
+	uint32_t bit = 1u << leg;
+	atomic_fetch_add(&m->errors[leg], 1);
+	uint32_t old = atomic_fetch_or(&m->failed, bit);
+	if (old & bit)
+		return;
+	log_err("cache leg %s failed (%s); serving from the other leg; replace it with "
+		"`tierctl leg replace`", m->leg[leg]->name, strerror(-err));
+	uint32_t now = old | bit;
+	if (!mirror_all_failed(m) && m->persist)
+		m->persist(m, now, m->persist_arg);
+	else if (mirror_all_failed(m))
+		log_err("every cache leg has failed: dirty data is lost and reads of it return MEDIUM ERROR");
+}
+
+static void sub_done(struct bdev_req *sub, int err);
+
+static bool must_wait(struct mirror *m, struct mreq *r)
+{
+	if (r->up->op == BDEV_READ || (r->up->flags & MIRROR_F_NOWAIT))
+		return false;
+	uint32_t f = atomic_load(&m->failed);
+	return !mirror_all_failed(m) && (f & ~atomic_load(&m->persisted));
+}
+
+static void complete(struct mreq *r, int err)
+{
+	struct mirror *m = r->m;
+	if (r->in_chunk) {
+		atomic_fetch_add(&m->resync_chunk_gen, 1);
+		atomic_fetch_sub(&m->resync_chunk_inflight, 1);
+		r->in_chunk = false;
+	}
+	if (!err && must_wait(m, r)) {
+		pthread_mutex_lock(&m->lock);
+		if (must_wait(m, r)) {
+			r->wait.w = worker_self();
+			r->wait.r = r;
+			r->wait.next = m->waiters;
+			m->waiters = &r->wait;
+			r->result = 0;
+			pthread_mutex_unlock(&m->lock);
+			return;
+		}
+		pthread_mutex_unlock(&m->lock);
+	}
+	struct bdev_req *up = r->up;
+	mreq_put(r);
+	up->done(up, err);
+}
+
+/* Any thread: the failed mask is on disk; release writes that waited for it. */
+void mirror_persisted(struct mirror *m, uint32_t failed)
+{
+	pthread_mutex_lock(&m->lock);
+	atomic_fetch_or(&m->persisted, failed);
+	struct mirror_waiter *list = NULL, **keep = &m->waiters;
+	while (*keep) {
+		struct mirror_waiter *w = *keep;
+		if (!must_wait(m, w->r)) {
+			*keep = w->next;
+			w->next = list;
+			list = w;
+		} else {
+			keep = &w->next;
+		}
+	}
+	pthread_mutex_unlock(&m->lock);
+	while (list) {
+		struct mirror_waiter *w = list;
+		list = w->next;
+		w->r->result = 0;
+		if (worker_post(w->w, finish_now, w->r) < 0)
+			log_err("cannot post a mirror completion; out of memory");
+	}
+}
+
+static int pick_read_leg(struct mirror *m, uint32_t exclude)
+{
+	uint32_t bad = atomic_load(&m->failed) | atomic_load(&m->resyncing) | exclude;
+	uint32_t start = atomic_fetch_add_explicit(&m->rr, 1, memory_order_relaxed);
+	for (int k = 0; k < m->nlegs; k++) {
+		int leg = (int)((start + (uint32_t)k) % (uint32_t)m->nlegs);
+		if (!(bad & (1u << leg)))
+			return leg;
+	}
+	return -1;
+}
+
+static void issue_leg(struct mreq *r, int leg)
+{
+	struct bdev_req *s = &r->sub[leg];
+	const struct bdev_req *up = r->up;
+	s->op = up->op;
+	s->flags = up->flags & BDEV_F_FUA;
+	s->offset = up->offset;
+	s->len = up->len;
+	s->iov = up->iov;
+	s->iovcnt = up->iovcnt;
+	s->done = sub_done;
+	s->priv = r;
+	bdev_submit(r->m->leg[leg], s);
+}
+
+static void sub_done(struct bdev_req *sub, int err)
+{
+	struct mreq *r = sub->priv;
+	struct mirror *m = r->m;
+	int leg = (int)(sub - r->sub);
+
+	if (err)
+		mirror_leg_failed(m, leg, err);
+	else
+		r->ok++;
+	if (r->up->op == BDEV_READ) {
+		if (!err) {
+			complete(r, 0);
+			return;
+		}
+		r->tried |= 1u << leg;
+		int next = pick_read_leg(m, r->tried);
+		if (next < 0) {
+			complete(r, -EIO);
+			return;
+		}
+		issue_leg(r, next);
+		return;
+	}
+	if (--r->pending)
+		return;
+	complete(r, r->ok ? 0 : -EIO);
+}
+
+static void mirror_submit(struct bdev *dev, struct bdev_req *req)
+{
+	struct mirror *m = (struct mirror *)dev;
+	struct mreq *r = mreq_get();
+
+	if (!r) {
+		/* cannot even say it asynchronously without memory; nested call */
+		req->done(req, -ENOMEM);
+		return;
+	}
+	r->m = m;
+	r->up = req;
+	r->ok = 0;
+	r->tried = 0;
+	r->in_chunk = false;
+	if (req->op == BDEV_READ) {
+		int leg = pick_read_leg(m, 0);
+		if (leg < 0) {
+			finish_async(r, -EIO);
+			return;
+		}
+		issue_leg(r, leg);
+		return;
+	}
+	uint32_t failed = atomic_load(&m->failed);
+	uint32_t resync = atomic_load(&m->resyncing);
+	r->in_chunk = false;
+	if (resync && req->offset < atomic_load(&m->resync_chunk_end) &&
+	    req->offset + req->len > atomic_load(&m->resync_chunk_start)) {
+		/* announce before deciding: the copier re-copies a chunk it saw touched */
+		atomic_fetch_add(&m->resync_chunk_inflight, 1);
+		atomic_fetch_add(&m->resync_chunk_gen, 1);
+		r->in_chunk = true;
+	}
+	int n = 0;
+	bool use[CACHE_MAX_LEGS] = { false };
+	for (int i = 0; i < m->nlegs; i++) {
+		if (failed & (1u << i))
+			continue;
+		if ((resync & (1u << i)) && req->offset >= atomic_load(&m->resync_pos))
+			continue; /* the resync copies it later */
+		use[i] = true;
+		n++;
+	}
+	if (!n) {
+		finish_async(r, -EIO);
+		return;
+	}
+	r->pending = n;
+	for (int i = 0; i < m->nlegs; i++)
+		if (use[i])
+			issue_leg(r, i);
+}
+
+static void mirror_close(struct bdev *dev)
+{
+	(void)dev; /* the set owns the legs and closes them */
+}
+
+static const struct bdev_ops mirror_ops = {
+	.submit = mirror_submit,
+	.close = mirror_close,
+};
+
+/* Main thread. failed: legs recorded as stale in the newest superblock. */
+int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed)
+{
+	memset(m, 0, sizeof(*m));
+	m->nlegs = nlegs;
+	for (int i = 0; i < nlegs; i++)
+		m->leg[i] = legs[i];
+	atomic_init(&m->failed, failed);
+	atomic_init(&m->persisted, failed);
+	pthread_mutex_init(&m->lock, NULL);
+	m->dev.ops = &mirror_ops;
+	m->dev.name = "mirror";
+	m->dev.size = legs[0]->size;
+	m->dev.block_size = legs[0]->block_size;
+	return 0;
+}
+
+/* Main thread, no I/O in flight. */
+void mirror_destroy(struct mirror *m)
+{
+	pthread_mutex_destroy(&m->lock);
+}

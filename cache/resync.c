@@ -1,0 +1,219 @@
+/*
+ * resync.c - rebuild a replaced leg online, while the LUNs keep serving.
+ *
+ * The new leg takes the failed leg's place in the mirror flagged
+ * "resyncing": it is never read, and a write reaches it only when it lies
+ * below the copy cursor (resync_pos). Worker 0 copies the used part of the
+ * surviving leg (everything after the superblocks: table, journals, slots)
+ * chunk by chunk. A foreground write that overlaps the chunk being copied
+ * announces itself (a generation bump and an in-flight count, before it
+ * decides which legs it goes to); the copier advances the cursor and then
+ * checks that no write touched the chunk during its copy, else copies the
+ * chunk again. So every byte below the cursor is either copied after the
+ * last write to it, or written to both legs.
+ *
+ * When the cursor reaches the end, the leg is healthy: the superblocks of
+ * both legs are rewritten without it in the failed mask. A crash during
+ * the resync leaves the new leg without a superblock, so the next start
+ * names it and asks for the replacement again.
+ *
+ * Threading: cache_set_leg_replace on the main (control) thread; the copy
+ * runs on worker 0.
+ */
+#include "cache_int.h"
+
+#include "../common/bufpool.h"
+#include "../common/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RESYNC_CHUNK (1u << 20)
+
+struct resync {
+	struct cache_set *cs;
+	int leg, src;
+	uint64_t pos, end;
+	uint64_t gen0;
+	void *buf;
+	struct iovec iov;
+	struct bdev_req req;
+	uint64_t started_ms;
+	unsigned redo;
+};
+
+static void copy_chunk(struct resync *rs);
+
+static void resync_sb_done(void *arg, int err)
+{
+	struct resync *rs = arg;
+	log_info("cache %s: leg %s resynced in %llu ms (%u chunks copied again after concurrent writes)%s",
+		 rs->cs->name, rs->cs->legs[rs->leg]->name,
+		 (unsigned long long)(now_ms() - rs->started_ms), rs->redo,
+		 err ? "; the superblock update failed" : "");
+	buf_put(rs->buf, RESYNC_CHUNK);
+	free(rs);
+}
+
+static void resync_fail(struct resync *rs, int err)
+{
+	struct mirror *m = &rs->cs->mirror;
+	log_err("cache %s: resync of %s failed: %s; the leg stays out of the mirror", rs->cs->name,
+		rs->cs->legs[rs->leg]->name, strerror(-err));
+	atomic_fetch_or(&m->failed, 1u << rs->leg);
+	atomic_fetch_and(&m->resyncing, ~(1u << rs->leg));
+	buf_put(rs->buf, RESYNC_CHUNK);
+	free(rs);
+}
+
+static void chunk_written(struct bdev_req *req, int err)
+{
+	struct resync *rs = req->priv;
+	struct mirror *m = &rs->cs->mirror;
+	if (err) {
+		resync_fail(rs, err);
+		return;
+	}
+	uint64_t end = rs->pos + req->len;
+	/* cursor first, then look for writes that raced with the copy */
+	if (atomic_load(&m->resync_pos) < end)
+		atomic_store(&m->resync_pos, end);
+	if (atomic_load(&m->resync_chunk_gen) != rs->gen0 || atomic_load(&m->resync_chunk_inflight)) {
+		rs->redo++;
+		copy_chunk(rs);
+		return;
+	}
+	rs->pos = end;
+	if (rs->pos >= rs->end) {
+		atomic_store(&m->resync_chunk_start, 0);
+		atomic_store(&m->resync_chunk_end, 0);
+		atomic_fetch_and(&m->resyncing, ~(1u << rs->leg));
+		cache_sb_write(rs->cs, resync_sb_done, rs);
+		return;
+	}
+	copy_chunk(rs);
+}
+
+static void chunk_read(struct bdev_req *req, int err)
+{
+	struct resync *rs = req->priv;
+	if (err) {
+		/* the source leg failed: mirror_leg_failed already logged; nothing left to copy from */
+		mirror_leg_failed(&rs->cs->mirror, rs->src, err);
+		resync_fail(rs, err);
+		return;
+	}
+	req->op = BDEV_WRITE;
+	req->flags = BDEV_F_FUA;
+	req->done = chunk_written;
+	bdev_submit(rs->cs->legs[rs->leg], req);
+}
+
+static void copy_chunk(struct resync *rs)
+{
+	struct mirror *m = &rs->cs->mirror;
+	uint64_t len = rs->end - rs->pos < RESYNC_CHUNK ? rs->end - rs->pos : RESYNC_CHUNK;
+	atomic_store(&m->resync_chunk_start, rs->pos);
+	atomic_store(&m->resync_chunk_end, rs->pos + len);
+	rs->gen0 = atomic_load(&m->resync_chunk_gen);
+	rs->iov.iov_base = rs->buf;
+	rs->iov.iov_len = len;
+	rs->req = (struct bdev_req){ .op = BDEV_READ, .offset = rs->pos, .len = len, .iov = &rs->iov,
+				     .iovcnt = 1, .done = chunk_read, .priv = rs };
+	bdev_submit(rs->cs->legs[rs->src], &rs->req);
+}
+
+static void resync_start(void *arg)
+{
+	copy_chunk(arg);
+}
+
+/*
+ * Main thread. Put newdev in place of failed leg `leg` and start copying.
+ * 0, or -1 with a sentence in err.
+ */
+int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, char *err, size_t errlen)
+{
+	struct mirror *m = &cs->mirror;
+	if (leg < 0 || leg >= m->nlegs || m->nlegs != 2) {
+		snprintf(err, errlen, "cache %s: no leg %d to replace (the set has %d)", cs->name, leg, m->nlegs);
+		return -1;
+	}
+	int src = 1 - leg;
+	uint32_t failed = atomic_load(&m->failed);
+	if (!(failed & (1u << leg)) || (failed & (1u << src)) || atomic_load(&m->resyncing)) {
+		snprintf(err, errlen, "cache %s: leg %s is %s; only a failed leg can be replaced, while the "
+			 "other one is healthy", cs->name, cs->legs[leg]->name,
+			 (failed & (1u << leg)) ? "failed but so is the other" : "healthy");
+		return -1;
+	}
+	if (newdev->size < cs->lay.leg_size) {
+		snprintf(err, errlen, "cache %s: the new leg %s holds %llu bytes, the set needs %llu; use a "
+			 "larger device", cs->name, newdev->name, (unsigned long long)newdev->size,
+			 (unsigned long long)cs->lay.leg_size);
+		return -1;
+	}
+	struct resync *rs = calloc(1, sizeof(*rs));
+	void *buf = buf_get(RESYNC_CHUNK);
+	if (!rs || !buf || cs->nold_legs == (int)(sizeof(cs->old_legs) / sizeof(cs->old_legs[0]))) {
+		free(rs);
+		if (buf)
+			buf_put(buf, RESYNC_CHUNK);
+		snprintf(err, errlen, "cache %s: out of memory (or too many replacements; restart first)", cs->name);
+		return -1;
+	}
+	rs->cs = cs;
+	rs->leg = leg;
+	rs->src = src;
+	rs->buf = buf;
+	rs->pos = 2 * CACHE_PAGE;
+	rs->end = cs->lay.data_off + (uint64_t)cs->lay.nslots * cs->lay.extent_size;
+	rs->started_ms = now_ms();
+	cs->old_legs[cs->nold_legs++] = cs->legs[leg];
+	atomic_store(&m->resync_pos, rs->pos);
+	atomic_store(&m->resync_end, rs->end);
+	atomic_store(&m->resync_chunk_start, 0);
+	atomic_store(&m->resync_chunk_end, 0);
+	cs->legs[leg] = newdev;
+	m->leg[leg] = newdev;
+	/* resyncing before un-failing: no moment where reads could pick it */
+	atomic_fetch_or(&m->resyncing, 1u << leg);
+	atomic_fetch_and(&m->failed, ~(1u << leg));
+	log_info("cache %s: resyncing %s from %s (%llu MiB)", cs->name, newdev->name, cs->legs[src]->name,
+		 (unsigned long long)((rs->end - rs->pos) >> 20));
+	if (worker_post(worker_get(0), resync_start, rs) < 0) {
+		snprintf(err, errlen, "cache %s: out of memory", cs->name);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Main (control) thread. tierctl's `leg replace SET OLD NEW`: find the leg
+ * by its path, open (creating a file of the right size if missing) the new
+ * one, and start the resync. 0, or -1 with a sentence in err.
+ */
+int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const char *new_path, char *err,
+			       size_t errlen)
+{
+	int leg = -1;
+	for (int i = 0; i < cs->mirror.nlegs; i++)
+		if (!strcmp(cs->legs[i]->name, old_path))
+			leg = i;
+	if (leg < 0) {
+		snprintf(err, errlen, "cache %s has no leg %s; its legs are %s%s%s", cs->name, old_path,
+			 cs->legs[0]->name, cs->mirror.nlegs > 1 ? " and " : "",
+			 cs->mirror.nlegs > 1 ? cs->legs[1]->name : "");
+		return -1;
+	}
+	struct bdev *dev = bdev_file_open(new_path, cs->lay.leg_size, CACHE_SECTOR, true, err, errlen);
+	if (!dev)
+		return -1;
+	if (cache_set_leg_replace(cs, leg, dev, err, errlen) < 0) {
+		bdev_close(dev);
+		return -1;
+	}
+	return 0;
+}

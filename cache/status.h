@@ -1,0 +1,50 @@
+/*
+ * status.h - what the engine tells the operator (for tierctl status/stats).
+ *
+ * A snapshot struct, filled without stopping I/O (counters are read with
+ * relaxed atomics, so the numbers are a consistent-enough picture, not a
+ * transaction). The control socket turns it into JSON with json-c.
+ *
+ * Threading: any thread; takes no lock on the I/O path; never sleeps.
+ */
+#ifndef TC_CACHE_STATUS_H
+#define TC_CACHE_STATUS_H
+
+#include "cache.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum cache_leg_health { LEG_HEALTHY, LEG_FAILED, LEG_RESYNCING };
+
+struct cache_leg_status {
+	char path[256];
+	enum cache_leg_health health;
+	uint64_t errors;
+	uint64_t resync_done, resync_total; /* bytes, while resyncing */
+};
+
+struct cache_set_status {
+	char name[64];
+	bool degraded;               /* a leg failed or resyncing */
+	int nlegs;
+	struct cache_leg_status legs[2];
+	uint32_t extent_size;
+	uint32_t nslots, slots_used;
+	uint64_t dirty_bytes;
+	uint64_t read_hits, read_misses, read_partial;
+	uint64_t write_hits, write_misses;
+	double hit_ratio;            /* read hits / reads */
+	uint64_t promotions, evictions, destaged_bytes;
+	uint64_t cleaner_rate_bps;   /* current destage rate target */
+	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
+	uint64_t lost_lo, lost_hi;   /* byte range (backing offsets, lun-relative) of lost data seen */
+	uint64_t mem_bytes;
+	char luns[16][64];
+	enum cache_mode lun_mode[16];
+	int nluns;
+};
+
+void cache_set_status(struct cache_set *cs, struct cache_set_status *st);
+
+#endif

@@ -1,0 +1,868 @@
+/*
+ * volume.c - the cache volume: the bdev a LUN sees, stacked on its backing
+ * bdev and the set's mirrored legs.
+ *
+ * A request is cut at extent boundaries into pieces; each piece finds its
+ * slot with a lock-free lookup (RCU read lock held only around the lookup
+ * and the pin: a pin is a count in the slot, so an evictor that waited a
+ * grace period knows whether anyone still uses the slot) and then goes:
+ *
+ *   READ   hit: from the legs; partial hit: valid runs from the legs,
+ *          the rest from the backing store; miss: from the backing store,
+ *          and a promotion (fill) of the whole extent if the policy admits.
+ *   WRITE  write-back: data to the legs (FUA), then a DIRTY journal record;
+ *          acknowledged when the record is durable (group commit), so every
+ *          acknowledged write is durable whatever FUA/WCE say.
+ *          write-through: backing first (with the initiator's FUA), then the
+ *          cached copy is refreshed. write-around: backing, then the cached
+ *          blocks invalidated durably. A miss that is not admitted, or
+ *          finds no free slot, goes to the backing store ("bypass").
+ *   FLUSH  the backing store's (leg writes are all FUA already).
+ *   UNMAP, WRITE_ZEROES  passed down, then the cached blocks invalidated
+ *          durably before the status goes out (dirty data never resurfaces:
+ *          the cleaner stays off the slot meanwhile).
+ *
+ * Races handled here:
+ *  - a write meets a fill in flight: the write sets CANCEL and goes to the
+ *    backing store; the fill is dropped when it completes.
+ *  - a fill starts while a bypass write of the same extent is in flight: the
+ *    per-bucket bypass counter (incremented before the lookup) makes the
+ *    fill give up, so it never caches data older than an acknowledged write.
+ *  - UNMAP meets the cleaner destaging the slot: it waits (re-posted) until
+ *    the destage ends, so old dirty data is not written after the UNMAP;
+ *    while the UNMAP holds its writer pin no destage of the slot starts.
+ *  - both legs gone: reads of clean blocks go to the backing store, reads
+ *    of dirty blocks fail with -EIO (MEDIUM ERROR), never old data.
+ *
+ * Threading: vol_submit on a worker, completions on that worker. Contexts
+ * come from per-thread free lists (no malloc per command in steady state).
+ */
+#include "cache_int.h"
+
+#include "../common/bufpool.h"
+#include "../common/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cache_vol {
+	struct bdev dev;
+	struct cache_set *cs;
+	struct bdev *backing;
+	uint32_t bid;
+	_Atomic int mode;
+	char name[64];
+};
+
+struct vreq;
+
+struct piece {
+	struct piece *next_free;
+	struct vreq *parent;
+	uint64_t key;
+	uint64_t off;           /* volume byte offset */
+	uint64_t len;
+	uint64_t data_off;      /* offset into the parent's iov */
+	uint32_t first, count;  /* blocks inside the extent */
+	uint32_t slot;
+	uint32_t pin;           /* SU_READER / SU_WRITER held, 0 none */
+	uint32_t bucket;        /* bypass counter held, or UINT32_MAX */
+	int pending;
+	int err;
+	int stage;
+	struct jwait jw;
+	struct bdev_req sub;    /* single-sub stages */
+	struct iovec iov_inline[8];
+	struct iovec *iov;
+	int iovcnt;
+};
+
+struct vsub {                   /* extra subs of a partial read */
+	struct vsub *next_free;
+	struct piece *p;
+	bool from_cache;
+	uint32_t first, count;
+	struct bdev_req req;
+	struct iovec iov_inline[8];
+	struct iovec *iov;
+	int iovcnt;
+};
+
+struct vreq {
+	struct vreq *next_free;
+	struct cache_vol *v;
+	struct bdev_req *up;
+	int pending;
+	int err;
+	struct bdev_req sub;    /* pass-through, flush */
+};
+
+struct fill {
+	struct fill *next_free;
+	struct cache_vol *v;
+	uint32_t slot;
+	uint64_t key;
+	uint32_t count;
+	void *buf;
+	struct iovec iov;
+	struct bdev_req req;
+	struct jwait jw;
+};
+
+static __thread struct piece *piece_free;
+static __thread struct vsub *vsub_free;
+static __thread struct vreq *vreq_free;
+static __thread struct fill *fill_free;
+
+#define POOL_GET(head, type)                                                  \
+	({                                                                    \
+		type *o_ = head;                                              \
+		if (o_)                                                       \
+			head = o_->next_free;                                 \
+		else                                                          \
+			o_ = malloc(sizeof(type));                            \
+		o_;                                                           \
+	})
+#define POOL_PUT(head, o)                                                     \
+	do {                                                                  \
+		(o)->next_free = head;                                        \
+		head = (o);                                                   \
+	} while (0)
+
+const char *cache_mode_name(enum cache_mode m)
+{
+	switch (m) {
+	case CACHE_WRITE_BACK: return "write-back";
+	case CACHE_WRITE_THROUGH: return "write-through";
+	case CACHE_WRITE_AROUND: return "write-around";
+	case CACHE_PASS_THROUGH: return "pass-through";
+	}
+	return "?";
+}
+
+int cache_mode_parse(const char *s, enum cache_mode *out)
+{
+	for (int m = CACHE_WRITE_BACK; m <= CACHE_PASS_THROUGH; m++)
+		if (!strcmp(s, cache_mode_name((enum cache_mode)m))) {
+			*out = (enum cache_mode)m;
+			return 0;
+		}
+	return -1;
+}
+
+struct bdev *cache_vol_backing(struct cache_vol *v) { return v->backing; }
+struct cache_set *cache_vol_set(struct cache_vol *v) { return v->cs; }
+
+/* Copy the iovec slice [off, off+len) of (iov, iovcnt) into out[max]; count or -1. */
+static int iov_slice(const struct iovec *iov, int iovcnt, uint64_t off, uint64_t len,
+		     struct iovec *out, int max)
+{
+	int n = 0;
+	for (int i = 0; i < iovcnt && len; i++) {
+		if (off >= iov[i].iov_len) {
+			off -= iov[i].iov_len;
+			continue;
+		}
+		uint64_t take = iov[i].iov_len - off;
+		if (take > len)
+			take = len;
+		if (n == max)
+			return -1;
+		out[n].iov_base = (char *)iov[i].iov_base + off;
+		out[n].iov_len = take;
+		n++;
+		len -= take;
+		off = 0;
+	}
+	return n;
+}
+
+/* Point (iov, iovcnt) at the parent's data [off, off+len); inline or malloc'd. */
+static int slice_into(const struct bdev_req *up, uint64_t off, uint64_t len, struct iovec *inl,
+		      struct iovec **iov, int *iovcnt)
+{
+	int n = iov_slice(up->iov, up->iovcnt, off, len, inl, 8);
+	if (n >= 0) {
+		*iov = inl;
+		*iovcnt = n;
+		return 0;
+	}
+	struct iovec *a = malloc(sizeof(*a) * (size_t)up->iovcnt);
+	if (!a)
+		return -ENOMEM;
+	*iov = a;
+	*iovcnt = iov_slice(up->iov, up->iovcnt, off, len, a, up->iovcnt);
+	return 0;
+}
+
+static void slice_free(struct iovec *iov, struct iovec *inl)
+{
+	if (iov != inl)
+		free(iov);
+}
+
+/* ---- completion of requests and pieces ---------------------------------- */
+
+static void vreq_put(struct vreq *r)
+{
+	if (--r->pending)
+		return;
+	struct bdev_req *up = r->up;
+	int err = r->err;
+	POOL_PUT(vreq_free, r);
+	atomic_fetch_sub(&r->v->cs->fg_inflight, 1);
+	up->done(up, err);
+}
+
+static void vreq_async_done(void *arg)
+{
+	vreq_put(arg);
+}
+
+static void slot_unpin(struct cache_set *cs, struct piece *p)
+{
+	if (p->pin) {
+		atomic_fetch_sub(&cs->slots[p->slot].users, p->pin);
+		p->pin = 0;
+	}
+}
+
+static void bypass_put(struct cache_set *cs, struct piece *p)
+{
+	if (p->bucket != UINT32_MAX) {
+		atomic_fetch_sub(&cs->bypass[p->bucket], 1);
+		p->bucket = UINT32_MAX;
+	}
+}
+
+static void piece_end(struct piece *p, int err)
+{
+	struct vreq *r = p->parent;
+	struct cache_set *cs = r->v->cs;
+	slot_unpin(cs, p);
+	bypass_put(cs, p);
+	if (err && !r->err)
+		r->err = err;
+	if (p->iov)
+		slice_free(p->iov, p->iov_inline);
+	POOL_PUT(piece_free, p);
+	vreq_put(r);
+}
+
+static void piece_sub_done(struct piece *p, int err)
+{
+	if (err && !p->err)
+		p->err = err;
+	if (--p->pending == 0)
+		piece_end(p, p->err);
+}
+
+/* ---- pinning -------------------------------------------------------------- */
+
+/*
+ * Under rcu_read_lock (the caller's): find key's slot and pin it. A pin
+ * increments users first and then checks key and state, the mirror image
+ * of the evictor (state RETIRED first, then users): one of the two sees
+ * the other. Returns the state pinned in (READY, or FILLING for writers).
+ */
+static uint32_t pin_lookup(struct cache_set *cs, struct piece *p, bool writer)
+{
+	uint32_t s = map_lookup(&cs->map, p->key);
+	if (s == POLICY_NO_SLOT)
+		return SB_FREE;
+	struct slot *sl = &cs->slots[s];
+	uint32_t how = writer ? SU_WRITER : SU_READER;
+	atomic_fetch_add(&sl->users, how);
+	if (writer)
+		atomic_fetch_add(&sl->bits, SB_WGEN_ONE);
+	uint32_t st = atomic_load(&sl->bits) & SB_STATE_MASK;
+	if (atomic_load(&sl->key) != p->key || !(st == SB_READY || (writer && st == SB_FILLING))) {
+		atomic_fetch_sub(&sl->users, how);
+		return SB_FREE;
+	}
+	p->slot = s;
+	p->pin = how;
+	return st;
+}
+
+/* A writer met a fill: cancel it; true if the slot is READY after all. */
+static bool cancel_fill(struct cache_set *cs, struct piece *p)
+{
+	struct slot *sl = &cs->slots[p->slot];
+	slot_lock(sl);
+	uint32_t st = atomic_load(&sl->bits) & SB_STATE_MASK;
+	if (st == SB_FILLING)
+		atomic_fetch_or(&sl->bits, SB_CANCEL);
+	slot_unlock(sl);
+	if (st == SB_READY)
+		return true;
+	slot_unpin(cs, p);
+	return false;
+}
+
+static uint32_t bucket_of(uint64_t key) { return (uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> 54); }
+
+/* ---- fills (promotion) ------------------------------------------------------ */
+
+static void fill_end(struct fill *f, bool keep)
+{
+	struct cache_set *cs = f->v->cs;
+	if (!keep)
+		cache_drop_slot(cs, f->slot);
+	buf_put(f->buf, cs->lay.extent_size);
+	POOL_PUT(fill_free, f);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
+}
+
+static void fill_recorded(struct jwait *w, int err)
+{
+	struct fill *f = caa_container_of(w, struct fill, jw);
+	atomic_fetch_add(&f->v->cs->st_promotions, 1);
+	fill_end(f, true);
+}
+
+static void fill_written(struct bdev_req *req, int err)
+{
+	struct fill *f = req->priv;
+	struct cache_set *cs = f->v->cs;
+	struct slot *sl = &cs->slots[f->slot];
+
+	slot_lock(sl);
+	if (err || (atomic_load(&sl->bits) & SB_CANCEL)) {
+		slot_unlock(sl);
+		fill_end(f, false);
+		return;
+	}
+	cache_record_locked(cs, f->slot, f->key, JOP_VALID, 0, f->count, &f->jw);
+	atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+	atomic_fetch_or(&sl->bits, SB_READY);
+	slot_unlock(sl);
+	f->jw.done = fill_recorded;
+	journal_append(cs, &f->jw);
+}
+
+static void fill_read(struct bdev_req *req, int err)
+{
+	struct fill *f = req->priv;
+	struct cache_set *cs = f->v->cs;
+	if (err || (atomic_load(&cs->slots[f->slot].bits) & SB_CANCEL)) {
+		fill_end(f, false);
+		return;
+	}
+	f->req = (struct bdev_req){
+		.op = BDEV_WRITE,
+		.flags = BDEV_F_FUA,
+		.offset = slot_leg_off(cs, f->slot),
+		.len = f->iov.iov_len,
+		.iov = &f->iov,
+		.iovcnt = 1,
+		.done = fill_written,
+		.priv = f,
+	};
+	bdev_submit(&cs->mirror.dev, &f->req);
+}
+
+/* Worker thread, never sleeps: promote key (a whole extent) from the backing store. */
+static void fill_start(struct cache_vol *v, uint64_t key)
+{
+	struct cache_set *cs = v->cs;
+	uint32_t existing;
+	uint32_t s = cache_alloc_slot(cs, key, SB_FILLING, &existing);
+	if (s == POLICY_NO_SLOT)
+		return;
+	if (atomic_load(&cs->bypass[bucket_of(key)])) {
+		cache_drop_slot(cs, s);
+		return;
+	}
+	struct fill *f = POOL_GET(fill_free, struct fill);
+	void *buf = f ? buf_get(cs->lay.extent_size) : NULL;
+	if (!buf) {
+		if (f)
+			POOL_PUT(fill_free, f);
+		cache_drop_slot(cs, s);
+		return;
+	}
+	uint64_t off = key_ext(key) * cs->lay.extent_size;
+	uint64_t len = cs->lay.extent_size;
+	if (off + len > v->dev.size)
+		len = v->dev.size - off;
+	atomic_fetch_add(&cs->bg_inflight, 1);
+	f->v = v;
+	f->slot = s;
+	f->key = key;
+	f->buf = buf;
+	f->count = (uint32_t)(len / CACHE_SECTOR);
+	f->iov.iov_base = buf;
+	f->iov.iov_len = len;
+	f->req = (struct bdev_req){
+		.op = BDEV_READ,
+		.offset = off,
+		.len = len,
+		.iov = &f->iov,
+		.iovcnt = 1,
+		.done = fill_read,
+		.priv = f,
+	};
+	bdev_submit(v->backing, &f->req);
+}
+
+/* ---- reads ------------------------------------------------------------------ */
+
+static void read_sub_done(struct bdev_req *req, int err);
+
+static void read_sub_issue(struct piece *p, struct vsub *s)
+{
+	struct vreq *r = p->parent;
+	struct cache_set *cs = r->v->cs;
+	uint64_t in_piece = (uint64_t)(s->first - p->first) * CACHE_SECTOR;
+	uint64_t len = (uint64_t)s->count * CACHE_SECTOR;
+	s->req = (struct bdev_req){
+		.op = BDEV_READ,
+		.offset = s->from_cache ? slot_leg_off(cs, p->slot) + (uint64_t)s->first * CACHE_SECTOR
+					: p->off + in_piece,
+		.len = len,
+		.iov = s->iov,
+		.iovcnt = s->iovcnt,
+		.done = read_sub_done,
+		.priv = s,
+	};
+	bdev_submit(s->from_cache ? &cs->mirror.dev : r->v->backing, &s->req);
+}
+
+static void read_sub_done(struct bdev_req *req, int err)
+{
+	struct vsub *s = req->priv;
+	struct piece *p = s->p;
+	struct cache_set *cs = p->parent->v->cs;
+
+	if (err && s->from_cache && mirror_all_failed(&cs->mirror)) {
+		if (!slot_any_dirty(cs, p->slot, s->first, s->count)) {
+			/* clean copy lost with the legs: the backing store has the same data */
+			s->from_cache = false;
+			read_sub_issue(p, s);
+			return;
+		}
+		atomic_fetch_add(&cs->st_lost_ios, 1);
+		uint64_t lo = p->off, hi = p->off + p->len;
+		atomic_store(&cs->lost_lo, lo);
+		atomic_store(&cs->lost_hi, hi);
+		err = -EIO;
+	}
+	slice_free(s->iov, s->iov_inline);
+	POOL_PUT(vsub_free, s);
+	piece_sub_done(p, err);
+}
+
+static int add_read_sub(struct piece *p, bool from_cache, uint32_t first, uint32_t count)
+{
+	struct vsub *s = POOL_GET(vsub_free, struct vsub);
+	if (!s)
+		return -ENOMEM;
+	s->p = p;
+	s->from_cache = from_cache;
+	s->first = first;
+	s->count = count;
+	uint64_t at = p->data_off + (uint64_t)(first - p->first) * CACHE_SECTOR;
+	if (slice_into(p->parent->up, at, (uint64_t)count * CACHE_SECTOR, s->iov_inline, &s->iov,
+		       &s->iovcnt) < 0) {
+		POOL_PUT(vsub_free, s);
+		return -ENOMEM;
+	}
+	p->pending++;
+	read_sub_issue(p, s);
+	return 0;
+}
+
+/* Worker thread; the RCU read lock is held around the lookup and pin only. */
+static void piece_read(struct piece *p)
+{
+	struct cache_vol *v = p->parent->v;
+	struct cache_set *cs = v->cs;
+	int mode = atomic_load(&v->mode);
+	uint32_t st = SB_FREE;
+
+	/* even in pass-through, blocks cached earlier are read from the cache */
+	rcu_read_lock();
+	st = pin_lookup(cs, p, false);
+	rcu_read_unlock();
+	p->pending = 1; /* guard while subs are issued */
+	if (st == SB_READY) {
+		policy_touch(cs->policy, p->slot);
+		uint32_t at = p->first, left = p->count;
+		bool whole = true;
+		while (left) {
+			bool valid;
+			uint32_t n = slot_valid_run(cs, p->slot, at, left, &valid);
+			if (n != p->count || !valid)
+				whole = false;
+			if (add_read_sub(p, valid, at, n) < 0) {
+				p->err = -ENOMEM;
+				break;
+			}
+			at += n;
+			left -= n;
+		}
+		atomic_fetch_add(whole ? &cs->st_read_hits : &cs->st_read_partial, 1);
+	} else {
+		atomic_fetch_add(&cs->st_read_misses, 1);
+		if (add_read_sub(p, false, p->first, p->count) < 0)
+			p->err = -ENOMEM;
+		if (mode != CACHE_PASS_THROUGH && !mirror_all_failed(&cs->mirror) &&
+		    policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, false))
+			fill_start(v, p->key);
+	}
+	piece_sub_done(p, 0);
+}
+
+/* ---- writes ------------------------------------------------------------------ */
+
+enum { ST_CACHE_DATA = 1, ST_BACKING, ST_RECORD, ST_BACKING_INVAL };
+
+static void write_step(struct bdev_req *req, int err);
+static void retry_piece(void *arg);
+
+static void submit_sub(struct piece *p, struct bdev *dev, enum bdev_op op, unsigned flags,
+		       uint64_t offset)
+{
+	p->sub = (struct bdev_req){
+		.op = op,
+		.flags = flags,
+		.offset = offset,
+		.len = p->len,
+		.iov = p->iov,
+		.iovcnt = p->iovcnt,
+		.done = write_step,
+		.priv = p,
+	};
+	bdev_submit(dev, &p->sub);
+}
+
+static void to_backing(struct piece *p)
+{
+	struct vreq *r = p->parent;
+	p->stage = ST_BACKING;
+	submit_sub(p, r->v->backing, r->up->op, r->up->flags & BDEV_F_FUA, p->off);
+}
+
+static void to_cache(struct piece *p)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	p->stage = ST_CACHE_DATA;
+	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA,
+		   slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR);
+}
+
+static void record_done(struct jwait *w, int err)
+{
+	struct piece *p = caa_container_of(w, struct piece, jw);
+	piece_end(p, err);
+}
+
+static void record(struct piece *p, int op, int next_stage)
+{
+	p->stage = next_stage;
+	p->jw.done = record_done;
+	cache_record(p->parent->v->cs, p->slot, op, p->first, p->count, &p->jw);
+}
+
+static void write_step(struct bdev_req *req, int err)
+{
+	struct piece *p = req->priv;
+	struct cache_vol *v = p->parent->v;
+	int mode = atomic_load(&v->mode);
+
+	if (err) {
+		if (p->stage == ST_CACHE_DATA && mode != CACHE_WRITE_BACK) {
+			/* backing has the data; the stale cached copy must go */
+			record(p, JOP_INVALIDATE, ST_RECORD);
+			return;
+		}
+		piece_end(p, err);
+		return;
+	}
+	switch (p->stage) {
+	case ST_CACHE_DATA:
+		record(p, mode == CACHE_WRITE_BACK ? JOP_DIRTY : JOP_VALID, ST_RECORD);
+		return;
+	case ST_BACKING_INVAL:
+		record(p, JOP_INVALIDATE, ST_RECORD);
+		return;
+	case ST_BACKING:
+		if (p->pin && p->parent->up->op == BDEV_WRITE) {
+			/* write-through: refresh the cached copy we kept pinned */
+			to_cache(p);
+			return;
+		}
+		piece_end(p, 0);
+		return;
+	}
+	piece_end(p, 0);
+}
+
+/*
+ * Send the piece to the backing store, then invalidate its cached blocks
+ * durably (write-around, pass-through, UNMAP, WRITE_ZEROES, and a
+ * write-through write over dirty blocks). The writer pin held all along
+ * keeps the cleaner off the slot (it skips slots with writers), so old
+ * dirty data cannot be destaged over the new data; a destage already
+ * running is waited for. The order matters for crashes: invalidating first
+ * would, after a cut between the two steps, expose the backing store's
+ * older data in place of the dirty copy.
+ */
+static void backing_then_invalidate(struct piece *p)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	struct slot *sl = &cs->slots[p->slot];
+
+	slot_lock(sl);
+	bool destaging = atomic_load(&sl->bits) & SB_DESTAGING;
+	slot_unlock(sl);
+	if (destaging) {
+		slot_unpin(cs, p);
+		bypass_put(cs, p);
+		slice_free(p->iov, p->iov_inline);
+		p->iov = NULL;
+		if (worker_post(worker_self(), retry_piece, p) < 0)
+			piece_end(p, -ENOMEM);
+		return;
+	}
+	p->stage = ST_BACKING_INVAL;
+	submit_sub(p, p->parent->v->backing, p->parent->up->op, p->parent->up->flags & BDEV_F_FUA, p->off);
+}
+
+/* Worker thread; the RCU read lock is held around the lookup and pin only. */
+static void piece_write(struct piece *p)
+{
+	struct vreq *r = p->parent;
+	struct cache_vol *v = r->v;
+	struct cache_set *cs = v->cs;
+	int mode = atomic_load(&v->mode);
+	bool is_write = r->up->op == BDEV_WRITE;
+
+	if (slice_into(r->up, p->data_off, is_write ? p->len : 0, p->iov_inline, &p->iov, &p->iovcnt) < 0) {
+		piece_end(p, -ENOMEM);
+		return;
+	}
+	/* Counted before the lookup: a fill that starts later sees it. */
+	p->bucket = bucket_of(p->key);
+	atomic_fetch_add(&cs->bypass[p->bucket], 1);
+
+	rcu_read_lock();
+	uint32_t st = pin_lookup(cs, p, true);
+	rcu_read_unlock();
+	if (st == SB_FILLING && !cancel_fill(cs, p))
+		st = SB_FREE;
+
+	bool around = !is_write || mode == CACHE_WRITE_AROUND || mode == CACHE_PASS_THROUGH;
+	if (st == SB_READY &&
+	    (around || (mode == CACHE_WRITE_THROUGH && slot_any_dirty(cs, p->slot, p->first, p->count)))) {
+		backing_then_invalidate(p);
+		return;
+	}
+	if (around || mode == CACHE_WRITE_THROUGH) {
+		if (st == SB_READY)
+			atomic_fetch_add(&cs->st_write_hits, 1);
+		else
+			atomic_fetch_add(&cs->st_write_misses, 1);
+		to_backing(p); /* write-through keeps its pin and refreshes the copy after */
+		return;
+	}
+	/* write-back */
+	if (mirror_all_failed(&cs->mirror)) {
+		/* no leg to hold it: the backing store takes it; dirty blocks lost stay unreadable */
+		slot_unpin(cs, p);
+		to_backing(p);
+		return;
+	}
+	if (st == SB_READY) {
+		atomic_fetch_add(&cs->st_write_hits, 1);
+		policy_touch(cs->policy, p->slot);
+		bypass_put(cs, p);
+		to_cache(p);
+		return;
+	}
+	atomic_fetch_add(&cs->st_write_misses, 1);
+	if (policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, true)) {
+		uint32_t existing = POLICY_NO_SLOT;
+		uint32_t s = cache_alloc_slot(cs, p->key, SB_READY, &existing);
+		if (s == POLICY_NO_SLOT && existing != POLICY_NO_SLOT) {
+			/* someone else's slot for this extent, pinned for us */
+			p->slot = existing;
+			p->pin = SU_WRITER;
+			if ((atomic_load(&cs->slots[existing].bits) & SB_STATE_MASK) == SB_FILLING &&
+			    !cancel_fill(cs, p)) {
+				to_backing(p);
+				return;
+			}
+			bypass_put(cs, p);
+			to_cache(p);
+			return;
+		}
+		if (s != POLICY_NO_SLOT) {
+			p->slot = s;
+			p->pin = SU_WRITER;
+			bypass_put(cs, p);
+			to_cache(p);
+			return;
+		}
+	}
+	to_backing(p);
+}
+
+static void retry_piece(void *arg)
+{
+	struct piece *p = arg;
+	piece_write(p);
+}
+
+/* ---- submit -------------------------------------------------------------------- */
+
+static void vreq_sub_done(struct bdev_req *req, int err)
+{
+	struct vreq *r = req->priv;
+	if (err && !r->err)
+		r->err = err;
+	vreq_put(r);
+}
+
+/* Worker thread (bdev.h); done() later on the same worker. Never sleeps. */
+static void vol_submit(struct bdev *dev, struct bdev_req *req)
+{
+	struct cache_vol *v = (struct cache_vol *)dev;
+	struct cache_set *cs = v->cs;
+	struct vreq *r = POOL_GET(vreq_free, struct vreq);
+
+	if (!r) {
+		req->done(req, -ENOMEM); /* nothing else can be done without memory */
+		return;
+	}
+	r->v = v;
+	r->up = req;
+	r->err = 0;
+	r->pending = 1;
+	atomic_fetch_add(&cs->fg_inflight, 1);
+	atomic_store_explicit(&cs->last_io_ms, now_ms(), memory_order_relaxed);
+
+	if (req->op == BDEV_FLUSH) {
+		r->pending++;
+		r->sub = *req;
+		r->sub.done = vreq_sub_done;
+		r->sub.priv = r;
+		bdev_submit(v->backing, &r->sub);
+	} else {
+		uint64_t ext = cs->lay.extent_size;
+		uint64_t off = req->offset, end = req->offset + req->len;
+		while (off < end) {
+			uint64_t e = off / ext;
+			uint64_t stop = (e + 1) * ext < end ? (e + 1) * ext : end;
+			struct piece *p = POOL_GET(piece_free, struct piece);
+			if (!p) {
+				r->err = -ENOMEM;
+				break;
+			}
+			p->parent = r;
+			p->key = cache_key(v->bid, e);
+			p->off = off;
+			p->len = stop - off;
+			p->data_off = off - req->offset;
+			p->first = (uint32_t)((off - e * ext) / CACHE_SECTOR);
+			p->count = (uint32_t)(p->len / CACHE_SECTOR);
+			p->pin = 0;
+			p->bucket = UINT32_MAX;
+			p->err = 0;
+			p->pending = 0;
+			p->iov = NULL;
+			r->pending++;
+			if (req->op == BDEV_READ)
+				piece_read(p);
+			else
+				piece_write(p);
+			off = stop;
+		}
+	}
+	/* Drop the guard later: done() must never run inside submit. */
+	if (r->pending == 1) {
+		if (worker_post(worker_self(), vreq_async_done, r) == 0)
+			return;
+	}
+	vreq_put(r);
+}
+
+/* Main thread, no request in flight: frees the volume, closes its backing. */
+static void vol_close(struct bdev *dev)
+{
+	struct cache_vol *v = (struct cache_vol *)dev;
+	struct cache_set *cs = v->cs;
+	atomic_store(&cs->vols[v->bid], NULL);
+	bdev_close(v->backing);
+	free(v);
+}
+
+/*
+ * Any thread (may block). The backing store knows its holes, but an extent
+ * written in write-back mode may live only on the legs so far: a hole of the
+ * backing store that holds a dirty extent is reported mapped (clients such
+ * as qemu-img skip reading what is reported unmapped).
+ */
+static int64_t vol_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
+{
+	struct cache_vol *v = (struct cache_vol *)dev;
+	struct cache_set *cs = v->cs;
+	int64_t n = bdev_lba_status(v->backing, offset, mapped);
+	if (n <= 0 || *mapped)
+		return n;
+	uint64_t ext = cs->lay.extent_size, end = offset + (uint64_t)n;
+	int64_t r = n;
+	pthread_mutex_lock(&cs->alloc_lock); /* the map's table cannot change under it */
+	for (uint64_t e = offset / ext; e * ext < end; e++) {
+		uint32_t s = map_lookup(&cs->map, cache_key(v->bid, e));
+		if (s == POLICY_NO_SLOT || !(atomic_load(&cs->slots[s].bits) & SB_DIRTY))
+			continue;
+		uint64_t start = e * ext > offset ? e * ext : offset;
+		if (start == offset) {
+			uint64_t stop = (e + 1) * ext < end ? (e + 1) * ext : end;
+			*mapped = true;
+			r = (int64_t)(stop - offset);
+		} else {
+			r = (int64_t)(start - offset);
+		}
+		break;
+	}
+	pthread_mutex_unlock(&cs->alloc_lock);
+	return r;
+}
+
+static const struct bdev_ops vol_ops = {
+	.submit = vol_submit,
+	.close = vol_close,
+	.lba_status = vol_lba_status,
+};
+
+/* set.c: create the volume object once identity checks passed. Main thread. */
+struct cache_vol *cache_vol_new(struct cache_set *cs, const char *lun, struct bdev *backing, uint32_t bid,
+				enum cache_mode mode)
+{
+	struct cache_vol *v = calloc(1, sizeof(*v));
+	if (!v)
+		return NULL;
+	v->cs = cs;
+	v->backing = backing;
+	v->bid = bid;
+	atomic_init(&v->mode, (int)mode);
+	snprintf(v->name, sizeof(v->name), "%s", lun);
+	v->dev.ops = &vol_ops;
+	v->dev.name = backing->name;
+	v->dev.size = backing->size;
+	v->dev.block_size = backing->block_size;
+	v->dev.can_unmap = backing->can_unmap;
+	v->dev.rotational = false;
+	return v;
+}
+
+/* Main thread or control thread. */
+enum cache_mode cache_vol_mode(struct cache_vol *v) { return (enum cache_mode)atomic_load(&v->mode); }
+void cache_vol_store_mode(struct cache_vol *v, enum cache_mode m) { atomic_store(&v->mode, (int)m); }
+const char *cache_vol_name(struct cache_vol *v) { return v->name; }
+uint32_t cache_vol_bid(struct cache_vol *v) { return v->bid; }

@@ -1,0 +1,313 @@
+/*
+ * cache_test_util.h - test devices and helpers for the cache engine's unit
+ * tests (header-only; each test_cache_*.c is its own program).
+ *
+ * mem_bdev: a bdev in RAM that completes asynchronously on the calling
+ * worker (like io_uring would), and can
+ *  - record every write and flush into a shared log (the power-cut test
+ *    rebuilds device images from a prefix of it, OCF-style), and
+ *  - fail every I/O after N operations (the leg-failure test).
+ * Durability model of the log: a write is durable at a cut if it was
+ * submitted before the cut and is FUA, or a FLUSH of the same device was
+ * submitted after it and before the cut. Everything else is dropped (the
+ * worst case a power cut can do).
+ */
+#ifndef TC_CACHE_TEST_UTIL_H
+#define TC_CACHE_TEST_UTIL_H
+
+#include "cache/bdev.h"
+#include "cache/cache.h"
+#include "common/bufpool.h"
+#include "common/worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CHECK(cond, ...)                                                          \
+	do {                                                                      \
+		if (!(cond)) {                                                    \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                             \
+			fprintf(stderr, "\n");                                    \
+			exit(1);                                                  \
+		}                                                                 \
+	} while (0)
+
+struct wlog_ent {
+	int dev;
+	bool flush;
+	bool fua;
+	uint64_t off, len;
+	uint8_t *data;
+};
+
+struct wlog {
+	pthread_mutex_t lock;
+	struct wlog_ent *e;
+	size_t n, cap;
+	bool on;
+};
+
+static struct wlog g_log = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static inline size_t wlog_len(void)
+{
+	pthread_mutex_lock(&g_log.lock);
+	size_t n = g_log.n;
+	pthread_mutex_unlock(&g_log.lock);
+	return n;
+}
+
+static inline void wlog_add(int dev, bool flush, bool fua, uint64_t off, uint64_t len, const void *data)
+{
+	pthread_mutex_lock(&g_log.lock);
+	if (!g_log.on) {
+		pthread_mutex_unlock(&g_log.lock);
+		return;
+	}
+	if (g_log.n == g_log.cap) {
+		g_log.cap = g_log.cap ? g_log.cap * 2 : 1024;
+		g_log.e = realloc(g_log.e, g_log.cap * sizeof(*g_log.e));
+	}
+	struct wlog_ent *x = &g_log.e[g_log.n++];
+	x->dev = dev;
+	x->flush = flush;
+	x->fua = fua;
+	x->off = off;
+	x->len = len;
+	x->data = NULL;
+	if (data) {
+		x->data = malloc(len);
+		memcpy(x->data, data, len);
+	}
+	pthread_mutex_unlock(&g_log.lock);
+}
+
+struct mem_bdev {
+	struct bdev dev;
+	int id;
+	uint8_t *data;
+	_Atomic long ops;
+	_Atomic long fail_after;   /* -1: never */
+	_Atomic long errors;
+	char name[32];
+};
+
+struct mem_done {
+	struct bdev_req *req;
+	int err;
+};
+
+static inline void mem_complete(void *arg)
+{
+	struct mem_done *d = arg;
+	struct bdev_req *req = d->req;
+	int err = d->err;
+	free(d);
+	req->done(req, err);
+}
+
+static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
+{
+	struct mem_bdev *m = (struct mem_bdev *)dev;
+	struct mem_done *d = malloc(sizeof(*d));
+	long n = atomic_fetch_add(&m->ops, 1);
+	long fa = atomic_load(&m->fail_after);
+	d->req = req;
+	d->err = 0;
+	if (fa >= 0 && n >= fa) {
+		d->err = -EIO;
+		atomic_fetch_add(&m->errors, 1);
+	} else if (req->offset + req->len > dev->size) {
+		d->err = -EINVAL;
+	} else {
+		uint64_t at = req->offset;
+		switch (req->op) {
+		case BDEV_READ:
+			for (int i = 0; i < req->iovcnt; i++) {
+				memcpy(req->iov[i].iov_base, m->data + at, req->iov[i].iov_len);
+				at += req->iov[i].iov_len;
+			}
+			break;
+		case BDEV_WRITE: {
+			uint8_t *tmp = malloc(req->len);
+			uint64_t k = 0;
+			for (int i = 0; i < req->iovcnt; i++) {
+				memcpy(tmp + k, req->iov[i].iov_base, req->iov[i].iov_len);
+				k += req->iov[i].iov_len;
+			}
+			memcpy(m->data + req->offset, tmp, req->len);
+			wlog_add(m->id, false, req->flags & BDEV_F_FUA, req->offset, req->len, tmp);
+			free(tmp);
+			break;
+		}
+		case BDEV_FLUSH:
+			wlog_add(m->id, true, false, 0, 0, NULL);
+			break;
+		case BDEV_UNMAP:
+		case BDEV_WRITE_ZEROES: {
+			uint8_t *z = calloc(1, req->len);
+			memset(m->data + req->offset, 0, req->len);
+			wlog_add(m->id, false, true, req->offset, req->len, z);
+			free(z);
+			break;
+		}
+		}
+	}
+	worker_post(worker_self(), mem_complete, d);
+}
+
+static inline void mem_close(struct bdev *dev)
+{
+	struct mem_bdev *m = (struct mem_bdev *)dev;
+	free(m->data);
+	free(m);
+}
+
+static const struct bdev_ops mem_ops = { .submit = mem_submit, .close = mem_close };
+
+static inline struct mem_bdev *mem_new(int id, uint64_t size, const uint8_t *image)
+{
+	struct mem_bdev *m = calloc(1, sizeof(*m));
+	m->id = id;
+	m->data = calloc(1, size);
+	if (image)
+		memcpy(m->data, image, size);
+	atomic_init(&m->fail_after, -1);
+	snprintf(m->name, sizeof(m->name), "mem%d", id);
+	m->dev.ops = &mem_ops;
+	m->dev.name = m->name;
+	m->dev.size = size;
+	m->dev.block_size = 512;
+	m->dev.can_unmap = true;
+	return m;
+}
+
+/* Rebuild device id's image as a power cut at log index cut would leave it. */
+static inline void wlog_image(int id, const uint8_t *initial, uint64_t size, size_t cut, uint8_t *out)
+{
+	memcpy(out, initial, size);
+	pthread_mutex_lock(&g_log.lock);
+	/* last flush of this device before the cut */
+	size_t last_flush = 0;
+	bool have_flush = false;
+	for (size_t i = 0; i < cut && i < g_log.n; i++)
+		if (g_log.e[i].dev == id && g_log.e[i].flush) {
+			last_flush = i;
+			have_flush = true;
+		}
+	for (size_t i = 0; i < cut && i < g_log.n; i++) {
+		struct wlog_ent *x = &g_log.e[i];
+		if (x->dev != id || x->flush)
+			continue;
+		if (!x->fua && !(have_flush && i < last_flush))
+			continue;
+		memcpy(out + x->off, x->data, x->len);
+	}
+	pthread_mutex_unlock(&g_log.lock);
+}
+
+/* ---- running I/O on a worker from the test thread ---- */
+
+struct tio {
+	struct bdev_req req;
+	struct iovec iov;
+	_Atomic int *outstanding;
+	int err;
+	size_t ack_index;   /* log length when done() ran */
+	_Atomic bool done;
+};
+
+static inline void tio_done(struct bdev_req *req, int err)
+{
+	struct tio *t = req->priv;
+	t->err = err;
+	t->ack_index = wlog_len();
+	atomic_store(&t->done, true);
+	if (t->outstanding)
+		atomic_fetch_sub(t->outstanding, 1);
+}
+
+static inline void tio_start(void *arg)
+{
+	struct tio *t = arg;
+	bdev_submit(t->req.dev, &t->req);
+}
+
+static inline void tio_submit(struct tio *t, struct bdev *dev, enum bdev_op op, uint64_t off, void *buf,
+		       uint64_t len, unsigned flags, _Atomic int *outstanding, int worker)
+{
+	memset(t, 0, sizeof(*t));
+	t->iov.iov_base = buf;
+	t->iov.iov_len = len;
+	t->req = (struct bdev_req){ .op = op, .flags = flags, .offset = off, .len = len, .iov = &t->iov,
+				    .iovcnt = buf ? 1 : 0, .done = tio_done, .priv = t };
+	t->req.dev = dev;
+	t->outstanding = outstanding;
+	if (outstanding)
+		atomic_fetch_add(outstanding, 1);
+	worker_post(worker_get((unsigned)worker % workers_count()), tio_start, t);
+}
+
+static inline int tio_sync(struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, uint64_t len, unsigned flags)
+{
+	struct tio t;
+	tio_submit(&t, dev, op, off, buf, len, flags, NULL, 0);
+	while (!atomic_load(&t.done))
+		usleep(50);
+	return t.err;
+}
+
+/* ---- block stamps: every 512-byte sector says which write put it there ---- */
+
+struct stamp {
+	uint64_t lba;
+	uint64_t seq;
+	uint32_t crc;
+};
+
+static inline uint32_t stamp_crc(uint64_t lba, uint64_t seq)
+{
+	uint64_t x = lba * 0x9e3779b97f4a7c15ULL ^ seq * 0xc2b2ae3d27d4eb4fULL;
+	x ^= x >> 29;
+	return (uint32_t)x ^ 0x5a5a5a5au;
+}
+
+static inline void stamp_fill(uint8_t *buf, uint64_t lba, uint32_t nsect, uint64_t seq)
+{
+	for (uint32_t i = 0; i < nsect; i++) {
+		uint8_t *s = buf + (size_t)i * 512;
+		struct stamp st = { lba + i, seq, stamp_crc(lba + i, seq) };
+		memset(s, (int)(seq & 0xff), 512);
+		memcpy(s, &st, sizeof(st));
+	}
+}
+
+/* 0 = zero sector, 1 = valid stamp (seq out), -1 = garbage */
+static inline int stamp_check(const uint8_t *s, uint64_t lba, uint64_t *seq)
+{
+	struct stamp st;
+	memcpy(&st, s, sizeof(st));
+	bool zero = true;
+	for (int i = 0; i < 512; i++)
+		if (s[i]) {
+			zero = false;
+			break;
+		}
+	if (zero)
+		return 0;
+	if (st.lba != lba || st.crc != stamp_crc(lba, st.seq))
+		return -1;
+	for (size_t i = sizeof(st); i < 512; i++)
+		if (s[i] != (uint8_t)(st.seq & 0xff))
+			return -1;
+	*seq = st.seq;
+	return 1;
+}
+
+#endif

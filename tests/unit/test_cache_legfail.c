@@ -1,0 +1,215 @@
+/*
+ * test_cache_legfail.c - a leg dies mid-load: no error reaches the LUN.
+ *
+ * A write-back workload (writes, reads that verify against a model of the
+ * LUN, flushes) runs on a set whose leg 1 is a fault-injecting RAM device
+ * that fails every I/O after N operations. Asserts: 0 errors upward, every
+ * read returns the latest acknowledged data, status says degraded with
+ * leg 1 failed; after a restart on the same devices the set opens degraded
+ * (the failure was recorded durably) and all data reads back; a replacement
+ * leg is resynced online while I/O runs, after which the old survivor is
+ * failed too and every block still reads back from the new leg alone.
+ * Finally both legs are lost: clean blocks read from the backing store,
+ * dirty ones fail with -EIO (MEDIUM ERROR), none returns stale data.
+ */
+#include "cache/status.h"
+#include "cache_test_util.h"
+
+#define BACK_SIZE (8u << 20)
+#define LEG_SIZE (16u << 20)
+
+static uint8_t model[BACK_SIZE];
+static uint64_t rs = 0x1234567;
+static uint64_t rnd(void)
+{
+	rs ^= rs << 13;
+	rs ^= rs >> 7;
+	rs ^= rs << 17;
+	return rs;
+}
+
+static struct cache_set_cfg cfg = {
+	.name = "lf",
+	.nlegs = 2,
+	.extent_size = 64u << 10,
+	.mode = CACHE_WRITE_BACK,
+	.admit_hits = 1,
+	.dirty_target = 10,
+};
+
+static int errors_seen;
+
+/* n rounds of 8 concurrent ops; reads verify against the model */
+static void load(struct bdev *vol, int rounds, uint64_t *seq)
+{
+	uint8_t *bufs[8];
+	for (int i = 0; i < 8; i++)
+		bufs[i] = buf_get(32u << 10);
+	for (int r = 0; r < rounds; r++) {
+		struct tio t[8];
+		uint64_t lba[8];
+		uint32_t n[8];
+		bool wr[8];
+		int k = 0;
+		_Atomic int out = 0;
+		for (int i = 0; i < 8; i++) {
+			uint32_t ns = 1 + (uint32_t)(rnd() % 64);
+			uint64_t l = rnd() % (BACK_SIZE / 512 - ns);
+			bool overlap = false;
+			for (int j = 0; j < k; j++)
+				if (l < lba[j] + n[j] && lba[j] < l + ns)
+					overlap = true;
+			if (overlap)
+				continue;
+			lba[k] = l;
+			n[k] = ns;
+			wr[k] = rnd() % 3 != 0;
+			if (wr[k]) {
+				stamp_fill(bufs[k], l, ns, (*seq)++);
+				tio_submit(&t[k], vol, BDEV_WRITE, l * 512, bufs[k], ns * 512u, BDEV_F_FUA, &out, k);
+			} else {
+				tio_submit(&t[k], vol, BDEV_READ, l * 512, bufs[k], ns * 512u, 0, &out, k);
+			}
+			k++;
+		}
+		while (atomic_load(&out))
+			usleep(20);
+		for (int i = 0; i < k; i++) {
+			if (t[i].err) {
+				errors_seen++;
+				fprintf(stderr, "I/O error upward: %d\n", t[i].err);
+				continue;
+			}
+			if (wr[i])
+				memcpy(model + lba[i] * 512, bufs[i], n[i] * 512u);
+			else
+				CHECK(!memcmp(model + lba[i] * 512, bufs[i], n[i] * 512u),
+				      "read at lba %llu returned other data than was written",
+				      (unsigned long long)lba[i]);
+		}
+	}
+	for (int i = 0; i < 8; i++)
+		buf_put(bufs[i], 32u << 10);
+}
+
+static void verify_all(struct bdev *vol)
+{
+	uint8_t *buf = buf_get(64u << 10);
+	for (uint64_t off = 0; off < BACK_SIZE; off += 64u << 10) {
+		CHECK(tio_sync(vol, BDEV_READ, off, buf, 64u << 10, 0) == 0, "read");
+		CHECK(!memcmp(buf, model + off, 64u << 10), "data differs at %llu", (unsigned long long)off);
+	}
+	buf_put(buf, 64u << 10);
+}
+
+struct resync_arg {
+	struct bdev *vol;
+	uint64_t *seq;
+	_Atomic bool stop;
+};
+
+int main(void)
+{
+	char err[512];
+	struct cache_set_status st;
+	uint64_t seq = 1;
+	CHECK(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+
+	struct mem_bdev *b = mem_new(0, BACK_SIZE, NULL);
+	struct mem_bdev *l0 = mem_new(1, LEG_SIZE, NULL), *l1 = mem_new(2, LEG_SIZE, NULL);
+	struct bdev *legs[2] = { &l0->dev, &l1->dev };
+	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	CHECK(cs, "open: %s", err);
+	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	CHECK(vol, "attach: %s", err);
+
+	load(vol, 100, &seq);
+	cache_set_status(cs, &st);
+	CHECK(!st.degraded, "degraded before any fault");
+	/* leg 1 dies after 150 more operations, in the middle of the load */
+	atomic_store(&l1->fail_after, atomic_load(&l1->ops) + 150);
+	load(vol, 300, &seq);
+	CHECK(errors_seen == 0, "%d errors reached the LUN after a leg failure", errors_seen);
+	CHECK(atomic_load(&l1->errors) > 0, "the fault was never injected");
+	cache_set_status(cs, &st);
+	CHECK(st.degraded && st.legs[1].health == LEG_FAILED && st.legs[0].health == LEG_HEALTHY,
+	      "status does not say degraded with leg 1 failed");
+	verify_all(vol);
+	printf("ok: leg 1 failed after %ld ops, %ld I/O errors absorbed, 0 errors upward, degraded\n",
+	       atomic_load(&l1->fail_after), atomic_load(&l1->errors));
+
+	/* restart on the same devices: leg 1 must stay out (its data is stale) */
+	cache_set_shutdown(cs);
+	uint8_t *img[3] = { malloc(BACK_SIZE), malloc(LEG_SIZE), malloc(LEG_SIZE) };
+	memcpy(img[0], b->data, BACK_SIZE);
+	memcpy(img[1], l0->data, LEG_SIZE);
+	memcpy(img[2], l1->data, LEG_SIZE);
+	bdev_close(vol);
+	cache_set_close(cs);
+	b = mem_new(0, BACK_SIZE, img[0]);
+	l0 = mem_new(1, LEG_SIZE, img[1]);
+	l1 = mem_new(2, LEG_SIZE, img[2]);
+	legs[0] = &l0->dev;
+	legs[1] = &l1->dev;
+	cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	CHECK(cs, "reopen: %s", err);
+	vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	CHECK(vol, "attach: %s", err);
+	cache_set_status(cs, &st);
+	CHECK(st.degraded && st.legs[1].health == LEG_FAILED, "restart forgot that leg 1 failed");
+	verify_all(vol);
+	printf("ok: restart keeps leg 1 out, all data reads back from leg 0\n");
+
+	/* replace leg 1 and resync online under load */
+	struct mem_bdev *nl = mem_new(3, LEG_SIZE, NULL);
+	CHECK(cache_set_leg_replace(cs, 1, &nl->dev, err, sizeof(err)) == 0, "replace: %s", err);
+	int spins = 0;
+	do {
+		load(vol, 10, &seq);
+		cache_set_status(cs, &st);
+		spins++;
+	} while (st.legs[1].health == LEG_RESYNCING && spins < 10000);
+	CHECK(st.legs[1].health == LEG_HEALTHY && !st.degraded, "resync did not finish (%d rounds)", spins);
+	CHECK(errors_seen == 0, "errors during resync");
+	printf("ok: resync finished after %d load rounds, set healthy\n", spins);
+	load(vol, 50, &seq);
+	/* now lose leg 0: the resynced leg alone must hold everything */
+	atomic_store(&l0->fail_after, 0);
+	verify_all(vol);
+	load(vol, 50, &seq);
+	CHECK(errors_seen == 0, "errors after failing the old leg");
+	verify_all(vol);
+	printf("ok: after failing leg 0, every block reads back from the resynced leg\n");
+
+	/* both legs gone: dirty blocks fail with -EIO, nothing stale is ever returned */
+	CHECK(cache_set_flush(cs, 30000) == 0, "flush did not finish");
+	load(vol, 5, &seq); /* a few dirty blocks again */
+	cache_set_status(cs, &st);
+	uint64_t dirty = st.dirty_bytes;
+	atomic_store(&nl->fail_after, 0);
+	uint8_t *buf = buf_get(4096);
+	long eio = 0, good = 0;
+	for (uint64_t off = 0; off < BACK_SIZE; off += 4096) {
+		int r = tio_sync(vol, BDEV_READ, off, buf, 4096, 0);
+		CHECK(r == 0 || r == -EIO, "read failed with %d", r);
+		if (r == -EIO) {
+			eio++;
+			continue;
+		}
+		CHECK(!memcmp(buf, model + off, 4096), "stale data at %llu after losing both legs",
+		      (unsigned long long)off);
+		good++;
+	}
+	cache_set_status(cs, &st);
+	CHECK(dirty > 0 && eio > 0 && st.lost_ios > 0, "dirty data lost but no MEDIUM ERROR (%llu dirty bytes)",
+	      (unsigned long long)dirty);
+	CHECK(good > 0, "clean blocks were not read from the backing store");
+	printf("ok: both legs lost: %ld blocks read correctly (clean or from backing), %ld failed with EIO, "
+	       "none stale\n", good, eio);
+	buf_put(buf, 4096);
+	cache_set_shutdown(cs);
+	bdev_close(vol);
+	cache_set_close(cs);
+	workers_stop();
+	return 0;
+}

@@ -1,0 +1,770 @@
+/*
+ * tierbench - measure an iSCSI LUN the way NAS cache reviews do.
+ *
+ *   tierbench [OPTIONS] iscsi://[user[%secret]@]host[:port]/target-iqn/lun
+ *   tierbench --svg FILE --from RESULT.json [--from RESULT.json ...]
+ *
+ * Workloads come by name (the StorageReview profiles in workloads.md) or by
+ * flag; several names separated by commas run one after the other over the
+ * same sessions. Each run reports IOPS, MB/s (10^6 bytes) and the latency
+ * distribution (average, p50, p99, p99.9, maximum, standard deviation) for
+ * all commands and, in mixed workloads, for reads and writes apart. Latency
+ * is measured per command from submission to completion, so it includes
+ * the time a command waits in the client; nothing is derived from Little's
+ * law.
+ *
+ * Output: a table for people, --json for scripts, and a live progress line
+ * when stdout is a terminal. --svg draws the sweep and cache on/off bars,
+ * from this run or from saved --json documents (--from).
+ *
+ * Exit status: 0 done, 1 verification found mismatches, 2 usage error, bad
+ * URL, refused login, lost connection or a target error (one line on stderr).
+ */
+#include "tools/tierbench.h"
+
+#include <getopt.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_INITIATOR "iqn.2026-11.io.tiercache:tierbench"
+#define MAX_JOBS 256
+#define MAX_FROM 64
+
+struct workload {
+	const char *name;
+	uint32_t bs;
+	int read_pct;
+	bool sequential;
+	bool sweep;
+	const char *what;
+};
+
+/* StorageReview's profiles run at 16 threads x 16 outstanding commands. */
+static const struct workload workloads[] = {
+	{ "4k-randread", 4096, 100, false, false, "4 KiB random, 100% read" },
+	{ "4k-randwrite", 4096, 0, false, false, "4 KiB random, 100% write" },
+	{ "8k-7030", 8192, 70, false, false, "8 KiB random, 70% read / 30% write" },
+	{ "8k-seqread", 8192, 100, true, false, "8 KiB sequential, 100% read" },
+	{ "8k-seqwrite", 8192, 0, true, false, "8 KiB sequential, 100% write" },
+	{ "128k-seqread", 131072, 100, true, false, "128 KiB sequential, 100% read" },
+	{ "128k-seqwrite", 131072, 0, true, false, "128 KiB sequential, 100% write" },
+	{ "sweep", 8192, 70, false, true, "8 KiB 70/30 random at 2T2Q, 2T4Q ... 16T16Q" },
+};
+
+static const int sweep_axis[] = { 2, 4, 8, 16 };
+
+struct opts {
+	const char *url;
+	char workload_list[256];
+	long bs;                 /* -1 = from the workload */
+	int read_pct;            /* -1 = from the workload */
+	int sequential;          /* -1 = from the workload */
+	uint64_t offset, size;
+	int sessions, qd;        /* 0 = from the workload */
+	char loads[512];
+	double seconds;
+	uint64_t count;
+	double precondition;
+	bool verify;
+	bool json;
+	const char *svg;
+	const char *label;
+	bool progress;
+	const char *initiator;
+	int login_timeout, io_timeout;
+	bool digest;
+	uint64_t seed;
+	const char *from[MAX_FROM];
+	int nfrom;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tierbench [OPTIONS] iscsi://[user[%%secret]@]host[:port]/target-iqn/lun\n"
+		"       tierbench --svg FILE --from RESULT.json [--from RESULT.json ...]\n"
+		"workload:\n"
+		"  -w, --workload NAME[,NAME...]  named profile(s), default 4k-randread:\n");
+	for (size_t i = 0; i < sizeof(workloads) / sizeof(workloads[0]); i++)
+		fprintf(f, "      %-14s %s%s\n", workloads[i].name, workloads[i].what,
+			workloads[i].sweep ? "" : ", 16T16Q");
+	fprintf(f,
+		"  -b, --bs SIZE            bytes per command (4k, 128k, ...)\n"
+		"  -r, --read-pct PCT       share of reads, 0..100\n"
+		"      --seq | --rand       sequential (one stream per session) or uniform random\n"
+		"      --offset SIZE        start of the range used on the LUN (default 0)\n"
+		"      --size SIZE          length of that range (default: to the end of the LUN)\n"
+		"  -t, --sessions N         sessions (the reviews' threads)\n"
+		"  -q, --qd N               outstanding commands per session\n"
+		"      --loads TxQ,...      a load sweep, e.g. 2x2,4x4,16x16\n"
+		"  -T, --time SEC           measured seconds per run (default 10)\n"
+		"  -n, --count N            stop after N commands instead\n"
+		"      --precondition SEC   run the workload SEC seconds unmeasured first\n"
+		"                           (sweeps: once, at the highest load)\n"
+		"      --verify             write stamped blocks, check every read, read all\n"
+		"                           written blocks back at the end (exit 1 on mismatch)\n"
+		"      --seed N             random seed (stamps and offsets)\n"
+		"output:\n"
+		"      --json               JSON on stdout instead of the table\n"
+		"      --svg FILE           charts: sweep (IOPS and latency vs load), bars per\n"
+		"                           workload and label; with --from, from saved JSON\n"
+		"      --from FILE          a saved --json document to chart (repeatable)\n"
+		"      --label TEXT         name of this configuration (e.g. \"cache on\")\n"
+		"      --no-progress        no live line even on a terminal\n"
+		"connection:\n"
+		"      --initiator IQN      initiator name (default " DEFAULT_INITIATOR ")\n"
+		"      --login-timeout SEC  default 10\n"
+		"      --io-timeout SEC     a command unanswered this long is an error (default 120)\n"
+		"      --digest             CRC32C header digest\n"
+		"CHAP: user%%secret@ in the URL, or LIBISCSI_CHAP_USERNAME/LIBISCSI_CHAP_PASSWORD.\n"
+		"Exit: 0 ok, 1 verify mismatch, 2 usage / connection / target error.\n");
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	/* libiscsi's messages can span lines; the user gets one */
+	fputs("tierbench: ", stderr);
+	for (const char *p = msg; *p; p++) {
+		if (*p == '\n') {
+			if (p[1])
+				fputs("; ", stderr);
+		} else {
+			fputc(*p, stderr);
+		}
+	}
+	fputc('\n', stderr);
+	exit(2);
+}
+
+static const struct workload *find_workload(const char *name)
+{
+	for (size_t i = 0; i < sizeof(workloads) / sizeof(workloads[0]); i++)
+		if (!strcmp(workloads[i].name, name))
+			return &workloads[i];
+	return NULL;
+}
+
+/* "4096", "4k", "64M", "1.5G" (powers of 1024, like the config file) */
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (end == s || !(v >= 0))
+		return -1;
+	double mul = 1;
+	switch (*end) {
+	case 'k': case 'K': mul = 1024.0; end++; break;
+	case 'm': case 'M': mul = 1048576.0; end++; break;
+	case 'g': case 'G': mul = 1073741824.0; end++; break;
+	case 't': case 'T': mul = 1099511627776.0; end++; break;
+	}
+	if ((*end == 'i' || *end == 'I') && mul > 1)
+		end++;
+	if (*end == 'b' || *end == 'B')
+		end++;
+	if (*end || v * mul > 1.8e19)
+		return -1;
+	*out = (uint64_t)(v * mul);
+	return 0;
+}
+
+static uint64_t parse_size_arg(const char *opt, const char *s)
+{
+	uint64_t v;
+	if (parse_size(s, &v))
+		die("%s \"%s\" is not a size; use bytes or K, M, G, T (e.g. 4k, 64M)", opt, s);
+	return v;
+}
+
+static long parse_int_arg(const char *opt, const char *s, long lo, long hi)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (!*s || *end || v < lo || v > hi)
+		die("%s \"%s\" must be a whole number from %ld to %ld", opt, s, lo, hi);
+	return v;
+}
+
+static double parse_secs_arg(const char *opt, const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (!*s || *end || !(v >= 0) || v > 1e6)
+		die("%s \"%s\" must be a number of seconds", opt, s);
+	return v;
+}
+
+/* "16T16Q", "16x16" -> sessions, qd */
+static bool parse_load(const char *s, int *t, int *q)
+{
+	char sep1 = 0, sep2 = 0;
+	int n = 0;
+	if (sscanf(s, "%d%c%d%c%n", t, &sep1, q, &sep2, &n) >= 3 &&
+	    (sep1 == 'x' || sep1 == 'X' || sep1 == 'T' || sep1 == 't'))
+		return *t > 0 && *t <= 1024 && *q > 0 && *q <= 1024 &&
+		       (sep2 == 0 || sep2 == 'Q' || sep2 == 'q');
+	return false;
+}
+
+/* ---- report -------------------------------------------------------------- */
+
+static void fmt_lat(char *buf, size_t len, double ns)
+{
+	if (ns < 1e6)
+		snprintf(buf, len, "%.1fus", ns / 1e3);
+	else if (ns < 1e9)
+		snprintf(buf, len, "%.2fms", ns / 1e6);
+	else
+		snprintf(buf, len, "%.3fs", ns / 1e9);
+}
+
+static void print_row(const char *name, const char *load, uint64_t ios, uint64_t bytes,
+		      double secs, const struct tb_hist *h, double cpu)
+{
+	char avg[16], p50[16], p99[16], p999[16], max[16], sd[16];
+	fmt_lat(avg, sizeof(avg), tb_hist_mean(h));
+	fmt_lat(p50, sizeof(p50), (double)tb_hist_quantile(h, 0.50));
+	fmt_lat(p99, sizeof(p99), (double)tb_hist_quantile(h, 0.99));
+	fmt_lat(p999, sizeof(p999), (double)tb_hist_quantile(h, 0.999));
+	fmt_lat(max, sizeof(max), (double)h->max_ns);
+	fmt_lat(sd, sizeof(sd), tb_hist_stddev(h));
+	double iops = secs > 0 ? (double)ios / secs : 0;
+	double mbs = secs > 0 ? (double)bytes / secs / 1e6 : 0;
+	printf("%-14s %-7s %10.0f %9.1f %9s %9s %9s %9s %9s %9s", name, load, iops, mbs, avg,
+	       p50, p99, p999, max, sd);
+	if (cpu >= 0)
+		printf(" %6.0f", secs > 0 ? 100.0 * cpu / secs : 0);
+	printf("\n");
+}
+
+static void print_table_head(void)
+{
+	printf("%-14s %-7s %10s %9s %9s %9s %9s %9s %9s %9s %6s\n", "workload", "load", "IOPS", "MB/s",
+	       "avg", "p50", "p99", "p99.9", "max", "stddev", "cpu%");
+}
+
+static void print_result(const struct tb_result *r)
+{
+	char load[24];
+	snprintf(load, sizeof(load), "%dT%dQ", r->job.sessions, r->job.qd);
+	struct tb_hist all;
+	tb_hist_reset(&all);
+	tb_hist_merge(&all, &r->rd.lat);
+	tb_hist_merge(&all, &r->wr.lat);
+	print_row(r->job.name, load, r->rd.ios + r->wr.ios, r->rd.bytes + r->wr.bytes, r->elapsed,
+		  &all, r->client_cpu);
+	if (r->rd.ios && r->wr.ios) {
+		print_row("  read", "", r->rd.ios, r->rd.bytes, r->elapsed, &r->rd.lat, -1);
+		print_row("  write", "", r->wr.ios, r->wr.bytes, r->elapsed, &r->wr.lat, -1);
+	}
+	fflush(stdout);
+}
+
+static struct json_object *jnum(double v, int decimals)
+{
+	char buf[64];
+	if (!isfinite(v))
+		v = 0;
+	snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+	return json_object_new_double_s(atof(buf), buf);
+}
+
+static struct json_object *json_lat(const struct tb_hist *h)
+{
+	struct json_object *o = json_object_new_object();
+	json_object_object_add(o, "avg", jnum(tb_hist_mean(h) / 1e3, 1));
+	json_object_object_add(o, "min", jnum(h->count ? (double)h->min_ns / 1e3 : 0, 1));
+	json_object_object_add(o, "p50", jnum((double)tb_hist_quantile(h, 0.50) / 1e3, 1));
+	json_object_object_add(o, "p99", jnum((double)tb_hist_quantile(h, 0.99) / 1e3, 1));
+	json_object_object_add(o, "p99_9", jnum((double)tb_hist_quantile(h, 0.999) / 1e3, 1));
+	json_object_object_add(o, "max", jnum((double)h->max_ns / 1e3, 1));
+	json_object_object_add(o, "stddev", jnum(tb_hist_stddev(h) / 1e3, 1));
+	return o;
+}
+
+static struct json_object *json_side(uint64_t ios, uint64_t bytes, double secs,
+				     const struct tb_hist *h)
+{
+	struct json_object *o = json_object_new_object();
+	json_object_object_add(o, "ios", json_object_new_int64((int64_t)ios));
+	json_object_object_add(o, "iops", jnum(secs > 0 ? (double)ios / secs : 0, 1));
+	json_object_object_add(o, "mb_per_s", jnum(secs > 0 ? (double)bytes / secs / 1e6 : 0, 2));
+	json_object_object_add(o, "latency_us", json_lat(h));
+	return o;
+}
+
+static struct json_object *json_result(const struct tb_result *r, const char *label)
+{
+	const struct tb_job *j = &r->job;
+	struct json_object *o = json_object_new_object();
+	char load[24];
+	snprintf(load, sizeof(load), "%dT%dQ", j->sessions, j->qd);
+	if (label)
+		json_object_object_add(o, "label", json_object_new_string(label));
+	json_object_object_add(o, "workload", json_object_new_string(j->name));
+	json_object_object_add(o, "block_size", json_object_new_int64(j->bs));
+	json_object_object_add(o, "read_pct", json_object_new_int(j->read_pct));
+	json_object_object_add(o, "pattern", json_object_new_string(j->sequential ? "sequential" :
+								       "random"));
+	json_object_object_add(o, "offset", json_object_new_int64((int64_t)j->offset));
+	json_object_object_add(o, "span", json_object_new_int64((int64_t)j->span));
+	json_object_object_add(o, "sessions", json_object_new_int(j->sessions));
+	json_object_object_add(o, "qd", json_object_new_int(j->qd));
+	json_object_object_add(o, "load", json_object_new_string(load));
+	json_object_object_add(o, "sweep", json_object_new_boolean(j->in_sweep));
+	json_object_object_add(o, "seconds", jnum(r->elapsed, 3));
+	json_object_object_add(o, "precondition_s", jnum(j->precondition, 1));
+	/* share of one CPU the client itself used: the target had the rest */
+	json_object_object_add(o, "client_cpu_pct",
+			       jnum(r->elapsed > 0 ? 100.0 * r->client_cpu / r->elapsed : 0, 1));
+	struct tb_hist all;
+	tb_hist_reset(&all);
+	tb_hist_merge(&all, &r->rd.lat);
+	tb_hist_merge(&all, &r->wr.lat);
+	uint64_t ios = r->rd.ios + r->wr.ios, bytes = r->rd.bytes + r->wr.bytes;
+	json_object_object_add(o, "ios", json_object_new_int64((int64_t)ios));
+	json_object_object_add(o, "iops", jnum(r->elapsed > 0 ? (double)ios / r->elapsed : 0, 1));
+	json_object_object_add(o, "mb_per_s",
+			       jnum(r->elapsed > 0 ? (double)bytes / r->elapsed / 1e6 : 0, 2));
+	json_object_object_add(o, "latency_us", json_lat(&all));
+	/* commands completed by the least and the most served session */
+	json_object_object_add(o, "session_ios_min", json_object_new_int64((int64_t)r->session_ios_min));
+	json_object_object_add(o, "session_ios_max", json_object_new_int64((int64_t)r->session_ios_max));
+	json_object_object_add(o, "read", json_side(r->rd.ios, r->rd.bytes, r->elapsed, &r->rd.lat));
+	json_object_object_add(o, "write",
+			       json_side(r->wr.ios, r->wr.bytes, r->elapsed, &r->wr.lat));
+	if (j->verify) {
+		struct json_object *v = json_object_new_object();
+		json_object_object_add(v, "reads_checked",
+				       json_object_new_int64((int64_t)r->verify_checked));
+		json_object_object_add(v, "mismatches",
+				       json_object_new_int64((int64_t)r->verify_mismatches));
+		json_object_object_add(o, "verify", v);
+	}
+	if (r->interrupted)
+		json_object_object_add(o, "interrupted", json_object_new_boolean(1));
+	return o;
+}
+
+/* The URL without its CHAP secret. */
+static void redact_url(const char *url, char *out, size_t len)
+{
+	const char *at = strchr(url, '@');
+	const char *pct = strchr(url, '%');
+	const char *scheme = strstr(url, "://");
+	if (at && pct && scheme && pct < at && pct > scheme)
+		snprintf(out, len, "%.*s%s", (int)(pct - url), url, at);
+	else
+		snprintf(out, len, "%s", url);
+}
+
+static bool portal_is_local(const char *portal)
+{
+	return !strncmp(portal, "127.", 4) || !strncmp(portal, "localhost", 9) ||
+	       !strncmp(portal, "[::1]", 5) || !strncmp(portal, "::1", 3);
+}
+
+/* ---- jobs from options ----------------------------------------------------- */
+
+static int build_jobs(const struct opts *o, uint32_t lbs, uint64_t capacity, struct tb_job *jobs,
+		      int max)
+{
+	int n = 0;
+	char list[sizeof(o->workload_list)];
+	snprintf(list, sizeof(list), "%s", o->workload_list);
+	char *save = NULL;
+	for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		const struct workload *w = find_workload(name);
+		if (!w)
+			die("no workload named \"%s\"; tierbench --help lists them", name);
+		struct tb_job j;
+		memset(&j, 0, sizeof(j));
+		snprintf(j.name, sizeof(j.name), "%s", w->sweep ? "8k-7030" : w->name);
+		j.bs = o->bs > 0 ? (uint32_t)o->bs : w->bs;
+		j.read_pct = o->read_pct >= 0 ? o->read_pct : w->read_pct;
+		j.sequential = o->sequential >= 0 ? o->sequential : w->sequential;
+		if (j.bs != w->bs || j.read_pct != w->read_pct || j.sequential != w->sequential) {
+			/* flags changed the profile: name what actually runs */
+			char bs[16];
+			if (j.bs % 1024 == 0)
+				snprintf(bs, sizeof(bs), "%uk", j.bs / 1024);
+			else
+				snprintf(bs, sizeof(bs), "%u", j.bs);
+			snprintf(j.name, sizeof(j.name), "%s-%s%d", bs, j.sequential ? "seq" : "rand",
+				 j.read_pct);
+		}
+		j.offset = o->offset;
+		if (o->offset >= capacity)
+			die("--offset %llu is past the end of the LUN (%llu bytes)",
+			    (unsigned long long)o->offset, (unsigned long long)capacity);
+		j.span = o->size ? o->size : (capacity > o->offset ? capacity - o->offset : 0);
+		j.seconds = o->seconds;
+		j.count = o->count;
+		j.precondition = o->precondition;
+		j.verify = o->verify;
+		if (j.bs % lbs)
+			die("block size %u is not a multiple of the LUN's %u-byte blocks", j.bs, lbs);
+		if (j.offset % lbs)
+			die("--offset %llu is not a multiple of the LUN's %u-byte blocks",
+			    (unsigned long long)j.offset, lbs);
+		if (j.offset + j.span > capacity)
+			die("range %llu+%llu ends past the LUN's %llu bytes",
+			    (unsigned long long)j.offset, (unsigned long long)j.span,
+			    (unsigned long long)capacity);
+		j.span = j.span / j.bs * j.bs;
+
+		/* loads: --loads, else -t/-q, else the profile's */
+		int lt[64], lq[64], nl = 0;
+		if (o->loads[0]) {
+			char l2[sizeof(o->loads)];
+			snprintf(l2, sizeof(l2), "%s", o->loads);
+			char *s2 = NULL;
+			for (char *p = strtok_r(l2, ",", &s2); p && nl < 64; p = strtok_r(NULL, ",", &s2)) {
+				if (!parse_load(p, &lt[nl], &lq[nl]))
+					die("--loads item \"%s\" is not a load; write TxQ like 4x16 or 4T16Q", p);
+				nl++;
+			}
+		} else if (w->sweep && !o->sessions && !o->qd) {
+			for (int a = 0; a < 4; a++)
+				for (int c = 0; c < 4; c++) {
+					lt[nl] = sweep_axis[a];
+					lq[nl] = sweep_axis[c];
+					nl++;
+				}
+		} else {
+			lt[0] = o->sessions ? o->sessions : 16;
+			lq[0] = o->qd ? o->qd : 16;
+			nl = 1;
+		}
+		int maxt = 0, maxq = 0;
+		for (int i = 0; i < nl; i++) {
+			if (lt[i] * lq[i] > maxt * maxq) {
+				maxt = lt[i];
+				maxq = lq[i];
+			}
+		}
+		for (int i = 0; i < nl; i++) {
+			if (n >= max)
+				die("too many runs (more than %d)", max);
+			struct tb_job *jj = &jobs[n++];
+			*jj = j;
+			jj->sessions = lt[i];
+			jj->qd = lq[i];
+			jj->in_sweep = nl > 1;
+			if (nl > 1) {
+				/* a sweep is preconditioned once, at its heaviest load */
+				jj->precondition = i == 0 ? o->precondition : 0;
+				jj->pre_sessions = maxt;
+				jj->pre_qd = maxq;
+			}
+			uint64_t units = jj->span / jj->bs;
+			uint64_t outstanding = (uint64_t)jj->sessions * (uint64_t)jj->qd;
+			if (units == 0)
+				die("range of %llu bytes holds no %u-byte command", (unsigned long long)jj->span,
+				    jj->bs);
+			if (jj->sequential && units / (uint64_t)jj->sessions < (uint64_t)jj->qd * 2)
+				die("range too small for %d sequential streams of %d x %u bytes",
+				    jj->sessions, jj->qd, jj->bs);
+			if (o->verify && units < outstanding * 2)
+				die("--verify needs a range of at least %llu blocks of %u bytes for %dT%dQ",
+				    (unsigned long long)(outstanding * 2), jj->bs, jj->sessions, jj->qd);
+		}
+	}
+	if (o->verify)
+		for (int i = 1; i < n; i++)
+			if (jobs[i].bs != jobs[0].bs)
+				die("--verify needs one block size for all workloads (%u and %u given)",
+				    jobs[0].bs, jobs[i].bs);
+	return n;
+}
+
+static void on_sigint(int sig)
+{
+	(void)sig;
+	tb_interrupted = 1;
+}
+
+static int svg_from_files(const struct opts *o)
+{
+	struct json_object *docs[MAX_FROM];
+	for (int i = 0; i < o->nfrom; i++) {
+		docs[i] = json_object_from_file(o->from[i]);
+		if (!docs[i])
+			die("cannot read tierbench JSON from %s: %s", o->from[i], json_util_get_last_err());
+	}
+	char err[256];
+	if (tb_svg_write(o->svg, docs, o->nfrom, err, sizeof(err)))
+		die("%s", err);
+	for (int i = 0; i < o->nfrom; i++)
+		json_object_put(docs[i]);
+	return 0;
+}
+
+enum {
+	OPT_SEQ = 256, OPT_RAND, OPT_OFFSET, OPT_SIZE, OPT_LOADS, OPT_PRECOND, OPT_VERIFY, OPT_SEED,
+	OPT_JSON, OPT_SVG, OPT_FROM, OPT_LABEL, OPT_NOPROG, OPT_INIT, OPT_LTO, OPT_IOTO, OPT_DIGEST,
+};
+
+static const struct option long_opts[] = {
+	{ "workload", required_argument, 0, 'w' },
+	{ "bs", required_argument, 0, 'b' },
+	{ "read-pct", required_argument, 0, 'r' },
+	{ "seq", no_argument, 0, OPT_SEQ },
+	{ "rand", no_argument, 0, OPT_RAND },
+	{ "offset", required_argument, 0, OPT_OFFSET },
+	{ "size", required_argument, 0, OPT_SIZE },
+	{ "sessions", required_argument, 0, 't' },
+	{ "qd", required_argument, 0, 'q' },
+	{ "loads", required_argument, 0, OPT_LOADS },
+	{ "time", required_argument, 0, 'T' },
+	{ "count", required_argument, 0, 'n' },
+	{ "precondition", required_argument, 0, OPT_PRECOND },
+	{ "verify", no_argument, 0, OPT_VERIFY },
+	{ "seed", required_argument, 0, OPT_SEED },
+	{ "json", no_argument, 0, OPT_JSON },
+	{ "svg", required_argument, 0, OPT_SVG },
+	{ "from", required_argument, 0, OPT_FROM },
+	{ "label", required_argument, 0, OPT_LABEL },
+	{ "no-progress", no_argument, 0, OPT_NOPROG },
+	{ "initiator", required_argument, 0, OPT_INIT },
+	{ "login-timeout", required_argument, 0, OPT_LTO },
+	{ "io-timeout", required_argument, 0, OPT_IOTO },
+	{ "digest", no_argument, 0, OPT_DIGEST },
+	{ "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 },
+};
+
+static void parse_opts(int argc, char **argv, struct opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	snprintf(o->workload_list, sizeof(o->workload_list), "4k-randread");
+	o->bs = -1;
+	o->read_pct = -1;
+	o->sequential = -1;
+	o->seconds = -1;
+	o->progress = true;
+	o->initiator = DEFAULT_INITIATOR;
+	o->login_timeout = 10;
+	o->io_timeout = 120;
+	int c;
+	while ((c = getopt_long(argc, argv, "w:b:r:t:q:T:n:h", long_opts, NULL)) != -1) {
+		switch (c) {
+		case 'w':
+			if (strlen(optarg) >= sizeof(o->workload_list))
+				die("--workload list too long");
+			snprintf(o->workload_list, sizeof(o->workload_list), "%s", optarg);
+			break;
+		case 'b': {
+			uint64_t v = parse_size_arg("--bs", optarg);
+			if (v < 512 || v > 16u << 20 || v % 512)
+				die("--bs %s must be a multiple of 512 bytes up to 16M", optarg);
+			o->bs = (long)v;
+			break;
+		}
+		case 'r': o->read_pct = (int)parse_int_arg("--read-pct", optarg, 0, 100); break;
+		case OPT_SEQ: o->sequential = 1; break;
+		case OPT_RAND: o->sequential = 0; break;
+		case OPT_OFFSET: o->offset = parse_size_arg("--offset", optarg); break;
+		case OPT_SIZE: o->size = parse_size_arg("--size", optarg); break;
+		case 't': o->sessions = (int)parse_int_arg("--sessions", optarg, 1, 1024); break;
+		case 'q': o->qd = (int)parse_int_arg("--qd", optarg, 1, 1024); break;
+		case OPT_LOADS:
+			if (strlen(optarg) >= sizeof(o->loads))
+				die("--loads list too long");
+			snprintf(o->loads, sizeof(o->loads), "%s", optarg);
+			break;
+		case 'T': o->seconds = parse_secs_arg("--time", optarg); break;
+		case 'n': o->count = (uint64_t)parse_int_arg("--count", optarg, 1, 2000000000L); break;
+		case OPT_PRECOND: o->precondition = parse_secs_arg("--precondition", optarg); break;
+		case OPT_VERIFY: o->verify = true; break;
+		case OPT_SEED: o->seed = strtoull(optarg, NULL, 0); break;
+		case OPT_JSON: o->json = true; break;
+		case OPT_SVG: o->svg = optarg; break;
+		case OPT_FROM:
+			if (o->nfrom >= MAX_FROM)
+				die("at most %d --from files", MAX_FROM);
+			o->from[o->nfrom++] = optarg;
+			break;
+		case OPT_LABEL: o->label = optarg; break;
+		case OPT_NOPROG: o->progress = false; break;
+		case OPT_INIT: o->initiator = optarg; break;
+		case OPT_LTO: o->login_timeout = (int)parse_int_arg("--login-timeout", optarg, 1, 3600); break;
+		case OPT_IOTO: o->io_timeout = (int)parse_int_arg("--io-timeout", optarg, 0, 86400); break;
+		case OPT_DIGEST: o->digest = true; break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); exit(2);
+		}
+	}
+	if (optind < argc)
+		o->url = argv[optind++];
+	if (optind < argc)
+		die("unexpected argument \"%s\" after the URL", argv[optind]);
+	if (o->nfrom && o->url)
+		die("give either a URL to measure or --from files to chart, not both");
+	if (o->nfrom && !o->svg)
+		die("--from needs --svg FILE");
+	if (!o->url && !o->nfrom) {
+		usage(stderr);
+		exit(2);
+	}
+	if (o->seconds < 0)
+		o->seconds = o->count ? 0 : 10;
+	if (o->seconds == 0 && !o->count)
+		die("--time 0 needs --count N");
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	parse_opts(argc, argv, &o);
+	if (o.nfrom)
+		return svg_from_files(&o);
+
+	struct sigaction sa = { .sa_handler = on_sigint };
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (!isatty(STDOUT_FILENO) || o.json)
+		o.progress = false;
+
+	/* sessions: the most any run needs (the same rules as build_jobs) */
+	int maxs = o.sessions ? o.sessions : 16;
+	if (strstr(o.workload_list, "sweep") && !o.sessions && !o.qd)
+		maxs = sweep_axis[sizeof(sweep_axis) / sizeof(sweep_axis[0]) - 1];
+	if (o.loads[0]) {
+		char l2[sizeof(o.loads)];
+		snprintf(l2, sizeof(l2), "%s", o.loads);
+		char *s2 = NULL;
+		maxs = 0;
+		for (char *p = strtok_r(l2, ",", &s2); p; p = strtok_r(NULL, ",", &s2)) {
+			int t, q;
+			if (parse_load(p, &t, &q) && t > maxs)
+				maxs = t;
+		}
+		if (!maxs)
+			die("--loads \"%s\" has no load; write TxQ like 4x16", o.loads);
+	}
+
+	char err[768];
+	struct tb_connect_opts co = {
+		.url = o.url, .sessions = maxs, .initiator = o.initiator,
+		.login_timeout = o.login_timeout, .io_timeout = o.io_timeout,
+		.header_digest = o.digest,
+	};
+	struct tb_bench *b = tb_connect(&co, err, sizeof(err));
+	if (!b)
+		die("%s", err);
+
+	static struct tb_job jobs[MAX_JOBS];
+	int njobs = build_jobs(&o, tb_block_size(b), tb_capacity(b), jobs, MAX_JOBS);
+	if (o.verify && tb_verify_setup(b, jobs[0].offset, jobs[0].span, jobs[0].bs, o.seed, err,
+					sizeof(err)))
+		die("%s", err);
+
+	char url[512];
+	redact_url(o.url, url, sizeof(url));
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	bool local = portal_is_local(tb_portal(b));
+	char note[256];
+	if (local)
+		snprintf(note, sizeof(note),
+			 "client and target run on this host and share its %ld CPUs: every figure includes the client's own CPU cost",
+			 cpus);
+	else
+		snprintf(note, sizeof(note), "client host has %ld CPUs", cpus);
+
+	if (!o.json) {
+		printf("tierbench  %s  (%.1f MiB, %u-byte blocks)\n", url,
+		       (double)tb_capacity(b) / 1048576.0, tb_block_size(b));
+		printf("note: %s (cpu%% = the client's share of one CPU)\n", note);
+		if (o.label)
+			printf("label: %s\n", o.label);
+		print_table_head();
+		fflush(stdout);
+	}
+
+	static struct tb_result results[MAX_JOBS];
+	int nres = 0, rc = 0;
+	uint64_t mism = 0, checked = 0;
+	for (int i = 0; i < njobs && !tb_interrupted; i++) {
+		if (tb_run(b, &jobs[i], &results[nres], o.progress, err, sizeof(err))) {
+			tb_close(b);
+			die("%s", err);
+		}
+		mism += results[nres].verify_mismatches;
+		checked += results[nres].verify_checked;
+		if (!o.json)
+			print_result(&results[nres]);
+		nres++;
+	}
+	uint64_t rb_checked = 0, rb_mism = 0;
+	if (o.verify && !tb_interrupted) {
+		if (tb_verify_readback(b, jobs[0].sessions, jobs[0].qd, &rb_checked, &rb_mism,
+				       o.progress, err, sizeof(err))) {
+			tb_close(b);
+			die("%s", err);
+		}
+		mism += rb_mism;
+	}
+	if (o.verify && !o.json)
+		printf("verify: %llu reads checked during the runs, %llu blocks read back at the end, %llu mismatches\n",
+		       (unsigned long long)checked, (unsigned long long)rb_checked,
+		       (unsigned long long)mism);
+	if (tb_interrupted && !o.json)
+		printf("interrupted: the last run stopped early; its figures cover the time it ran\n");
+	if (mism)
+		rc = 1;
+
+	struct json_object *doc = json_object_new_object();
+	json_object_object_add(doc, "tool", json_object_new_string("tierbench"));
+	json_object_object_add(doc, "url", json_object_new_string(url));
+	if (o.label)
+		json_object_object_add(doc, "label", json_object_new_string(o.label));
+	struct json_object *tgt = json_object_new_object();
+	json_object_object_add(tgt, "block_size", json_object_new_int64(tb_block_size(b)));
+	json_object_object_add(tgt, "bytes", json_object_new_int64((int64_t)tb_capacity(b)));
+	json_object_object_add(doc, "lun", tgt);
+	struct json_object *host = json_object_new_object();
+	json_object_object_add(host, "cpus", json_object_new_int((int)cpus));
+	json_object_object_add(host, "target_on_same_host", json_object_new_boolean(local));
+	json_object_object_add(host, "note", json_object_new_string(note));
+	json_object_object_add(doc, "host", host);
+	struct json_object *runs = json_object_new_array();
+	for (int i = 0; i < nres; i++)
+		json_object_array_add(runs, json_result(&results[i], o.label));
+	json_object_object_add(doc, "runs", runs);
+	if (o.verify) {
+		struct json_object *v = json_object_new_object();
+		json_object_object_add(v, "reads_checked", json_object_new_int64((int64_t)checked));
+		json_object_object_add(v, "read_back", json_object_new_int64((int64_t)rb_checked));
+		json_object_object_add(v, "mismatches", json_object_new_int64((int64_t)mism));
+		json_object_object_add(doc, "verify", v);
+	}
+	if (tb_interrupted)
+		json_object_object_add(doc, "interrupted", json_object_new_boolean(1));
+	if (o.json)
+		printf("%s\n", json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PRETTY |
+								  JSON_C_TO_STRING_NOSLASHESCAPE));
+	if (o.svg) {
+		struct json_object *docs[1] = { doc };
+		if (tb_svg_write(o.svg, docs, 1, err, sizeof(err))) {
+			tb_close(b);
+			die("%s", err);
+		}
+	}
+	json_object_put(doc);
+	tb_close(b);
+	return rc;
+}

@@ -274,6 +274,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	lu->rel_port = cfg->rel_port_id ? cfg->rel_port_id : 1;
 	naa_from_serial(lu->serial, lu->naa);
 	atomic_init(&lu->wce, cfg->write_cache);
+	lu->wce_default = cfg->write_cache;
 	atomic_init(&lu->d_sense, false);
 	atomic_init(&lu->resv_held, false);
 	atomic_init(&lu->caw_active, 0);
@@ -307,6 +308,8 @@ fail:
 	return NULL;
 }
 
+/* Main thread, after every nexus that mapped lu is closed and no command
+ * is in flight: the LU is freed with its bdev. */
 void scsi_lu_close(struct scsi_lu *lu)
 {
 	if (!lu)

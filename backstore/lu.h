@@ -224,6 +224,7 @@ struct scsi_lu {
 
 	/* mode parameters: hot ones are atomics, the rest under mutex */
 	atomic_bool wce;
+	bool wce_default;           /* the configured write_cache */
 	atomic_bool d_sense;
 	atomic_bool swp;            /* software write protect (control page) */
 	uint8_t qerr, tst, tas;
@@ -317,7 +318,8 @@ struct cmd_desc {
 const struct cmd_desc *scsi_cmd_table(size_t *n);
 
 /* ------------------------------------------------------------------ */
-/* Sense (sense.c): every failure goes through here.                   */
+/* Sense (sense.c): every failure goes through here. They fill the     */
+/* command only (reading the LU's D_SENSE atomic); any thread.         */
 
 struct sense_extra {
 	bool info_valid;
@@ -351,7 +353,7 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 }
 
 /* ------------------------------------------------------------------ */
-/* Data buffer helpers (lu.c)                                          */
+/* Data buffer helpers (lu.c): touch only the command; any thread.     */
 
 /* Copy len bytes of src into the command's Data-In buffer, clipped to
  * read_len and the CDB's allocation length; sets data_in_len. */
@@ -383,9 +385,10 @@ void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, cons
  * Lock-free; any thread. */
 uint16_t lu_ua_take(struct nexus_lu *nl);
 
-/* registry of open LUs, for EXTENDED COPY target descriptors */
+/* Registry of open LUs, for EXTENDED COPY target descriptors: the LU
+ * whose NAA designator is desig, or NULL. Any thread (takes the registry
+ * lock); the LU stays valid while any target maps it. */
 struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len);
-void lu_registry_release(void);
 
 /* big-endian helpers */
 static inline uint16_t get_be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
@@ -407,7 +410,10 @@ static inline void put_be64(uint8_t *p, uint64_t v)
 }
 
 /* ------------------------------------------------------------------ */
-/* Handlers, by file                                                   */
+/* Handlers, by file. Each is called by scsi_cmd_submit() on the       */
+/* submitting worker after dispatch checks passed, and completes the   */
+/* command exactly once: before returning, or later on the same worker */
+/* from a bdev completion (or a deferred-write resume posted to it).   */
 
 /* spc.c */
 void spc_test_unit_ready(struct scsi_cmd *cmd);

@@ -389,7 +389,7 @@ static size_t mode_page(struct scsi_lu *lu, uint8_t page, int pc, uint8_t *b)
 		memset(b, 0, len);
 		if (changeable)
 			b[2] = CACHING_WCE;
-		else if (dflt ? false : atomic_load(&lu->wce))
+		else if (dflt ? lu->wce_default : atomic_load(&lu->wce))
 			b[2] = CACHING_WCE;
 		break;
 	case MP_CONTROL:

@@ -47,6 +47,18 @@ struct run {
 };
 
 static sem_t setup_done;
+static char state_dir[512];
+
+/* libFuzzer leaves through exit(): take the temporary state with us. */
+static void remove_state_dir(void)
+{
+	char p[600];
+	snprintf(p, sizeof(p), "%s/fuzz.pr", state_dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/fuzz.pr.tmp", state_dir);
+	unlink(p);
+	rmdir(state_dir);
+}
 
 static void open_nexuses(void *arg)
 {
@@ -60,8 +72,10 @@ static void open_nexuses(void *arg)
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-	char dir[] = "/tmp/tc-fuzz-XXXXXX";
-	char path[256], err[256];
+	const char *tmp = getenv("TMPDIR");
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s/tc-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	char path[600], err[256];
 	(void)argc;
 	(void)argv;
 
@@ -69,6 +83,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		fprintf(stderr, "fuzz_cdb: cannot set up (temp dir or io_uring)\n");
 		exit(1);
 	}
+	snprintf(state_dir, sizeof(state_dir), "%s", dir);
+	atexit(remove_state_dir);
 	snprintf(path, sizeof(path), "%s/lu.img", dir);
 	struct bdev *dev = bdev_file_open(path, LU_BYTES, 512, true, err, sizeof(err));
 	if (!dev) {
@@ -175,7 +191,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	sem_wait(&r.done);
 
 	/* exactly one completion, sane answers */
-	usleep(0);
 	if (r.completions != 1 || r.cmd.data_in_len > r.cmd.read_len || r.cmd.sense_len > SCSI_SENSE_MAX ||
 	    (r.cmd.status == SAM_STAT_CHECK_CONDITION && r.cmd.sense_len < 8) ||
 	    (r.cmd.status != SAM_STAT_GOOD && r.cmd.status != SAM_STAT_CHECK_CONDITION &&

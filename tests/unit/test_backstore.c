@@ -59,6 +59,22 @@ static void nexus_on_worker(void *arg)
 	sem_post(&j->done);
 }
 
+static void nexus_close_on_worker(void *arg)
+{
+	struct job *j = arg;
+	scsi_nexus_close(j->nx);
+	sem_post(&j->done);
+}
+
+/* scsi_nexus_close runs on a worker, like the front end's logout. */
+static void close_nexus(struct scsi_nexus *nx)
+{
+	struct job j = { .nx = nx };
+	sem_init(&j.done, 0, 0);
+	worker_post(worker_get(0), nexus_close_on_worker, &j);
+	sem_wait(&j.done);
+}
+
 static struct scsi_nexus *open_nexus(struct scsi_target *t, const char *iname)
 {
 	struct job j = { .tgt = t, .iname = iname };
@@ -173,8 +189,10 @@ static void pr_out(struct scsi_nexus *nx, uint8_t sa, uint8_t type, uint64_t key
 
 int main(void)
 {
-	char dir[] = "/tmp/tc-backstore-XXXXXX";
-	char path[256], err[256];
+	const char *tmp = getenv("TMPDIR");
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s/tc-backstore-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	char path[600], err[256];
 	const uint32_t bs = 512;
 	const uint64_t nblocks = 131072; /* 64 MiB */
 
@@ -207,7 +225,7 @@ int main(void)
 	struct scsi_target *t = scsi_target_new("iqn.2026-11.test:tgt");
 	scsi_target_map(t, 0, lu);
 	/* a second LU for EXTENDED COPY across LUs */
-	char path2[300];
+	char path2[600];
 	snprintf(path2, sizeof(path2), "%s/lun1.img", dir);
 	struct bdev *dev2 = bdev_file_open(path2, 1024 * bs, bs, true, err, sizeof(err));
 	struct scsi_lu_config cfg2 = cfg;
@@ -539,7 +557,7 @@ int main(void)
 			cap[8] = 8;
 			c = run(n3, 0, cap, 10, 0, 8);
 			check(c.status == SAM_STAT_GOOD && (buf[3] & 0x01), "REPORT CAPABILITIES shows PTPL_A");
-			scsi_nexus_close(n3);
+			close_nexus(n3);
 			scsi_target_free(t3);
 			scsi_lu_close(lu3);
 		}
@@ -547,7 +565,7 @@ int main(void)
 		memset(buf, 0, 24);
 		be64(buf, 0xabcdef);
 		c = run(a, 0, prout, 10, 24, 0);
-		char prf0[300];
+		char prf0[600];
 		snprintf(prf0, sizeof(prf0), "%s/lun0.pr", dir);
 		check(c.status == SAM_STAT_GOOD && access(prf0, F_OK) != 0,
 		      "unregistering with APTPL clear removes the persisted state");
@@ -567,15 +585,15 @@ int main(void)
 	check(c.status == SAM_STAT_CHECK_CONDITION && c.sense[0] == 0x72 && c.sense[1] == 5 && c.sense[2] == 0x21,
 	      "with D_SENSE, LBA OUT OF RANGE comes as descriptor sense 0x72");
 
-	scsi_nexus_close(a);
-	scsi_nexus_close(b);
+	close_nexus(a);
+	close_nexus(b);
 	workers_stop();
 	scsi_target_free(t);
 	scsi_lu_close(lu);
 	scsi_lu_close(lu2);
 	unlink(path);
 	unlink(path2);
-	char prf[300];
+	char prf[600];
 	snprintf(prf, sizeof(prf), "%s/lun0.pr", dir);
 	unlink(prf);
 	rmdir(dir);

@@ -13,6 +13,9 @@
 #    segments, bad header digests and Login PDUs in full feature phase;
 #  - CRC32C header and data digests on NOP, immediate data, R2T-solicited
 #    Data-Out and Data-In; a corrupted Data-Out fails only its command;
+#  - LOGICAL UNIT RESET from one session aborts a task another session is
+#    still sending data for (no response, late Data-Out dropped, UNIT
+#    ATTENTION afterwards);
 #  - text split over PDUs with the C bit, both directions; SendTargets
 #    filtered by the ACL; session reinstatement by ISID;
 #  - NOP-In pings on idle sessions and the drop after nop_timeout (second
@@ -476,6 +479,30 @@ r = f.recv()
 names = [p.split(b"=", 1)[1].decode() for p in r[1].split(b"\0") if p.startswith(b"TargetName=")]
 check(OPEN in names and ACL not in names, "SendTargets hides targets the initiator may not reach")
 check(b"TargetAddress=127.0.0.1:%d,1" % port in r[1], "SendTargets gives the portal address")
+
+# --- LOGICAL UNIT RESET from one session aborts another session's task ---
+x = Conn(port); y = Conn(port)
+check(x.login(GOOD, OPEN, isid=b"\x80\0\0\0\2\1")["status"] == 0 and
+      y.login(GOOD, OPEN, isid=b"\x80\0\0\0\2\2")["status"] == 0, "sessions X and Y log in")
+for conn in (x, y):
+    scsi(conn, bytes(6), 0); conn.recv()          # clear the power-on unit attention
+itt = scsi(y, rw10(0x2a, 400, 1), 512, write=True)   # waits for Data-Out
+r2t = y.recv()
+check(r2t and r2t[0][0] & 0x3f == 0x31, "Y's write is waiting for data (R2T)")
+bhs = bytearray(48); bhs[0] = 0x42; bhs[1] = 0x80 | 5; bhs[16:20] = b"\0\0\0\x66"
+bhs[20:24] = b"\xff\xff\xff\xff"; bhs[24:28] = x.cmdsn.to_bytes(4, "big")
+x.send(bhs)
+r = x.recv()
+check(r and r[0][0] & 0x3f == 0x22 and r[0][2] == 0, "LOGICAL UNIT RESET answered 'function complete'")
+bhs = bytearray(48); bhs[0] = 0x05; bhs[1] = 0x80; bhs[16:20] = itt.to_bytes(4, "big")
+bhs[20:24] = r2t[0][20:24]
+y.send(bhs, b"z" * 512)                            # late data for the aborted task
+scsi(y, bytes(6), 0)
+r = y.recv()
+check(r and r[0][0] & 0x3f == 0x21 and int.from_bytes(r[0][16:20], "big") == y.itt,
+      "Y's aborted write gets no response; its late Data-Out is dropped")
+check(r and r[0][3] == 2 and len(r[1]) > 14 and r[1][2 + 2] & 0x0f == 6,
+      "Y's next command reports the reset as a UNIT ATTENTION")
 
 # --- text split over PDUs (C bit), both directions ---
 h = Conn(port)

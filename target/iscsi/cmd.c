@@ -304,8 +304,11 @@ static void cmd_done(struct scsi_cmd *sc)
 	s->in_backstore--;
 	iscsi_conn_enter(c);
 	if (cmd->aborted) {
+		struct iscsi_remote_abort *tok = cmd->remote_tok;
 		cmd_free(cmd);
 		s->aborted_inflight--;
+		if (tok)
+			iscsi_tmf_remote_put(tok);
 		if (c->state != CONN_CLOSING)
 			iscsi_tmf_aborted_done(s);
 	} else if (c->state == CONN_CLOSING) {

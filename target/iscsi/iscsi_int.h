@@ -117,6 +117,7 @@ struct iscsi_cmd {
 	/* read side / response */
 	uint32_t datain_off, datain_len, datasn, burst_left;
 	bool status_sent;
+	struct iscsi_remote_abort *remote_tok; /* another session's reset waits for it */
 	uint8_t rsp_data[2 + SCSI_SENSE_MAX]; /* SenseLength + sense for the response */
 };
 
@@ -144,6 +145,7 @@ struct iscsi_sess {
 	struct iscsi_cmd active;   /* list head */
 	unsigned in_backstore;     /* commands the backstore still holds */
 	unsigned aborted_inflight; /* aborted ones still in the backstore */
+	unsigned remote_pending;   /* resets waiting for other sessions' aborts */
 	uint16_t ttt_gen;
 	struct iscsi_tmf_wait *tmf_head, *tmf_tail; /* responses waiting for aborts */
 };
@@ -272,6 +274,10 @@ void iscsi_sess_update_max_cmdsn(struct iscsi_sess *s);
 struct iscsi_cmd *iscsi_cmd_get(struct iscsi_sess *s, bool immediate);
 void iscsi_cmd_put(struct iscsi_cmd *cmd);
 struct iscsi_cmd *iscsi_cmd_by_itt(struct iscsi_sess *s, uint32_t itt);
+/* Call fn(o, arg) under the table lock for every other normal session of
+ * s's target, with a reference taken on o (the callee owns it). */
+void iscsi_sess_for_others(struct iscsi_sess *s, void (*fn)(struct iscsi_sess *o, void *arg),
+			   void *arg);
 
 /* ---- cmd.c ---- */
 /* Header of a SCSI Command arrived: set up where its data goes. */
@@ -287,6 +293,9 @@ void iscsi_cmd_release_all(struct iscsi_sess *s);
 
 /* ---- tmf.c ---- */
 struct iscsi_tmf_wait;
+struct iscsi_remote_abort;
+/* An aborted command that another session's reset waits for came back. */
+void iscsi_tmf_remote_put(struct iscsi_remote_abort *tok);
 void iscsi_tmf_pdu(struct iscsi_conn *c, const uint8_t *bhs);
 /* An aborted command came back from the backstore. */
 void iscsi_tmf_aborted_done(struct iscsi_sess *s);

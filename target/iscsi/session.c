@@ -233,6 +233,7 @@ struct iscsi_cmd *iscsi_cmd_get(struct iscsi_sess *s, bool immediate)
 	cmd->r2t_next = cmd->r2tsn = 0;
 	memset(cmd->r2t, 0, sizeof(cmd->r2t));
 	cmd->datain_off = cmd->datain_len = cmd->datasn = cmd->burst_left = 0;
+	cmd->remote_tok = NULL;
 	cmd->tx.queued = false;
 	cmd->tx.sent_cb = NULL;
 	/* link into the active list */
@@ -255,6 +256,19 @@ void iscsi_cmd_put(struct iscsi_cmd *cmd)
 	cmd->next = s->free_list;
 	s->free_list = cmd;
 	s->nfree++;
+}
+
+void iscsi_sess_for_others(struct iscsi_sess *s, void (*fn)(struct iscsi_sess *o, void *arg),
+			   void *arg)
+{
+	pthread_mutex_lock(&table_lock);
+	for (struct iscsi_sess *o = table; o; o = o->tbl_next) {
+		if (o == s || o->discovery || o->tgt != s->tgt || !o->worker)
+			continue;
+		atomic_fetch_add(&o->refs, 1);
+		fn(o, arg);
+	}
+	pthread_mutex_unlock(&table_lock);
 }
 
 struct iscsi_cmd *iscsi_cmd_by_itt(struct iscsi_sess *s, uint32_t itt)

@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 logs=build/test-logs
-mkdir -p "$logs"
+mkdir -p "$logs/unit" "$logs/fuzz"
 filter=${1:-}
 passed=0 failed=0 skipped=0
 failures=()

@@ -2,9 +2,9 @@
 """Summarise an iscsi-test-cu log: per-test outcome and counts.
 
 usage: cu_summary.py LOG [--names]
-Prints "tests T passed P failed F skipped S" where a skipped test is one
-that printed [SKIPPED] (CUnit counts those as passes), then with --names the
-failed and skipped test names.
+Prints "tests T passed P failed F skipped S": failed is CUnit's own verdict
+for the test; a skipped test is one that printed [SKIPPED] (CUnit counts
+those as passes). With --names, the failed and skipped test names follow.
 """
 import re
 import sys
@@ -18,7 +18,12 @@ def parse(text):
         if cur is None:
             return
         body = "\n".join(buf)
-        if "FAILED" in body:
+        # CUnit's verdict is the first bare "passed"/"FAILED"; "[FAILED] ..."
+        # lines are the test's own messages (some printed by its teardown
+        # after the verdict, e.g. a PRIN meeting the reset's unit attention).
+        m = re.search(r"(?<!\[)\b(passed|FAILED)\b", body)
+        verdict = m.group(1) if m else "FAILED"
+        if verdict == "FAILED":
             st = "failed"
         elif "[SKIPPED]" in body:
             st = "skipped"

@@ -187,7 +187,6 @@ struct journal {
 	struct cache_jblock_disk *buf;
 	_Atomic uint64_t head;                 /* next absolute block to write */
 	_Atomic uint64_t tail;                 /* oldest block still needed */
-	struct worker *owner;                  /* worker that last appended */
 	struct bdev_req req;
 	struct iovec iov;
 	uint64_t commits, records;
@@ -221,7 +220,7 @@ struct cache_set {
 	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
 	pthread_mutex_t alloc_lock;   /* free list, map inserts/removes, policy structures */
 	uint64_t *free_bits;          /* a bit per slot: on the free list (1 bit, not 4 bytes, per slot) */
-	uint32_t nfree;
+	_Atomic uint32_t nfree;       /* written under alloc_lock, read anywhere as a hint */
 	uint32_t free_cursor;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];

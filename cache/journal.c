@@ -131,7 +131,6 @@ void journal_append(struct cache_set *cs, struct jwait *w)
 	w->next = NULL;
 	w->worker = worker_self();
 	pthread_mutex_lock(&j->lock);
-	j->owner = w->worker;
 	*j->pend_tail = w;
 	j->pend_tail = &w->next;
 	pthread_mutex_unlock(&j->lock);

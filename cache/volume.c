@@ -211,8 +211,8 @@ static void vreq_put(struct vreq *r)
 		return;
 	struct bdev_req *up = r->up;
 	int err = r->err;
-	POOL_PUT(vreq_free, r);
 	atomic_fetch_sub(&r->v->cs->fg_inflight, 1);
+	POOL_PUT(vreq_free, r);
 	up->done(up, err);
 }
 

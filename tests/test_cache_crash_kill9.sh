@@ -8,6 +8,9 @@
 # promotion and the cleaner all run between the kills.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
+# a private copy: the daemon is restarted many times, a rebuild meanwhile must not matter
+cp "$TC_BIN" "$T/tiercached" || fail "no daemon binary at $TC_BIN; run make"
+TC_BIN=$T/tiercached
 cc -std=gnu11 -O2 -Wall -Wextra -o "$T/stamp_io" tests/tools/stamp_io.c -liscsi 2>"$T/cc.log" ||
 	skip "cannot build tests/tools/stamp_io.c against libiscsi: $(head -1 "$T/cc.log")"
 

@@ -6,6 +6,8 @@
 # the idle cleaner destages everything to the backing file.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
+cp "$TC_BIN" "$T/tiercached" || fail "no daemon binary at $TC_BIN; run make"
+TC_BIN=$T/tiercached # a rebuild while the test restarts the daemon must not matter
 command -v qemu-io >/dev/null || skip "qemu-io not installed"
 
 port=$(tc_free_port)

@@ -33,6 +33,7 @@ struct parse_state {
 	/* current section */
 	enum { SEC_NONE, SEC_DAEMON, SEC_PORTAL, SEC_TARGET, SEC_LUN, SEC_TCMU, SEC_CACHE } sec;
 	int header_line;    /* line of the last "[section]" the reader saw */
+	char header_text[256]; /* its name, whole: inih cuts section names at 50 */
 	int section_line;   /* line of the section keys currently go to */
 };
 
@@ -75,11 +76,32 @@ static char *reader(char *buf, int size, void *stream)
 		ps->str += n;
 	}
 	ps->line++;
+	size_t len = strlen(buf);
+	bool more = ps->fp ? !feof(ps->fp) : *ps->str != '\0';
+	if (len && buf[len - 1] != '\n' && more) {
+		/* inih would silently take the rest as a new line */
+		fail_at(ps, ps->line, "this line is longer than %d characters; shorten it "
+			"(allow may be given on several lines)", size - 2);
+		return NULL;
+	}
 	const char *p = buf;
 	while (*p == ' ' || *p == '\t')
 		p++;
-	if (*p == '[')
+	if (*p == '[') {
 		ps->header_line = ps->line;
+		const char *end = strchr(p, ']');
+		size_t n = end ? (size_t)(end - p - 1) : 0;
+		if (n >= sizeof(ps->header_text))
+			n = sizeof(ps->header_text) - 1;
+		memcpy(ps->header_text, p + 1, n);
+		ps->header_text[n] = '\0';
+		while (n && (ps->header_text[n - 1] == ' ' || ps->header_text[n - 1] == '\t'))
+			ps->header_text[--n] = '\0';
+		char *q = ps->header_text;
+		while (*q == ' ' || *q == '\t')
+			q++;
+		memmove(ps->header_text, q, strlen(q) + 1);
+	}
 	return buf;
 }
 
@@ -668,7 +690,7 @@ static int handler(void *user, const char *section, const char *name, const char
 				"[target IQN] or [lun NAME]", name);
 			return 0;
 		}
-		if (!begin_section(ps, section))
+		if (!begin_section(ps, ps->header_text))
 			return 0;
 	}
 	switch (ps->sec) {

@@ -134,6 +134,28 @@ static void test_bad(void)
 	}
 }
 
+/* inih cuts section names at 50 characters; IQNs may be 223 long. */
+static void test_long_names_and_lines(void)
+{
+	const char *iqn = "iqn.2026-11.io.tiercache:a-rather-long-target-name-for-the-finance-cluster-vm-store-01";
+	char text[1024];
+	struct config *cfg = NULL;
+	char err[512] = "";
+	snprintf(text, sizeof(text), "[target %s]\nlun0 = a\n[lun a]\nbacking = /x\n", iqn);
+	int r = config_parse_string(text, "long.conf", &cfg, err, sizeof(err));
+	CHECK(r == 0 && !strcmp(cfg->targets[0].iqn, iqn), "a %zu-character IQN is kept whole (%s)", strlen(iqn), err);
+	if (!r)
+		config_free(cfg);
+	char line[600];
+	memset(line, 'x', sizeof(line));
+	line[sizeof(line) - 1] = '\0';
+	snprintf(text, sizeof(text), "[lun a]\nbacking = /%s\n", line);
+	r = config_parse_string(text, "long.conf", &cfg, err, sizeof(err));
+	CHECK(r < 0 && strstr(err, "long.conf:2: this line is longer than"), "an overlong line is refused, not split (%s)", err);
+	if (!r)
+		config_free(cfg);
+}
+
 static void test_secret_never_echoed(void)
 {
 	struct config *cfg = NULL;
@@ -196,6 +218,7 @@ int main(void)
 	test_cache_sections();
 	test_bad();
 	test_secret_never_echoed();
+	test_long_names_and_lines();
 	test_sizes();
 	printf("%s\n", failures ? "FAILED" : "all passed");
 	return failures ? 1 : 0;

@@ -773,6 +773,10 @@ static int alloc_memory(struct cache_set *cs)
 		.admit_hits = cs->cfg.admit_hits ? cs->cfg.admit_hits : 1,
 		.seq_cutoff = cs->cfg.seq_cutoff,
 		.extent_size = cs->lay.extent_size,
+		/* A write miss is absorbed at once (unless part of a long
+		 * sequential stream): caching it costs no extra backing read,
+		 * and write-back is what makes random writes fast. */
+		.write_admit_hits = 1,
 	};
 	cs->policy = policy_new(&pc);
 	if (!cs->policy)

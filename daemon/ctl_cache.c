@@ -1,0 +1,228 @@
+/*
+ * ctl_cache.c - the control-socket side of tierctl's cache commands.
+ *
+ * flush is asynchronous: it starts one thread that destages every set and
+ * returns at once, so tierctl can poll flush-progress and draw its bar while
+ * the cleaner works. mode and detach call the engine directly (leaving
+ * write-back flushes first, so they may take a while). Every refusal is a
+ * sentence naming the object and what to do.
+ */
+#include "ctl_cache.h"
+
+#include "cache/cache.h"
+#include "cache/status.h"
+#include "common/log.h"
+#include "config/config.h"
+#include "daemon/control.h"
+
+#include <json-c/json.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+static const struct config *g_cfg;
+static struct cache_set **g_sets;
+static struct bdev **g_vols;
+
+static atomic_bool flush_running;
+static uint64_t flush_start_dirty;
+static int flush_result;
+static pthread_t flush_thread;
+static bool flush_thread_valid;
+
+static uint64_t total_dirty(void)
+{
+	uint64_t sum = 0;
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		struct cache_set_status st;
+		if (!g_sets[i])
+			continue;
+		cache_set_status(g_sets[i], &st);
+		sum += st.dirty_bytes;
+	}
+	return sum;
+}
+
+static void *flush_main(void *arg)
+{
+	(void)arg;
+	int r = 0;
+	for (int i = 0; i < g_cfg->ncaches; i++)
+		if (g_sets[i]) {
+			int e = cache_set_flush(g_sets[i], 0);
+			if (e && !r)
+				r = e;
+		}
+	flush_result = r;
+	log_info("tierctl flush: %s", r ? "failed" : "all dirty data destaged");
+	atomic_store(&flush_running, false);
+	return NULL;
+}
+
+static int ctl_flush(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)req;
+	(void)arg;
+	if (g_cfg->ncaches == 0)
+		return control_error(resp, "no cache set is configured; there is nothing to flush");
+	if (!atomic_load(&flush_running)) {
+		if (flush_thread_valid)
+			pthread_join(flush_thread, NULL);
+		flush_start_dirty = total_dirty();
+		flush_result = 0;
+		atomic_store(&flush_running, true);
+		if (pthread_create(&flush_thread, NULL, flush_main, NULL)) {
+			atomic_store(&flush_running, false);
+			flush_thread_valid = false;
+			return control_error(resp, "cannot start the flush thread");
+		}
+		flush_thread_valid = true;
+	}
+	json_object_object_add(resp, "start_dirty_bytes", json_object_new_int64((int64_t)flush_start_dirty));
+	json_object_object_add(resp, "flushing", json_object_new_boolean(true));
+	return 0;
+}
+
+static int ctl_flush_progress(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)req;
+	(void)arg;
+	bool running = atomic_load(&flush_running);
+	uint64_t dirty = total_dirty();
+	if (!running && flush_result)
+		return control_error(resp, "the flush failed (%s); see the daemon log for the leg or backing store at fault",
+				     strerror(-flush_result));
+	/* The cleaner may leave a few bytes in flight; report done when it stopped. */
+	json_object_object_add(resp, "dirty_bytes", json_object_new_int64(running ? (int64_t)(dirty ? dirty : 1) : 0));
+	json_object_object_add(resp, "start_dirty_bytes", json_object_new_int64((int64_t)flush_start_dirty));
+	json_object_object_add(resp, "flushing", json_object_new_boolean(running));
+	return 0;
+}
+
+static int find_lun(const char *name)
+{
+	for (int i = 0; i < g_cfg->nluns; i++)
+		if (!strcmp(g_cfg->luns[i].name, name))
+			return i;
+	return -1;
+}
+
+static const char *req_str(struct json_object *req, const char *key)
+{
+	struct json_object *v;
+	if (!json_object_object_get_ex(req, key, &v) || !json_object_is_type(v, json_type_string))
+		return NULL;
+	return json_object_get_string(v);
+}
+
+static int set_mode(struct json_object *resp, const char *lun, enum cache_mode mode)
+{
+	int i = find_lun(lun);
+	if (i < 0)
+		return control_error(resp, "there is no LUN named \"%s\"; tierctl status lists them", lun);
+	if (!g_vols[i])
+		return control_error(resp, "LUN %s has no cache set; add cache = NAME to its [lun] section", lun);
+	int r = cache_vol_set_mode(g_vols[i], mode);
+	if (r)
+		return control_error(resp, "LUN %s could not switch to %s: %s (dirty data is kept; retry after "
+				     "checking the legs with tierctl status)", lun, cache_mode_name(mode), strerror(-r));
+	log_info("LUN %s now runs %s (tierctl)", lun, cache_mode_name(mode));
+	json_object_object_add(resp, "lun", json_object_new_string(lun));
+	json_object_object_add(resp, "mode", json_object_new_string(cache_mode_name(mode)));
+	return 0;
+}
+
+static int ctl_mode(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *lun = req_str(req, "lun"), *m = req_str(req, "mode");
+	enum cache_mode mode;
+	if (!lun || !m)
+		return control_error(resp, "mode needs a LUN name and a mode");
+	if (cache_mode_parse(m, &mode))
+		return control_error(resp, "unknown mode \"%s\"; use write-back, write-through, write-around or pass-through", m);
+	return set_mode(resp, lun, mode);
+}
+
+static int ctl_detach(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *lun = req_str(req, "lun");
+	if (!lun)
+		return control_error(resp, "detach needs a LUN name");
+	return set_mode(resp, lun, CACHE_PASS_THROUGH);
+}
+
+static int ctl_leg_replace(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set"), *old = req_str(req, "old"), *new_path = req_str(req, "new");
+	char err[512];
+	if (!set || !old || !new_path)
+		return control_error(resp, "leg replace needs SET OLD NEW");
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		if (strcmp(g_cfg->caches[i].name, set))
+			continue;
+		if (!g_sets[i])
+			return control_error(resp, "cache set %s is not open", set);
+		if (cache_set_leg_replace_path(g_sets[i], old, new_path, err, sizeof(err)))
+			return control_error(resp, "%s", err);
+		log_info("cache %s: leg %s replaced by %s, resync started (tierctl)", set, old, new_path);
+		json_object_object_add(resp, "resync", json_object_new_string("started; tierctl status shows progress"));
+		return 0;
+	}
+	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
+}
+
+static int ctl_stats(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)req;
+	(void)arg;
+	struct json_object *sets = json_object_new_array();
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		struct cache_set_status st;
+		if (!g_sets[i])
+			continue;
+		cache_set_status(g_sets[i], &st);
+		struct json_object *o = json_object_new_object();
+		json_object_object_add(o, "name", json_object_new_string(st.name));
+		json_object_object_add(o, "hit_ratio", json_object_new_double(st.hit_ratio));
+		json_object_object_add(o, "read_hits", json_object_new_int64((int64_t)st.read_hits));
+		json_object_object_add(o, "read_misses", json_object_new_int64((int64_t)st.read_misses));
+		json_object_object_add(o, "write_hits", json_object_new_int64((int64_t)st.write_hits));
+		json_object_object_add(o, "write_misses", json_object_new_int64((int64_t)st.write_misses));
+		json_object_object_add(o, "dirty_bytes", json_object_new_int64((int64_t)st.dirty_bytes));
+		json_object_object_add(o, "slots_used", json_object_new_int64(st.slots_used));
+		json_object_object_add(o, "promotions", json_object_new_int64((int64_t)st.promotions));
+		json_object_object_add(o, "evictions", json_object_new_int64((int64_t)st.evictions));
+		json_object_object_add(o, "destaged_bytes", json_object_new_int64((int64_t)st.destaged_bytes));
+		json_object_object_add(o, "cleaner_rate_bps", json_object_new_int64((int64_t)st.cleaner_rate_bps));
+		json_object_array_add(sets, o);
+	}
+	json_object_object_add(resp, "caches", sets);
+	return 0;
+}
+
+void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struct bdev **vols)
+{
+	g_cfg = cfg;
+	g_sets = sets;
+	g_vols = vols;
+	control_register("stats", ctl_stats, NULL);
+	control_register("flush", ctl_flush, NULL);
+	control_register("flush-progress", ctl_flush_progress, NULL);
+	control_register("mode", ctl_mode, NULL);
+	control_register("detach", ctl_detach, NULL);
+	control_register("leg-replace", ctl_leg_replace, NULL);
+}
+
+void ctl_cache_stop(void)
+{
+	if (flush_thread_valid) {
+		if (atomic_load(&flush_running))
+			log_info("waiting for the flush tierctl started to finish");
+		pthread_join(flush_thread, NULL);
+		flush_thread_valid = false;
+	}
+}

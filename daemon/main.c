@@ -15,6 +15,7 @@
 #include "common/worker.h"
 #include "config/config.h"
 #include "daemon/control.h"
+#include "daemon/ctl_cache.h"
 #include "daemon/leg_health.h"
 #include "daemon/watchdog.h"
 #include "target/iscsi/portal.h"
@@ -45,6 +46,7 @@ struct daemon {
 	struct iscsi_target_cfg *portal_targets;
 	struct iscsi_listen_cfg *portal_listen;
 	struct cache_set **sets;    /* parallel to cfg->caches */
+	struct bdev **vols;         /* parallel to cfg->luns: cache volume or NULL */
 };
 
 static int mkdir_p(const char *path);
@@ -306,7 +308,8 @@ static int open_luns(struct daemon *d)
 
 	d->lus = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->lus));
 	d->serials = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->serials));
-	if (!d->lus || !d->serials)
+	d->vols = calloc(cfg->nluns ? cfg->nluns : 1, sizeof(*d->vols));
+	if (!d->lus || !d->serials || !d->vols)
 		return -1;
 	for (int i = 0; i < cfg->nluns; i++) {
 		struct cfg_lun *l = &cfg->luns[i];
@@ -331,6 +334,7 @@ static int open_luns(struct daemon *d)
 				return -1;
 			}
 			dev = vol;
+			d->vols[i] = vol;
 		}
 		struct scsi_lu_config lc = {
 			.name = l->name,
@@ -412,6 +416,7 @@ static void teardown(struct daemon *d)
 	free(d->targets);
 	free(d->lus);
 	free(d->serials);
+	free(d->vols);
 	free(d->portal_targets);
 	free(d->portal_listen);
 	for (int i = 0; d->sets && i < cfg->ncaches; i++)
@@ -522,6 +527,7 @@ int main(int argc, char **argv)
 	err[0] = '\0';
 	started_ms = now_ms();
 	control_register("status", ctl_status, &d);
+	ctl_cache_register(d.cfg, d.sets, d.vols);
 	if (mkdir_parent(d.cfg->control_socket) < 0 ||
 	    control_start(d.cfg->control_socket, err, sizeof(err)) < 0) {
 		log_err("%s", err[0] ? err : "cannot create the control socket directory");
@@ -559,6 +565,7 @@ int main(int argc, char **argv)
 	sd_notify(0, "STOPPING=1");
 	watchdog_stop();
 	control_stop();
+	ctl_cache_stop();
 	iscsi_portal_drain();
 	tcmu_stop();
 	shutdown_caches(&d);

@@ -22,7 +22,10 @@
 #   hdd-emulate.sh status NAME
 #
 # Defaults: 4G, 300 IOPS (read and write each), 250 MB/s: a small RAID6 of
-# 7200 rpm disks under random 4K load. cgroup v1 (blkio.throttle.*) and v2
+# 7200 rpm disks under random 4K load. Limits of the model: the caps count
+# commands, not seeks, so large sequential I/O is held to IOPS x size
+# (300 x 128K = 39 MB/s) where real disks would stream; reads and writes are
+# capped apart, so a mix can reach both caps. cgroup v1 (blkio.throttle.*) and v2
 # (io.max) are both handled. Needs root. State lives in
 # ${HDD_EMU_STATE:-/run/tiercache-hdd}/NAME.env.
 set -euo pipefail

@@ -11,10 +11,13 @@
  *                         get_next_command ... -> tcmu_xlate_submit;
  *                         backstore done -> ring_done: command_complete,
  *                         processing_complete (batched while in on_ring)
+ *   tc-dbus thread        ([tcmu] dbus = yes) tcmulib_register, then GLib's
+ *                         default main context: targetcli's CheckConfig
  *
  * A device is attached only after a READ CAPACITY(16) through the backstore
  * agrees with LIO's size and block size for it; a mismatch refuses the
- * device (LIO's enable fails) with a sentence naming the fix.
+ * device (LIO's enable fails, when LIO waits for the handler's answer)
+ * with a sentence naming the fix.
  */
 #include "target/tcmu/tcmu.h"
 

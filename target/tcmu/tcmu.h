@@ -15,7 +15,8 @@
  * added/removed/reconfig callbacks; each device is pinned to one worker,
  * which watches the device's uio fd, pulls commands off the ring and
  * completes them (xlate.c does the translation). Commands are asynchronous:
- * a device has as many in flight as LIO queues.
+ * a device has as many in flight as LIO queues. With D-Bus registration a
+ * "tc-dbus" thread runs libtcmu's GDBus callbacks (targetcli's CheckConfig).
  *
  * Threading contract: tcmu_start, tcmu_stop and tcmu_status_json from the
  * main thread (status: also the control thread), workers running.

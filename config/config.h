@@ -126,6 +126,13 @@ void config_free(struct config *cfg);
 /* "1G", "512M", "4096", "1.5T" ... -> bytes. 0 on success, -1 if malformed. */
 int config_parse_size(const char *s, uint64_t *out);
 
+/*
+ * The serial LUN l is served with (<= 32 chars + NUL): the configured one,
+ * or for serial = auto the one kept in state_dir, made there first when
+ * create is set. 0, or -1 (errno set) when it cannot be read or kept.
+ */
+int config_lun_serial(const struct config *cfg, const struct cfg_lun *l, bool create, char out[33]);
+
 struct cfg_lun *config_find_lun(const struct config *cfg, const char *name);
 struct cfg_cache *config_find_cache(const struct config *cfg, const char *name);
 

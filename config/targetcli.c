@@ -39,27 +39,6 @@ static uint64_t backing_size(const char *path)
 	return bytes;
 }
 
-/* The serial the daemon serves: configured, or kept in state_dir for auto. */
-static int lun_serial(const struct config *cfg, const struct cfg_lun *l, char out[33])
-{
-	if (strcmp(l->serial, "auto")) {
-		snprintf(out, 33, "%s", l->serial);
-		return 0;
-	}
-	char path[4096];
-	snprintf(path, sizeof(path), "%s/lun-%s.serial", cfg->state_dir, l->name);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return -1;
-	char line[64] = "";
-	int ok = fgets(line, sizeof(line), f) != NULL;
-	fclose(f);
-	line[strcspn(line, "\r\n")] = '\0';
-	if (!ok || !line[0] || strlen(line) > 32)
-		return -1;
-	snprintf(out, 33, "%s", line);
-	return 0;
-}
 
 static void chap_args(FILE *out, const struct cfg_target *t)
 {
@@ -84,7 +63,7 @@ int config_targetcli_script(const struct config *cfg, FILE *out, FILE *notes, ch
 		char serial[33];
 		fprintf(out, "/backstores/user:tiercache create name=%s size=%llu cfgstring=%s", l->name,
 			(unsigned long long)size, l->name);
-		if (lun_serial(cfg, l, serial) == 0)
+		if (config_lun_serial(cfg, l, false, serial) == 0)
 			fprintf(out, " wwn=%s", serial);
 		/* With tcmu-runner beside us ([tcmu] dbus), both daemons hear the
 		 * kernel's "device added" and tcmu-runner answers "no handler"
@@ -97,7 +76,7 @@ int config_targetcli_script(const struct config *cfg, FILE *out, FILE *notes, ch
 		if (cfg->tcmu_dbus)
 			fprintf(out, "%snl_reply_supported=-1", sep);
 		fprintf(out, "\n");
-		if (strcmp(l->serial, "auto") == 0 && lun_serial(cfg, l, serial) < 0)
+		if (strcmp(l->serial, "auto") == 0 && config_lun_serial(cfg, l, false, serial) < 0)
 			fprintf(notes, "note: [lun %s]: serial = auto and the daemon has not made it yet; LIO picks its own "
 				"wwn (INQUIRY still shows ours)\n", l->name);
 	}

@@ -196,50 +196,6 @@ static int mkdir_p(const char *path)
 	return 0;
 }
 
-/*
- * serial = auto: a random 16-hex-digit serial made once and kept in the
- * state directory, so it stays the same across restarts (hosts key
- * multipath and datastores on it) and differs between installations.
- */
-static int load_serial(const char *state_dir, const struct cfg_lun *l, char out[33])
-{
-	char path[PATH_MAX];
-	FILE *f;
-
-	if (strcmp(l->serial, "auto")) {
-		snprintf(out, 33, "%s", l->serial);
-		return 0;
-	}
-	snprintf(path, sizeof(path), "%s/lun-%s.serial", state_dir, l->name);
-	f = fopen(path, "r");
-	if (f) {
-		char line[64] = "";
-		if (fgets(line, sizeof(line), f))
-			line[strcspn(line, "\r\n")] = '\0';
-		fclose(f);
-		if (strlen(line) >= 1 && strlen(line) <= 32) {
-			snprintf(out, 33, "%s", line);
-			return 0;
-		}
-	}
-	uint8_t rnd[8];
-	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return -1;
-	for (int i = 0; i < 8; i++)
-		sprintf(out + 2 * i, "%02x", rnd[i]);
-	char tmp[PATH_MAX + 8];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	f = fopen(tmp, "w");
-	if (!f)
-		return -1;
-	fprintf(f, "%s\n", out);
-	if (fflush(f) || fsync(fileno(f))) {
-		fclose(f);
-		return -1;
-	}
-	fclose(f);
-	return rename(tmp, path);
-}
 
 static enum log_level parse_level(const char *s)
 {
@@ -313,7 +269,7 @@ static int open_luns(struct daemon *d)
 		return -1;
 	for (int i = 0; i < cfg->nluns; i++) {
 		struct cfg_lun *l = &cfg->luns[i];
-		if (load_serial(cfg->state_dir, l, d->serials[i]) < 0) {
+		if (config_lun_serial(cfg, l, true, d->serials[i]) < 0) {
 			log_err("%s:%d: [lun %s]: cannot keep its serial number in %s: %s; "
 				"make state_dir writable", cfg->path, l->line, l->name, cfg->state_dir,
 				strerror(errno));

@@ -2,6 +2,7 @@
  * test_config.c - the config parser accepts what the docs show and refuses
  * every bad file with "NAME:LINE:" and a sentence naming the fix.
  */
+#include "check.h"
 #include "cache/cache.h"
 #include "config/config.h"
 
@@ -9,19 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                          \
-	do {                                                      \
-		if (cond) {                                       \
-			printf("ok: ");                           \
-		} else {                                          \
-			printf("FAIL: ");                         \
-			failures++;                               \
-		}                                                 \
-		printf(__VA_ARGS__);                              \
-		printf("\n");                                     \
-	} while (0)
 
 static const char *good =
 	"; comment\n"
@@ -220,6 +208,6 @@ int main(void)
 	test_secret_never_echoed();
 	test_long_names_and_lines();
 	test_sizes();
-	printf("%s\n", failures ? "FAILED" : "all passed");
-	return failures ? 1 : 0;
+	printf("%s\n", check_failures ? "FAILED" : "all passed");
+	return check_failures ? 1 : 0;
 }

@@ -5,6 +5,7 @@
  * temperature. The real NVMe path (identify + SMART from QEMU's emulated
  * controllers) is proven by tests/system/run-vm-tcmu.sh.
  */
+#include "check.h"
 #include "cache/nvme_health.h"
 
 #include <errno.h>
@@ -13,19 +14,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                          \
-	do {                                      \
-		if (cond) {                       \
-			printf("ok: ");           \
-		} else {                          \
-			printf("FAIL: ");         \
-			failures++;               \
-		}                                 \
-		printf(__VA_ARGS__);              \
-		printf("\n");                     \
-	} while (0)
 
 static void test_regular_file(void)
 {
@@ -126,6 +114,6 @@ int main(void)
 	test_missing();
 	test_failing_rule();
 	test_warning_text();
-	printf("%s\n", failures ? "FAILED" : "all passed");
-	return failures ? 1 : 0;
+	printf("%s\n", check_failures ? "FAILED" : "all passed");
+	return check_failures ? 1 : 0;
 }

@@ -6,6 +6,7 @@
  * Every check prints "ok:" or "FAIL:"; exit status 1 if any failed. Build
  * with -fsanitize=thread to let TSan watch the concurrency check.
  */
+#include "check.h"
 #include "cache/policy.h"
 
 #include <pthread.h>
@@ -14,19 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                          \
-	do {                                                      \
-		if (cond) {                                       \
-			printf("ok: ");                           \
-		} else {                                          \
-			printf("FAIL: ");                         \
-			failures++;                               \
-		}                                                 \
-		printf(__VA_ARGS__);                              \
-		printf("\n");                                     \
-	} while (0)
 
 #define KiB 1024ull
 #define MiB (1024ull * KiB)
@@ -579,8 +567,8 @@ int main(void)
 	test_scan_resistance();
 	test_concurrent();
 	test_memory();
-	if (failures) {
-		printf("%d check(s) failed\n", failures);
+	if (check_failures) {
+		printf("%d check(s) failed\n", check_failures);
 		return 1;
 	}
 	printf("all policy checks passed\n");

@@ -12,6 +12,7 @@
  * once, bad CDBs come back as PASSTHROUGH_ERR with the backstore's exact
  * sense, and the status -> result table and cfgstring rules hold.
  */
+#include "check.h"
 #include "backstore/scsi.h"
 #include "cache/bdev.h"
 #include "common/worker.h"
@@ -24,19 +25,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                          \
-	do {                                      \
-		if (cond) {                       \
-			printf("ok: ");           \
-		} else {                          \
-			printf("FAIL: ");         \
-			failures++;               \
-		}                                 \
-		printf(__VA_ARGS__);              \
-		printf("\n");                     \
-	} while (0)
 
 /* What the ring would hold for one command. */
 struct ring_cmd {
@@ -397,6 +385,6 @@ int main(void)
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	if (system(cmd) != 0)
 		printf("note: could not remove %s\n", dir);
-	printf("%s\n", failures ? "FAILED" : "all passed");
-	return failures ? 1 : 0;
+	printf("%s\n", check_failures ? "FAILED" : "all passed");
+	return check_failures ? 1 : 0;
 }

@@ -94,6 +94,16 @@ int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const
 			       size_t errlen);
 
 /*
+ * Take the healthy leg at path out of service on purpose (why: a sentence
+ * for the log, e.g. the NVMe health warning or "by the administrator"), as
+ * if it had an I/O error: the set runs degraded on the other leg until
+ * cache_set_leg_replace. The last healthy leg is refused. 0, or -1 with a
+ * sentence in err. Main or control thread; returns before the failure is
+ * persisted (status shows it within milliseconds).
+ */
+int cache_set_fail_leg(struct cache_set *cs, const char *path, const char *why, char *err, size_t errlen);
+
+/*
  * Quiesce and write the final checkpoint with the clean-shutdown flag.
  * Call after the front end has drained, before workers_stop. Main thread.
  */

@@ -175,6 +175,27 @@ static int ctl_leg_replace(struct json_object *req, struct json_object *resp, vo
 	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
 }
 
+static int ctl_leg_fail(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set"), *leg = req_str(req, "leg");
+	char err[512];
+	if (!set || !leg)
+		return control_error(resp, "leg fail needs SET LEG");
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		if (strcmp(g_cfg->caches[i].name, set))
+			continue;
+		if (!g_sets[i])
+			return control_error(resp, "cache set %s is not open", set);
+		if (cache_set_fail_leg(g_sets[i], leg, "taken out by the administrator (tierctl leg fail)", err,
+				       sizeof(err)))
+			return control_error(resp, "%s", err);
+		json_object_object_add(resp, "leg", json_object_new_string("out of service; replace it with tierctl leg replace"));
+		return 0;
+	}
+	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
+}
+
 static int ctl_stats(struct json_object *req, struct json_object *resp, void *arg)
 {
 	(void)req;
@@ -215,6 +236,7 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 	control_register("mode", ctl_mode, NULL);
 	control_register("detach", ctl_detach, NULL);
 	control_register("leg-replace", ctl_leg_replace, NULL);
+	control_register("leg-fail", ctl_leg_fail, NULL);
 }
 
 void ctl_cache_stop(void)

@@ -1,5 +1,5 @@
 /*
- * ctl_cache.h - tierctl's cache commands: stats, flush, mode, detach, leg replace.
+ * ctl_cache.h - tierctl's cache commands: stats, flush, mode, detach, leg replace/fail.
  *
  * Registered on the control socket (daemon/control.h); they act on the
  * cache sets and volumes the daemon opened. Threading: handlers run on the

@@ -484,6 +484,8 @@ int main(int argc, char **argv)
 	started_ms = now_ms();
 	control_register("status", ctl_status, &d);
 	ctl_cache_register(d.cfg, d.sets, d.vols);
+	if (d.cfg->ncaches && leg_health_start(d.sets, d.cfg->ncaches, 60) < 0)
+		log_warn("cannot start the NVMe health monitor; legs are still failed on I/O errors");
 	if (mkdir_parent(d.cfg->control_socket) < 0 ||
 	    control_start(d.cfg->control_socket, err, sizeof(err)) < 0) {
 		log_err("%s", err[0] ? err : "cannot create the control socket directory");
@@ -522,6 +524,7 @@ int main(int argc, char **argv)
 	watchdog_stop();
 	control_stop();
 	ctl_cache_stop();
+	leg_health_stop();
 	iscsi_portal_drain();
 	tcmu_stop();
 	shutdown_caches(&d);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tierctl drives a live cache set: status shows dirty data after write-back
 # writes, flush --wait destages it all (the backing file itself then holds
-# the data), mode and detach switch a LUN online with data intact, and bad
-# requests (unknown LUN, mode or set; replacing a healthy leg) are refused
-# with a sentence.
+# the data), mode and detach switch a LUN online with data intact, a leg
+# taken out with leg fail is resynced by leg replace, and bad requests
+# (unknown LUN, mode or set; replacing a healthy leg; failing the last
+# healthy one) are refused with a sentence.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 command -v qemu-io >/dev/null || skip "qemu-io not installed"
@@ -59,13 +60,30 @@ cmp <(head -c 1M "$T/disk0.img") <(head -c 1M /dev/zero | tr '\0' '\167') || fai
 pass "detach flushed, then went pass-through"
 ctl mode disk0 write-back >/dev/null
 
-# Online resync after a real leg failure is proven in unit/test_cache_legfail
-# (fault injection); here: replacing a healthy leg is refused, data stays.
+# Replacing a healthy leg is refused; an admin (or the NVMe health monitor,
+# through the same call) takes it out of service first, then replaces it.
 out=$(ctl leg replace fast "$T/leg1.img" "$T/leg1-new.img" 2>&1)
 expect_eq "$?" 1 "replacing a healthy leg is refused"
 [[ "$out" == *"is healthy; only a failed leg can be replaced"* ]] || fail "message: $out"
-out=$(qemu-io -f raw -c 'read -P 0x77 0 1M' "$url" 2>&1)
-[[ "$out" != *"verification failed"* ]] || fail "data after refused leg replace: $out"
+ctl leg fail fast "$T/leg1.img" >/dev/null || fail "tierctl leg fail"
+sleep 0.5
+expect_eq "$(ctl --json status | jget 'd["caches"][0]["state"]')" degraded "set degraded after leg fail"
+expect_eq "$(ctl --json status | jget 'd["caches"][0]["legs"][1]["health"]')" failed "leg1 failed"
+out=$(ctl leg fail fast "$T/leg0.img" 2>&1)
+expect_eq "$?" 1 "failing the last healthy leg is refused"
+[[ "$out" == *"is the last healthy leg"* ]] || fail "message: $out"
+qemu-io -f raw -c 'write -P 0x42 2M 1M' "$url" >/dev/null || fail "write while degraded"
+ctl leg replace fast "$T/leg1.img" "$T/leg1-new.img" >/dev/null || fail "tierctl leg replace"
+for _ in $(seq 150); do
+	state=$(ctl --json status | jget 'd["caches"][0]["state"]')
+	[ "$state" = healthy ] && break
+	sleep 0.2
+done
+expect_eq "$state" healthy "set healthy again after the resync"
+expect_eq "$(ctl --json status | jget 'd["caches"][0]["legs"][1]["path"]')" "$T/leg1-new.img" "new leg in place"
+out=$(qemu-io -f raw -c 'read -P 0x77 0 1M' -c 'read -P 0x42 2M 1M' "$url" 2>&1)
+[[ "$out" != *"verification failed"* ]] || fail "data after leg replace: $out"
+pass "leg fail, then leg replace resyncs online with data intact"
 
 out=$(ctl mode nosuch write-back 2>&1)
 expect_eq "$?" 1 "unknown LUN refused"
@@ -75,4 +93,12 @@ out=$(ctl mode disk0 turbo 2>&1)
 out=$(ctl leg replace nope a b 2>&1)
 [[ "$out" == *'no cache set named "nope"'* ]] || fail "message: $out"
 pass "bad requests are refused with a sentence"
+tc_stop
+
+# The replacement is recorded in the legs' superblocks: a restart keeps it.
+sed -i "s#legs = .*#legs = $T/leg0.img $T/leg1-new.img#" "$T/t.conf"
+tc_start "$T/t.conf"
+expect_eq "$(ctl --json status | jget 'd["caches"][0]["state"]')" healthy "healthy after a restart on the new leg"
+out=$(qemu-io -f raw -c 'read -P 0x77 0 1M' -c 'read -P 0x42 2M 1M' "$url" 2>&1)
+[[ "$out" != *"verification failed"* ]] || fail "data after restart: $out"
 tc_stop

@@ -35,7 +35,8 @@ static void usage(FILE *f)
 		"  flush [--wait]             destage all dirty data (and wait for it)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 flush, then run the LUN uncached\n"
-		"  leg replace SET OLD NEW    resync a new leg in place of OLD, online\n"
+		"  leg replace SET OLD NEW    resync a new leg in place of a failed OLD, online\n"
+		"  leg fail SET LEG           take a healthy leg out of service (to replace it)\n"
 		"  targetcli                  print targetcli commands for LIO (needs -c CONFIG;\n"
 		"                             no daemon needed): pipe them into targetcli\n"
 		"options:\n"
@@ -238,6 +239,10 @@ int main(int argc, char **argv)
 		json_object_object_add(req, "set", json_object_new_string(args[1]));
 		json_object_object_add(req, "old", json_object_new_string(args[2]));
 		json_object_object_add(req, "new", json_object_new_string(args[3]));
+	} else if (!strcmp(cmd, "leg") && nargs == 3 && !strcmp(args[0], "fail")) {
+		cmd = "leg-fail";
+		json_object_object_add(req, "set", json_object_new_string(args[1]));
+		json_object_object_add(req, "leg", json_object_new_string(args[2]));
 	} else {
 		usage(stderr);
 		return 2;

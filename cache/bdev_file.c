@@ -85,6 +85,16 @@ static void file_issue(struct file_bdev *fb, struct bdev_req *req)
 	struct io_uring_sqe *sqe = worker_sqe();
 	uint64_t off = req->offset + req->done_bytes;
 
+	/*
+	 * The SQE names its request before anything can submit it: a resumed
+	 * transfer is submitted below, inside this call, and io_uring_prep_*
+	 * leave user_data alone, so a slot filled later would go out with the
+	 * user_data of the request that used the slot last time round the
+	 * ring, whose done() would then run a second time.
+	 */
+	req->io.done = file_io_done;
+	io_uring_sqe_set_data(sqe, &req->io);
+
 	switch (req->op) {
 	case BDEV_READ:
 	case BDEV_WRITE: {
@@ -119,8 +129,6 @@ static void file_issue(struct file_bdev *fb, struct bdev_req *req)
 					off, req->len);
 		break;
 	}
-	req->io.done = file_io_done;
-	io_uring_sqe_set_data(sqe, &req->io);
 }
 
 static void file_submit(struct bdev *dev, struct bdev_req *req)

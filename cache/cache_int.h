@@ -21,6 +21,7 @@
 #include "cache.h"
 #include "meta.h"
 #include "policy.h"
+#include "status.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -160,6 +161,9 @@ struct mirror {
 /* Main thread. I/O: bdev_submit(&m->dev, req) on a worker, as any bdev. */
 int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed);
 void mirror_destroy(struct mirror *m);
+/* Worker exit hooks (worker_exit_hook): free the thread's cached contexts. */
+void mirror_thread_release(void);
+void volume_thread_release(void);
 /* The failed mask m->persist was asked to write is durable. Any thread. */
 void mirror_persisted(struct mirror *m, uint32_t failed);
 /* Any thread, lock-free. */
@@ -205,6 +209,19 @@ void journal_kick(struct journal *j);
 
 struct cache_vol;
 
+/*
+ * A writer that must not pass a destage in progress (volume.c,
+ * backing_then_invalidate) parks here until the cleaner clears
+ * SB_DESTAGING on its slot; fn(arg) is then posted to worker w.
+ */
+struct destage_wait {
+	struct destage_wait *next;
+	uint32_t slot;
+	struct worker *w;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
 struct cache_set {
 	char *name;
 	struct cache_set_cfg cfg;
@@ -239,7 +256,18 @@ struct cache_set {
 	_Atomic uint64_t st_read_hits, st_read_misses, st_read_partial, st_write_hits, st_write_misses;
 	_Atomic uint64_t st_promotions, st_evictions, st_destaged_bytes, st_lost_ios;
 	_Atomic uint64_t dirty_blocks;  /* approximate: blocks marked dirty */
-	_Atomic uint64_t lost_lo, lost_hi; /* a range that failed with both legs gone */
+	/* lost dirty data (both legs gone), as met by reads: cache_lost_note */
+	/* writers waiting for a destage to end: cache_destage_wait */
+	pthread_mutex_t dwait_lock;
+	struct destage_wait *dwait;
+	pthread_mutex_t lost_lock;    /* the three fields below; never held across I/O */
+	struct lost_range {
+		uint32_t bid;
+		char lun[64];         /* the LUN's name when the loss was seen */
+		uint64_t lo, hi;      /* backing byte offsets [lo, hi) */
+	} lost[CACHE_LOST_MAX];       /* sorted by (bid, lo), disjoint, not adjacent */
+	int nlost;
+	uint64_t lost_dropped;        /* ranges not recorded: the list was full */
 	/* reclaim: slots retired, waiting for a grace period then users == 0 */
 	uint32_t *reclaim;
 	uint32_t nreclaim;
@@ -291,6 +319,14 @@ static inline void ckpt_mark(struct cache_set *cs, uint32_t s)
  */
 void cache_record(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count,
 		  struct jwait *w);
+/*
+ * Worker thread, slot s's lock held and SB_DESTAGING seen set on it: park w
+ * (w->fn, w->arg filled) until the destage ends; w->fn then runs on the
+ * calling worker. cache_destage_ended: the cleaner, after clearing
+ * SB_DESTAGING under the slot lock, releases the slot's waiters.
+ */
+void cache_destage_wait(struct cache_set *cs, uint32_t s, struct destage_wait *w);
+void cache_destage_ended(struct cache_set *cs, uint32_t s);
 /* Same, with the slot lock already held by the caller (who unlocks). */
 void cache_record_locked(struct cache_set *cs, uint32_t s, uint64_t key, int op, uint32_t first,
 			 uint32_t count, struct jwait *w);
@@ -316,6 +352,16 @@ static inline uint32_t free_pop(struct cache_set *cs)
 	}
 	return POLICY_NO_SLOT;
 }
+
+/*
+ * Dirty blocks [first, first+count) of slot s (which holds an extent of
+ * backing bid; block `first` is at backing offset off) could not be read
+ * with every leg gone: record their dirty runs as lost ranges. Any worker
+ * thread; takes lost_lock (a short critical section, no I/O, no sleep);
+ * the caller keeps the slot pinned so its bitmaps stay the slot's.
+ */
+void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t off, uint32_t first,
+		     uint32_t count);
 
 /* Take a free slot for key and insert it (state given). POLICY_NO_SLOT if none. */
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing);

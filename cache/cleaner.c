@@ -93,12 +93,51 @@ static void op_end(struct destage *d)
 	pump(c);
 }
 
+void cache_destage_wait(struct cache_set *cs, uint32_t s, struct destage_wait *w)
+{
+	w->slot = s;
+	w->w = worker_self();
+	pthread_mutex_lock(&cs->dwait_lock);
+	w->next = cs->dwait;
+	cs->dwait = w;
+	pthread_mutex_unlock(&cs->dwait_lock);
+}
+
+/*
+ * Worker 0, SB_DESTAGING of slot s cleared: hand its waiters back to their
+ * workers. A waiter parked under the slot lock while the bit was set, so
+ * it is on the list by now.
+ */
+void cache_destage_ended(struct cache_set *cs, uint32_t s)
+{
+	struct destage_wait *list = NULL;
+	pthread_mutex_lock(&cs->dwait_lock);
+	for (struct destage_wait **pp = &cs->dwait; *pp;) {
+		struct destage_wait *w = *pp;
+		if (w->slot == s) {
+			*pp = w->next;
+			w->next = list;
+			list = w;
+		} else {
+			pp = &w->next;
+		}
+	}
+	pthread_mutex_unlock(&cs->dwait_lock);
+	while (list) {
+		struct destage_wait *w = list;
+		list = w->next;
+		if (worker_post(w->w, w->fn, w->arg) < 0)
+			w->fn(w->arg); /* out of memory: run it here rather than lose a write */
+	}
+}
+
 static void clear_destaging(struct cache_set *cs, uint32_t s)
 {
 	struct slot *sl = &cs->slots[s];
 	slot_lock(sl);
 	atomic_fetch_and(&sl->bits, ~SB_DESTAGING);
 	slot_unlock(sl);
+	cache_destage_ended(cs, s);
 }
 
 static void recorded(struct jwait *w, int err)
@@ -157,6 +196,7 @@ static void step(struct bdev_req *req, int err)
 			cache_record_locked(cs, d->slot, d->key, JOP_CLEAN, d->first[i], d->count[i], &d->jw[i].jw);
 	atomic_fetch_and(&sl->bits, ~SB_DESTAGING);
 	slot_unlock(sl);
+	cache_destage_ended(cs, d->slot);
 	if (!same) {
 		op_end(d);
 		return;

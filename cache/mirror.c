@@ -67,6 +67,16 @@ static void mreq_put(struct mreq *r)
 	mreq_free = r;
 }
 
+/* Worker exit (worker_exit_hook): free this thread's cached contexts. */
+void mirror_thread_release(void)
+{
+	while (mreq_free) {
+		struct mreq *r = mreq_free;
+		mreq_free = r->next_free;
+		free(r);
+	}
+}
+
 static void finish_now(void *arg)
 {
 	struct mreq *r = arg;
@@ -304,6 +314,7 @@ int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed
 	atomic_init(&m->failed, failed);
 	atomic_init(&m->persisted, failed);
 	pthread_mutex_init(&m->lock, NULL);
+	worker_exit_hook(mirror_thread_release);
 	m->dev.ops = &mirror_ops;
 	m->dev.name = "mirror";
 	m->dev.size = legs[0]->size;

@@ -1064,6 +1064,8 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	cs->name = strdup(cfg->name);
 	pthread_mutex_init(&cs->alloc_lock, NULL);
 	pthread_mutex_init(&cs->sb_lock, NULL);
+	pthread_mutex_init(&cs->lost_lock, NULL);
+	pthread_mutex_init(&cs->dwait_lock, NULL);
 	if (cfg->nlegs < 1 || cfg->nlegs > 2 || (cfg->nlegs == 1 && !cfg->allow_single_leg)) {
 		fail(err, errlen, "cache %s: give two legs (a mirror), or one with allow_single_leg = yes",
 		     cfg->name);
@@ -1436,8 +1438,73 @@ void cache_set_close(struct cache_set *cs)
 	free((void *)cs->ckpt_dirty);
 	pthread_mutex_destroy(&cs->alloc_lock);
 	pthread_mutex_destroy(&cs->sb_lock);
+	pthread_mutex_destroy(&cs->lost_lock);
+	pthread_mutex_destroy(&cs->dwait_lock);
 	free(cs->name);
 	free(cs);
+}
+
+/* ---- lost ranges ------------------------------------------------------------------------------ */
+
+/*
+ * Add [lo, hi) of backing bid to the sorted list, merging every entry it
+ * overlaps or touches; a range that would need a new entry in a full list
+ * is counted in lost_dropped. Caller holds lost_lock.
+ */
+static void lost_add(struct cache_set *cs, uint32_t bid, const char *lun, uint64_t lo, uint64_t hi)
+{
+	struct lost_range *l = cs->lost;
+	int n = cs->nlost, i = 0;
+
+	while (i < n && (l[i].bid < bid || (l[i].bid == bid && l[i].hi < lo)))
+		i++;
+	int j = i;
+	while (j < n && l[j].bid == bid && l[j].lo <= hi) {
+		if (l[j].lo < lo)
+			lo = l[j].lo;
+		if (l[j].hi > hi)
+			hi = l[j].hi;
+		j++;
+	}
+	if (j == i) {
+		if (n == CACHE_LOST_MAX) {
+			cs->lost_dropped++;
+			return;
+		}
+		memmove(&l[i + 1], &l[i], (size_t)(n - i) * sizeof(l[0]));
+		cs->nlost = n + 1;
+	} else {
+		memmove(&l[i + 1], &l[j], (size_t)(n - j) * sizeof(l[0]));
+		cs->nlost = n - (j - i) + 1;
+	}
+	l[i].bid = bid;
+	snprintf(l[i].lun, sizeof(l[i].lun), "%s", lun);
+	l[i].lo = lo;
+	l[i].hi = hi;
+}
+
+/* Any worker thread (see cache_int.h); takes lost_lock per dirty run. */
+void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t off, uint32_t first,
+		     uint32_t count)
+{
+	struct cache_vol *v = bid < CACHE_SET_MAX_VOLS ? atomic_load(&cs->vols[bid]) : NULL;
+	const char *lun = v ? cache_vol_name(v) : "";
+	uint32_t end = first + count;
+
+	for (uint32_t b = first; b < end;) {
+		if (!slot_any_dirty(cs, s, b, 1)) {
+			b++;
+			continue;
+		}
+		uint32_t e = b + 1;
+		while (e < end && slot_any_dirty(cs, s, e, 1))
+			e++;
+		pthread_mutex_lock(&cs->lost_lock);
+		lost_add(cs, bid, lun, off + (uint64_t)(b - first) * CACHE_SECTOR,
+			 off + (uint64_t)(e - first) * CACHE_SECTOR);
+		pthread_mutex_unlock(&cs->lost_lock);
+		b = e;
+	}
 }
 
 /* ---- status ------------------------------------------------------------------------------- */
@@ -1483,8 +1550,15 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	uint64_t busy;
 	cleaner_stats(cs->cleaner, &st->cleaner_rate_bps, &busy);
 	st->lost_ios = atomic_load(&cs->st_lost_ios);
-	st->lost_lo = atomic_load(&cs->lost_lo);
-	st->lost_hi = atomic_load(&cs->lost_hi);
+	pthread_mutex_lock(&cs->lost_lock);
+	for (int i = 0; i < cs->nlost; i++) {
+		memcpy(st->lost[i].lun, cs->lost[i].lun, sizeof(st->lost[i].lun));
+		st->lost[i].offset = cs->lost[i].lo;
+		st->lost[i].length = cs->lost[i].hi - cs->lost[i].lo;
+	}
+	st->nlost = cs->nlost;
+	st->lost_dropped = cs->lost_dropped;
+	pthread_mutex_unlock(&cs->lost_lock);
 	st->mem_bytes = cache_set_mem_bytes(cs);
 	for (int i = 0; i < CACHE_SET_MAX_VOLS && st->nluns < 16; i++) {
 		struct cache_vol *v = atomic_load(&cs->vols[i]);

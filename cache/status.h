@@ -5,7 +5,9 @@
  * relaxed atomics, so the numbers are a consistent-enough picture, not a
  * transaction). The control socket turns it into JSON with json-c.
  *
- * Threading: any thread; takes no lock on the I/O path; never sleeps.
+ * Threading: any thread; takes no lock on the I/O path; never sleeps
+ * (cache_set_status takes the set's lost-range mutex for a copy of at most
+ * CACHE_LOST_MAX entries, held by writers only on the both-legs-lost path).
  */
 #ifndef TC_CACHE_STATUS_H
 #define TC_CACHE_STATUS_H
@@ -14,6 +16,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#define CACHE_LOST_MAX 32           /* lost ranges a set remembers */
 
 enum cache_leg_health { LEG_HEALTHY, LEG_FAILED, LEG_RESYNCING };
 
@@ -38,7 +42,16 @@ struct cache_set_status {
 	uint64_t promotions, evictions, destaged_bytes;
 	uint64_t cleaner_rate_bps;   /* current destage rate target */
 	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
-	uint64_t lost_lo, lost_hi;   /* byte range (backing offsets, lun-relative) of lost data seen */
+	/* Dirty data found lost (both legs gone) by the reads that met it:
+	 * byte ranges of the LUN (backing offsets), overlapping and adjacent
+	 * ones merged, sorted by LUN then offset; at most CACHE_LOST_MAX per
+	 * set, lost_dropped counts ranges that found the list full. */
+	struct cache_lost_range {
+		char lun[64];
+		uint64_t offset, length;
+	} lost[CACHE_LOST_MAX];
+	int nlost;
+	uint64_t lost_dropped;
 	uint64_t mem_bytes;
 	char luns[16][64];
 	enum cache_mode lun_mode[16];

@@ -74,6 +74,7 @@ struct piece {
 	int stage;
 	struct jwait jw;
 	struct bdev_req sub;    /* single-sub stages */
+	struct destage_wait dwait; /* parked behind a destage (backing_then_invalidate) */
 	struct iovec iov_inline[8];
 	struct iovec *iov;
 	int iovcnt;
@@ -130,6 +131,22 @@ static __thread struct fill *fill_free;
 		(o)->next_free = head;                                        \
 		head = (o);                                                   \
 	} while (0)
+
+#define POOL_RELEASE(head)                                                    \
+	while (head) {                                                        \
+		void *o_ = head;                                              \
+		head = head->next_free;                                       \
+		free(o_);                                                     \
+	}
+
+/* Worker exit (worker_exit_hook): free this thread's cached contexts. */
+void volume_thread_release(void)
+{
+	POOL_RELEASE(piece_free);
+	POOL_RELEASE(vsub_free);
+	POOL_RELEASE(vreq_free);
+	POOL_RELEASE(fill_free);
+}
 
 const char *cache_mode_name(enum cache_mode m)
 {
@@ -431,6 +448,8 @@ static void read_sub_issue(struct piece *p, struct vsub *s)
 	bdev_submit(s->from_cache ? &cs->mirror.dev : r->v->backing, &s->req);
 }
 
+/* Worker thread (bdev completion). Lock-free, except that a run found
+ * lost with every leg gone takes the set's lost_lock (cache_lost_note). */
 static void read_sub_done(struct bdev_req *req, int err)
 {
 	struct vsub *s = req->priv;
@@ -445,9 +464,8 @@ static void read_sub_done(struct bdev_req *req, int err)
 			return;
 		}
 		atomic_fetch_add(&cs->st_lost_ios, 1);
-		uint64_t lo = p->off, hi = p->off + p->len;
-		atomic_store(&cs->lost_lo, lo);
-		atomic_store(&cs->lost_hi, hi);
+		cache_lost_note(cs, p->parent->v->bid, p->slot,
+				p->off + (uint64_t)(s->first - p->first) * CACHE_SECTOR, s->first, s->count);
 		err = -EIO;
 	}
 	slice_free(s->iov, s->iov_inline);
@@ -616,16 +634,25 @@ static void backing_then_invalidate(struct piece *p)
 	struct cache_set *cs = p->parent->v->cs;
 	struct slot *sl = &cs->slots[p->slot];
 
+	/*
+	 * Wait for a running destage to end, parked (not re-posted: a piece
+	 * that re-posts itself keeps its worker in run_posts, and when that is
+	 * worker 0 the destage's own completions never run). The retry starts
+	 * over from the lookup; it runs on this worker, after this returns.
+	 */
 	slot_lock(sl);
 	bool destaging = atomic_load(&sl->bits) & SB_DESTAGING;
+	if (destaging) {
+		p->dwait.fn = retry_piece;
+		p->dwait.arg = p;
+		cache_destage_wait(cs, p->slot, &p->dwait);
+	}
 	slot_unlock(sl);
 	if (destaging) {
 		slot_unpin(cs, p);
 		bypass_put(cs, p);
 		slice_free(p->iov, p->iov_inline);
 		p->iov = NULL;
-		if (worker_post(worker_self(), retry_piece, p) < 0)
-			piece_end(p, -ENOMEM);
 		return;
 	}
 	p->stage = ST_BACKING_INVAL;
@@ -847,6 +874,7 @@ struct cache_vol *cache_vol_new(struct cache_set *cs, const char *lun, struct bd
 	struct cache_vol *v = calloc(1, sizeof(*v));
 	if (!v)
 		return NULL;
+	worker_exit_hook(volume_thread_release);
 	v->cs = cs;
 	v->backing = backing;
 	v->bid = bid;

@@ -55,6 +55,18 @@ void *buf_get(size_t len)
 	return p;
 }
 
+void buf_thread_release(void)
+{
+	for (int c = 0; c < NCLASS; c++) {
+		while (caches[c].head) {
+			struct free_buf *b = caches[c].head;
+			caches[c].head = b->next;
+			free(b);
+		}
+		caches[c].count = 0;
+	}
+}
+
 void buf_put(void *p, size_t len)
 {
 	if (!p)

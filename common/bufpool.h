@@ -20,5 +20,7 @@ void *buf_get(size_t len);
 void buf_put(void *p, size_t len);
 /* Capacity actually backing a request of len bytes. */
 size_t buf_cap(size_t len);
+/* Free the calling thread's cached buffers (at thread exit: worker.c). */
+void buf_thread_release(void);
 
 #endif

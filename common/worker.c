@@ -9,6 +9,7 @@
  */
 #include "worker.h"
 
+#include "bufpool.h"
 #include "log.h"
 
 #include <errno.h>
@@ -45,11 +46,18 @@ struct worker {
 	struct cds_wfcq_head post_head;
 	struct cds_wfcq_tail post_tail;
 	struct worker_tick ticks; /* list head */
+	void **deferred;          /* worker_defer_free, freed after each iteration */
+	unsigned ndeferred, deferred_cap;
 	uint64_t next_tick_ms;
 	atomic_bool stop;
 };
 
+#define MAX_EXIT_HOOKS 8
+
 static struct worker *workers;
+static pthread_mutex_t hooks_lock = PTHREAD_MUTEX_INITIALIZER;
+static void (*exit_hooks[MAX_EXIT_HOOKS])(void);
+static unsigned nexit_hooks;
 static unsigned nworkers;
 static atomic_uint rr_next;
 static __thread struct worker *self;
@@ -114,6 +122,34 @@ static void on_post_event(struct ev_handler *h, uint32_t events)
 	run_posts(w);
 }
 
+int worker_exit_hook(void (*fn)(void))
+{
+	int r = 0;
+	pthread_mutex_lock(&hooks_lock);
+	for (unsigned i = 0; i < nexit_hooks; i++)
+		if (exit_hooks[i] == fn)
+			goto out;
+	if (nexit_hooks == MAX_EXIT_HOOKS)
+		r = -ENOSPC;
+	else
+		exit_hooks[nexit_hooks++] = fn;
+out:
+	pthread_mutex_unlock(&hooks_lock);
+	return r;
+}
+
+static void run_exit_hooks(void)
+{
+	pthread_mutex_lock(&hooks_lock);
+	unsigned n = nexit_hooks;
+	void (*hooks[MAX_EXIT_HOOKS])(void);
+	memcpy(hooks, exit_hooks, sizeof(hooks));
+	pthread_mutex_unlock(&hooks_lock);
+	for (unsigned i = 0; i < n; i++)
+		hooks[i]();
+	buf_thread_release();
+}
+
 int worker_post(struct worker *w, void (*fn)(void *arg), void *arg)
 {
 	struct post_node *p = malloc(sizeof(*p));
@@ -169,6 +205,37 @@ struct io_uring_sqe *worker_sqe(void)
 	}
 	w->sq_pending++;
 	return sqe;
+}
+
+void worker_defer_free(void *p)
+{
+	struct worker *w = self;
+
+	if (!p)
+		return;
+	if (!w) {
+		free(p);
+		return;
+	}
+	if (w->ndeferred == w->deferred_cap) {
+		unsigned cap = w->deferred_cap ? w->deferred_cap * 2 : 16;
+		void **v = realloc(w->deferred, sizeof(*v) * cap);
+		if (!v) {
+			/* cannot defer: leak rather than free under a pending event */
+			log_err("worker %u: out of memory deferring a free; leaking %p", w->idx, p);
+			return;
+		}
+		w->deferred = v;
+		w->deferred_cap = cap;
+	}
+	w->deferred[w->ndeferred++] = p;
+}
+
+static void run_deferred(struct worker *w)
+{
+	for (unsigned i = 0; i < w->ndeferred; i++)
+		free(w->deferred[i]);
+	w->ndeferred = 0;
 }
 
 void worker_tick_add(struct worker_tick *t)
@@ -227,9 +294,15 @@ static void *worker_main(void *arg)
 			run_ticks(w);
 		}
 		worker_flush();
+		run_deferred(w);
 	}
 	run_posts(w);
 	worker_flush();
+	run_exit_hooks();
+	run_deferred(w);
+	free(w->deferred);
+	w->deferred = NULL;
+	w->deferred_cap = 0;
 	rcu_unregister_thread();
 	return NULL;
 }

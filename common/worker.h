@@ -60,6 +60,14 @@ struct worker *worker_next(void);
 struct worker *worker_self(void);
 unsigned worker_index(const struct worker *w);
 
+/*
+ * Register fn to run on every worker thread as it exits, after its loop
+ * and its last posted calls: modules with per-thread free lists release
+ * them there. Registering the same fn twice is a no-op. Any thread; a few
+ * hooks at most (-ENOSPC past that).
+ */
+int worker_exit_hook(void (*fn)(void));
+
 /* Run fn(arg) on w's thread. 0 or -ENOMEM. Any thread. */
 int worker_post(struct worker *w, void (*fn)(void *arg), void *arg);
 
@@ -75,6 +83,15 @@ void worker_unwatch(struct ev_handler *h);
 struct io_uring_sqe *worker_sqe(void);
 /* Submit pending SQEs now (normally the loop does it once per iteration). */
 void worker_flush(void);
+
+/*
+ * free(p) once the calling worker has handled every event of its current
+ * loop iteration: a handler that frees an object another event of the same
+ * epoll batch points to (a connection closed by a completion) defers the
+ * free so that event still finds readable memory (and a no-op handler the
+ * owner left there). On a thread that is not a worker: free(p) now.
+ */
+void worker_defer_free(void *p);
 
 void worker_tick_add(struct worker_tick *t);
 void worker_tick_del(struct worker_tick *t);

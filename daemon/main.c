@@ -139,11 +139,16 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 		json_object_object_add(o, "destaged_bytes", json_object_new_int64((int64_t)st.destaged_bytes));
 		json_object_object_add(o, "cleaner_rate_bps", json_object_new_int64((int64_t)st.cleaner_rate_bps));
 		json_object_object_add(o, "lost_ios", json_object_new_int64((int64_t)st.lost_ios));
-		if (st.lost_ios) {
-			char r[64];
-			snprintf(r, sizeof(r), "%llu-%llu", (unsigned long long)st.lost_lo, (unsigned long long)st.lost_hi);
-			json_object_object_add(o, "lost_range", json_object_new_string(r));
+		struct json_object *lost = json_object_new_array();
+		for (int k = 0; k < st.nlost; k++) {
+			struct json_object *lr = json_object_new_object();
+			json_object_object_add(lr, "lun", json_object_new_string(st.lost[k].lun));
+			json_object_object_add(lr, "offset", json_object_new_int64((int64_t)st.lost[k].offset));
+			json_object_object_add(lr, "length", json_object_new_int64((int64_t)st.lost[k].length));
+			json_object_array_add(lost, lr);
 		}
+		json_object_object_add(o, "lost_ranges", lost);
+		json_object_object_add(o, "lost_ranges_dropped", json_object_new_int64((int64_t)st.lost_dropped));
 		json_object_object_add(o, "mem_bytes", json_object_new_int64((int64_t)st.mem_bytes));
 		json_object_array_add(caches, o);
 	}

@@ -38,6 +38,8 @@ qemu-io -f raw "${args[@]}" "$url" >/dev/null || fail "qemu-io chunked write"
 dirty=$(ctl --json status | jget 'd["caches"][0]["dirty_bytes"]')
 [ "$dirty" -gt 0 ] || fail "no dirty bytes after 8 MiB of write-back writes (dirty=$dirty)"
 pass "status shows $dirty dirty bytes after write-back writes"
+expect_eq "$(ctl --json status | jget '[len(d["caches"][0]["lost_ranges"]), d["caches"][0]["lost_ranges_dropped"]]')" \
+	"[0, 0]" "status lists no lost ranges while both legs are healthy"
 
 out=$(ctl flush --wait 2>&1) || fail "tierctl flush --wait: $out"
 [[ "$out" == *"flush complete"* ]] || fail "flush --wait did not report completion: $out"

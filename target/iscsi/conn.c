@@ -650,6 +650,14 @@ void iscsi_conn_close(struct iscsi_conn *c, const char *why)
 		iscsi_conn_maybe_free(c);
 }
 
+/* A freed connection's handler: an event of the same epoll batch that was
+ * already collected when the connection went away lands here. */
+static void on_dead_event(struct ev_handler *h, uint32_t events)
+{
+	(void)h;
+	(void)events;
+}
+
 void iscsi_conn_maybe_free(struct iscsi_conn *c)
 {
 	if (c->in_handler || c->state != CONN_CLOSING)
@@ -667,7 +675,8 @@ void iscsi_conn_maybe_free(struct iscsi_conn *c)
 	free(c->rx_buf);
 	free(c->text_acc);
 	free(c->text_out);
-	free(c);
+	c->ev.on_event = on_dead_event;
+	worker_defer_free(c);
 	iscsi_portal_conn_gone();
 }
 

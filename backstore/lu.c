@@ -17,10 +17,12 @@
 #include "lu.h"
 
 #include "../common/log.h"
+#include "../common/worker.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ */
 /* The command table                                                   */
@@ -281,6 +283,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	atomic_init(&lu->fast_writes, 0);
 	atomic_init(&lu->sanitizing, false);
 	atomic_init(&lu->swp, false);
+	atomic_init(&lu->inflight, 0);
 	lu->tst = 0;
 	lu->qerr = 0;
 	lu->tas = 0;
@@ -347,32 +350,81 @@ struct scsi_target *scsi_target_new(const char *iqn)
 		free(t);
 		return NULL;
 	}
+	pthread_mutex_init(&t->lock, NULL);
 	return t;
 }
 
 int scsi_target_map(struct scsi_target *t, uint64_t lun, struct scsi_lu *lu)
 {
-	int i;
+	int i, r = 0;
 
+	pthread_mutex_lock(&t->lock);
 	for (i = 0; i < t->nmaps; i++)
-		if (t->maps[i].lun == lun)
-			return -EEXIST;
+		if (t->maps[i].lun == lun) {
+			r = -EEXIST;
+			goto out;
+		}
 	struct tgt_map *m = realloc(t->maps, sizeof(*m) * (size_t)(t->nmaps + 1));
-	if (!m)
-		return -ENOMEM;
+	if (!m) {
+		r = -ENOMEM;
+		goto out;
+	}
 	t->maps = m;
 	for (i = t->nmaps; i > 0 && m[i - 1].lun > lun; i--)
 		m[i] = m[i - 1];
 	m[i].lun = lun;
 	m[i].lu = lu;
 	t->nmaps++;
-	return 0;
+out:
+	pthread_mutex_unlock(&t->lock);
+	return r;
+}
+
+int scsi_target_unmap(struct scsi_target *t, uint64_t lun)
+{
+	int r = -ENOENT;
+
+	pthread_mutex_lock(&t->lock);
+	for (int i = 0; i < t->nmaps; i++)
+		if (t->maps[i].lun == lun) {
+			memmove(&t->maps[i], &t->maps[i + 1], sizeof(t->maps[0]) * (size_t)(t->nmaps - i - 1));
+			t->nmaps--;
+			r = 0;
+			break;
+		}
+	pthread_mutex_unlock(&t->lock);
+	return r;
+}
+
+void scsi_target_retire(struct scsi_target *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->retired = true;
+	t->nmaps = 0;
+	pthread_mutex_unlock(&t->lock);
+}
+
+int scsi_target_nexus_count(struct scsi_target *t)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct scsi_nexus *nx = t->nexuses; nx; nx = nx->tgt_next)
+		n++;
+	pthread_mutex_unlock(&t->lock);
+	return n;
+}
+
+unsigned scsi_lu_inflight(struct scsi_lu *lu)
+{
+	return atomic_load_explicit(&lu->inflight, memory_order_acquire);
 }
 
 void scsi_target_free(struct scsi_target *t)
 {
 	if (!t)
 		return;
+	pthread_mutex_destroy(&t->lock);
 	free(t->maps);
 	free(t->iqn);
 	free(t);
@@ -386,33 +438,192 @@ const char *scsi_target_name(const struct scsi_target *t)
 /* ------------------------------------------------------------------ */
 /* Nexuses and unit attentions                                         */
 
+static struct nexus_lu *nexus_lu_attach(struct scsi_nexus *nx, uint64_t lun, struct scsi_lu *lu)
+{
+	struct nexus_lu *nl = calloc(1, sizeof(*nl));
+	if (!nl)
+		return NULL;
+	nl->nx = nx;
+	nl->lu = lu;
+	nl->lun = lun;
+	atomic_init(&nl->ua, UA_POWER_ON);
+	nl->mode_seen = lu_mode_state(lu);
+	pthread_mutex_lock(&lu->mutex);
+	nl->next_in_lu = lu->attached;
+	lu->attached = nl;
+	pthread_mutex_unlock(&lu->mutex);
+	return nl;
+}
+
+static void nexus_lu_detach(struct nexus_lu *nl)
+{
+	struct scsi_lu *lu = nl->lu;
+
+	pthread_mutex_lock(&lu->mutex);
+	for (struct nexus_lu **pp = &lu->attached; *pp; pp = &(*pp)->next_in_lu)
+		if (*pp == nl) {
+			*pp = nl->next_in_lu;
+			break;
+		}
+	pthread_mutex_unlock(&lu->mutex);
+	pr_nexus_gone(lu, nl->nx);
+	free(nl);
+}
+
+/*
+ * Bring nx's LUN list to t's map (t->lock held; on nx's worker, or on any
+ * thread when nx has none). Mappings that stay keep their nexus_lu (and
+ * its pending unit attentions); new ones start with POWER ON; if anything
+ * changed, the kept ones get REPORTED LUNS DATA HAS CHANGED.
+ */
+static void nexus_resync_locked(struct scsi_nexus *nx)
+{
+	struct scsi_target *t = nx->tgt;
+	struct nexus_lu **nv = calloc((size_t)(t->nmaps ? t->nmaps : 1), sizeof(*nv));
+	bool *kept = calloc((size_t)(nx->nlus ? nx->nlus : 1), sizeof(*kept));
+	int n = 0;
+	bool changed = false;
+
+	if (!nv || !kept) {
+		log_err("%s: out of memory updating the LUN list of %s; it keeps the old one", t->iqn,
+			nx->i_port);
+		free(nv);
+		free(kept);
+		return;
+	}
+	for (int i = 0; i < t->nmaps; i++) {
+		struct nexus_lu *nl = NULL;
+		for (int j = 0; j < nx->nlus; j++)
+			if (!kept[j] && nx->lus[j]->lun == t->maps[i].lun && nx->lus[j]->lu == t->maps[i].lu) {
+				nl = nx->lus[j];
+				kept[j] = true;
+				break;
+			}
+		if (!nl) {
+			nl = nexus_lu_attach(nx, t->maps[i].lun, t->maps[i].lu);
+			if (!nl) {
+				log_err("%s: out of memory adding LUN %llu for %s", t->iqn,
+					(unsigned long long)t->maps[i].lun, nx->i_port);
+				continue;
+			}
+			changed = true;
+		}
+		nv[n++] = nl;
+	}
+	for (int j = 0; j < nx->nlus; j++)
+		if (!kept[j]) {
+			nexus_lu_detach(nx->lus[j]);
+			changed = true;
+		}
+	if (changed)
+		for (int i = 0; i < n; i++)
+			if (!(atomic_load(&nv[i]->ua) & UA_POWER_ON))
+				atomic_fetch_or(&nv[i]->ua, UA_LUNS_CHANGED);
+	free(kept);
+	free(nx->lus);
+	nx->lus = nv;
+	nx->nlus = n;
+}
+
+struct scsi_publish {
+	atomic_int pending;
+	int nt;
+	struct scsi_target *t[];
+};
+
+static void publish_on_worker(void *arg)
+{
+	struct scsi_publish *p = arg;
+	struct worker *self = worker_self();
+
+	for (int i = 0; i < p->nt; i++) {
+		struct scsi_target *t = p->t[i];
+		pthread_mutex_lock(&t->lock);
+		for (struct scsi_nexus *nx = t->nexuses; nx; nx = nx->tgt_next)
+			if (nx->worker == self)
+				nexus_resync_locked(nx);
+		pthread_mutex_unlock(&t->lock);
+	}
+	/* the last access to p: the main thread frees it once this is 0 */
+	atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+}
+
+struct scsi_publish *scsi_target_publish_start(struct scsi_target *const *t, int nt)
+{
+	unsigned nw = workers_count();
+	struct scsi_publish *p = calloc(1, sizeof(*p) + sizeof(p->t[0]) * (size_t)(nt ? nt : 1));
+
+	if (!p)
+		return NULL;
+	p->nt = nt;
+	if (nt)
+		memcpy(p->t, t, sizeof(p->t[0]) * (size_t)nt);
+	atomic_init(&p->pending, (int)nw);
+	/* nexuses opened off the workers (unit tests, tools): right here */
+	for (int i = 0; i < nt; i++) {
+		pthread_mutex_lock(&t[i]->lock);
+		for (struct scsi_nexus *nx = t[i]->nexuses; nx; nx = nx->tgt_next)
+			if (!nx->worker)
+				nexus_resync_locked(nx);
+		pthread_mutex_unlock(&t[i]->lock);
+	}
+	for (unsigned w = 0; w < nw; w++)
+		while (worker_post(worker_get(w), publish_on_worker, p) < 0) {
+			struct timespec ts = { 0, 10 * 1000000L };
+			nanosleep(&ts, NULL);
+		}
+	return p;
+}
+
+bool scsi_target_publish_done(struct scsi_publish *p)
+{
+	if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+		return false;
+	free(p);
+	return true;
+}
+
 struct scsi_nexus *scsi_nexus_open(struct scsi_target *t, const char *initiator_name,
 				   const uint8_t isid[6], uint16_t tpgt)
 {
-	struct scsi_nexus *nx = calloc(1, sizeof(*nx) + sizeof(struct nexus_lu) * (size_t)t->nmaps);
+	struct scsi_nexus *nx = calloc(1, sizeof(*nx));
 	if (!nx)
 		return NULL;
 	nx->tgt = t;
+	nx->worker = worker_self();
 	snprintf(nx->initiator_name, sizeof(nx->initiator_name), "%s", initiator_name);
 	memcpy(nx->isid, isid, 6);
 	nx->tpgt = tpgt;
 	snprintf(nx->i_port, sizeof(nx->i_port), "%s,i,0x%02x%02x%02x%02x%02x%02x", initiator_name,
 		 isid[0], isid[1], isid[2], isid[3], isid[4], isid[5]);
 	snprintf(nx->t_port, sizeof(nx->t_port), "%s,t,0x%04x", t->iqn, tpgt);
-	nx->nlus = t->nmaps;
-	for (int i = 0; i < t->nmaps; i++) {
-		struct nexus_lu *nl = &nx->lus[i];
-		struct scsi_lu *lu = t->maps[i].lu;
-		nl->nx = nx;
-		nl->lu = lu;
-		nl->lun = t->maps[i].lun;
-		atomic_init(&nl->ua, UA_POWER_ON);
-		nl->mode_seen = lu_mode_state(lu);
-		pthread_mutex_lock(&lu->mutex);
-		nl->next_in_lu = lu->attached;
-		lu->attached = nl;
-		pthread_mutex_unlock(&lu->mutex);
+	pthread_mutex_lock(&t->lock);
+	if (t->retired) {
+		pthread_mutex_unlock(&t->lock);
+		free(nx);
+		return NULL;
 	}
+	nx->lus = calloc((size_t)(t->nmaps ? t->nmaps : 1), sizeof(*nx->lus));
+	if (!nx->lus) {
+		pthread_mutex_unlock(&t->lock);
+		free(nx);
+		return NULL;
+	}
+	for (int i = 0; i < t->nmaps; i++) {
+		struct nexus_lu *nl = nexus_lu_attach(nx, t->maps[i].lun, t->maps[i].lu);
+		if (!nl) {
+			for (int j = 0; j < nx->nlus; j++)
+				nexus_lu_detach(nx->lus[j]);
+			pthread_mutex_unlock(&t->lock);
+			free(nx->lus);
+			free(nx);
+			return NULL;
+		}
+		nx->lus[nx->nlus++] = nl;
+	}
+	nx->tgt_next = t->nexuses;
+	t->nexuses = nx;
+	pthread_mutex_unlock(&t->lock);
 	return nx;
 }
 
@@ -420,18 +631,17 @@ void scsi_nexus_close(struct scsi_nexus *nx)
 {
 	if (!nx)
 		return;
-	for (int i = 0; i < nx->nlus; i++) {
-		struct nexus_lu *nl = &nx->lus[i];
-		struct scsi_lu *lu = nl->lu;
-		pthread_mutex_lock(&lu->mutex);
-		for (struct nexus_lu **pp = &lu->attached; *pp; pp = &(*pp)->next_in_lu)
-			if (*pp == nl) {
-				*pp = nl->next_in_lu;
-				break;
-			}
-		pthread_mutex_unlock(&lu->mutex);
-		pr_nexus_gone(lu, nx);
-	}
+	struct scsi_target *t = nx->tgt;
+	pthread_mutex_lock(&t->lock);
+	for (struct scsi_nexus **pp = &t->nexuses; *pp; pp = &(*pp)->tgt_next)
+		if (*pp == nx) {
+			*pp = nx->tgt_next;
+			break;
+		}
+	for (int i = 0; i < nx->nlus; i++)
+		nexus_lu_detach(nx->lus[i]);
+	pthread_mutex_unlock(&t->lock);
+	free(nx->lus);
 	free(nx);
 }
 
@@ -440,9 +650,9 @@ static struct nexus_lu *nexus_find(struct scsi_nexus *nx, uint64_t lun)
 	int lo = 0, hi = nx->nlus - 1;
 	while (lo <= hi) {
 		int mid = (lo + hi) / 2;
-		if (nx->lus[mid].lun == lun)
-			return &nx->lus[mid];
-		if (nx->lus[mid].lun < lun)
+		if (nx->lus[mid]->lun == lun)
+			return nx->lus[mid];
+		if (nx->lus[mid]->lun < lun)
 			lo = mid + 1;
 		else
 			hi = mid - 1;
@@ -610,6 +820,9 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->bs_priv = NULL;
 	nl = scsi_cmd_nlu(cmd);
 	cmd->lu = nl ? nl->lu : NULL;
+	cmd->held_lu = cmd->lu;
+	if (cmd->lu)
+		atomic_fetch_add_explicit(&cmd->lu->inflight, 1, memory_order_relaxed);
 
 	d = cmd_lookup(cmd->cdb, &bad_sa);
 	if (!d) {
@@ -709,7 +922,7 @@ int scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun)
 	case SCSI_TMF_TARGET_WARM_RESET:
 	case SCSI_TMF_TARGET_COLD_RESET:
 		for (int i = 0; i < nx->nlus; i++)
-			lu_reset(nx->lus[i].lu, fn == SCSI_TMF_TARGET_COLD_RESET ? UA_POWER_ON : UA_LU_RESET);
+			lu_reset(nx->lus[i]->lu, fn == SCSI_TMF_TARGET_COLD_RESET ? UA_POWER_ON : UA_LU_RESET);
 		return 0;
 	}
 	return 5;

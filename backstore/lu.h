@@ -247,6 +247,11 @@ struct scsi_lu {
 	/* sanitize in progress: everything else answers NOT READY */
 	atomic_bool sanitizing;
 
+	/* commands submitted to this LU and not yet completed (plus EXTENDED
+	 * COPY segments that use it as source or destination): a LUN removed
+	 * by a configuration reload is closed once this reaches zero */
+	atomic_uint inflight;
+
 	/* xcopy: registry of open LUs */
 	struct scsi_lu *next_open;
 };
@@ -258,8 +263,14 @@ struct tgt_map {
 
 struct scsi_target {
 	char *iqn;
+	/* lock: the map and the nexus list. Taken at login (nexus open), on
+	 * logout, and by a reload; never on the per-command path, which reads
+	 * the nexus's own copy of the map. Ordered before lu->mutex. */
+	pthread_mutex_t lock;
 	struct tgt_map *maps;   /* sorted by lun */
 	int nmaps;
+	bool retired;           /* removed from the configuration: no new nexus */
+	struct scsi_nexus *nexuses; /* every open nexus, linked by tgt_next */
 };
 
 /* One (nexus, LU) pair: where unit attentions wait. */
@@ -283,8 +294,13 @@ struct scsi_nexus {
 	char initiator_name[224];
 	uint8_t isid[6];
 	uint16_t tpgt;
+	/* The nexus's view of the target's map, sorted by lun: read and
+	 * replaced only on the nexus's worker (commands look LUNs up here
+	 * without a lock; a reload posts the update to that worker). */
 	int nlus;
-	struct nexus_lu lus[];
+	struct nexus_lu **lus;
+	struct worker *worker;          /* the thread that opened it (NULL: none) */
+	struct scsi_nexus *tgt_next;    /* tgt->nexuses, under tgt->lock */
 };
 
 /* ------------------------------------------------------------------ */
@@ -346,10 +362,16 @@ void scsi_cmd_good(struct scsi_cmd *cmd);
 /* map a bdev -errno to sense and complete */
 void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing);
 
-/* Complete the command: calls cmd->done. */
+/* Complete the command: calls cmd->done, then drops the command's count
+ * on its LU (taken by scsi_cmd_submit). */
 static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 {
+	struct scsi_lu *held = cmd->held_lu;
+
+	cmd->held_lu = NULL;
 	cmd->done(cmd);
+	if (held)
+		atomic_fetch_sub_explicit(&held->inflight, 1, memory_order_release);
 }
 
 /* ------------------------------------------------------------------ */

@@ -22,7 +22,8 @@
  *  - scsi_cmd_submit: on a worker thread. done() is called on the same
  *    worker thread, possibly before scsi_cmd_submit returns.
  *  - scsi_nexus_open/close, scsi_task_mgmt: on a worker thread.
- *  - scsi_lu_open/close, scsi_target_*: main thread, at startup/shutdown.
+ *  - scsi_lu_open/close, scsi_target_*: main thread (startup, shutdown and
+ *    configuration reload).
  */
 #ifndef TC_SCSI_H
 #define TC_SCSI_H
@@ -96,6 +97,7 @@ struct scsi_cmd {
 
 	/* --- backstore private, untouched by front ends --- */
 	struct scsi_lu *lu;
+	struct scsi_lu *held_lu;  /* counted in lu->inflight until completion */
 	void *bs_priv;
 	uint64_t bs_scratch[48];
 };
@@ -134,6 +136,30 @@ struct scsi_target *scsi_target_new(const char *iqn);
 int scsi_target_map(struct scsi_target *t, uint64_t lun, struct scsi_lu *lu);
 void scsi_target_free(struct scsi_target *t);
 const char *scsi_target_name(const struct scsi_target *t);
+
+/*
+ * Configuration reload (main thread, workers running). scsi_target_unmap
+ * removes lun from the map (0 or -ENOENT); scsi_target_retire empties the
+ * map and refuses new nexuses (a login to it fails). Neither reaches the
+ * open nexuses by itself: scsi_target_publish_start then brings every nexus of t
+ * up to date on its own worker - new LUNs appear (with a POWER ON unit
+ * attention), removed ones answer LOGICAL UNIT NOT SUPPORTED, and the
+ * nexuses that keep LUNs get REPORTED LUNS DATA HAS CHANGED - and returns
+ * once every worker has done so. From then on no new command reaches an
+ * LU that no map holds; scsi_lu_inflight tells when the ones already
+ * submitted are done, and the LU can be closed.
+ */
+int scsi_target_unmap(struct scsi_target *t, uint64_t lun);
+void scsi_target_retire(struct scsi_target *t);
+/* Post the update to every worker; returns a handle to poll. NULL on ENOMEM. */
+struct scsi_publish;
+struct scsi_publish *scsi_target_publish_start(struct scsi_target *const *t, int nt);
+/* true once every worker has applied it; frees the handle then. */
+bool scsi_target_publish_done(struct scsi_publish *p);
+/* Open nexuses of t (a retired target is gone once this is 0). */
+int scsi_target_nexus_count(struct scsi_target *t);
+/* Commands in flight on lu. */
+unsigned scsi_lu_inflight(struct scsi_lu *lu);
 
 /* ---- I_T nexus ---- */
 

@@ -271,7 +271,8 @@ void spc_report_luns(struct scsi_cmd *cmd)
 {
 	uint32_t alloc = get_be32(cmd->cdb + 6);
 	uint8_t select = cmd->cdb[2];
-	struct scsi_target *t = cmd->nexus ? cmd->nexus->tgt : NULL;
+	/* the nexus's own view of the map: what its commands reach */
+	struct scsi_nexus *nx = cmd->nexus;
 
 	if (alloc < 16) {
 		scsi_fail_cdb(cmd, 6, -1);
@@ -282,7 +283,7 @@ void spc_report_luns(struct scsi_cmd *cmd)
 	switch (select) {
 	case RL_SELECT_ALL:
 	case RL_SELECT_ALL_BOTH:
-		n = t ? t->nmaps : 0;
+		n = nx ? nx->nlus : 0;
 		break;
 	case RL_SELECT_WELL_KNOWN:
 		n = 0;
@@ -310,7 +311,7 @@ void spc_report_luns(struct scsi_cmd *cmd)
 	memset(b, 0, 8);
 	put_be32(b, (uint32_t)(n * 8));
 	for (int i = 0; i < n; i++)
-		encode_lun(t->maps[i].lun, b + 8 + i * 8);
+		encode_lun(nx->lus[i]->lun, b + 8 + i * 8);
 	scsi_data_in(cmd, b, len, alloc);
 	if (b != small)
 		free(b);

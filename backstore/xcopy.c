@@ -59,6 +59,7 @@ struct xcopy_io {
 	uint16_t segs_done;
 	uint16_t ntargets;
 	bool locked;
+	bool held;                /* src and dst counted in their inflight */
 };
 
 static_assert(sizeof(struct xcopy_io) <= sizeof(((struct scsi_cmd *)0)->bs_scratch),
@@ -105,6 +106,8 @@ static void result_store(struct scsi_cmd *cmd, uint8_t list_id, uint8_t status, 
 /* ---------------------------------------------------------------- */
 /* Execution                                                         */
 
+static void xc_release(struct xcopy_io *io);
+
 static void xc_finish(struct xcopy_io *io, bool ok)
 {
 	struct scsi_cmd *cmd = io->cmd;
@@ -117,6 +120,7 @@ static void xc_finish(struct xcopy_io *io, bool ok)
 	if (list_usage != XC_LIST_ID_DISCARD)
 		result_store(cmd, io->param[0], ok ? COPY_STATUS_GOOD : COPY_STATUS_ERROR, io->segs_done,
 			     io->done_blocks);
+	xc_release(io);
 	buf_put(io->buf, io->buf_len);
 	buf_put(io->param, io->param_len);
 	scsi_cmd_complete(cmd);
@@ -210,15 +214,34 @@ static struct scsi_lu *xc_target(struct xcopy_io *io, unsigned idx)
 	const uint8_t *t = io->param + XC_HDR + (size_t)idx * XC_TGT_DESC_LEN;
 	uint8_t type = t[5] & 0x0f;
 	uint8_t len = t[7];
-	const struct scsi_target *tgt = io->cmd->nexus ? io->cmd->nexus->tgt : NULL;
+	const struct scsi_nexus *nx = io->cmd->nexus;
 
-	if (type != DESIG_TYPE_NAA || len > 16 || !tgt)
+	if (type != DESIG_TYPE_NAA || len > 16 || !nx)
 		return NULL;
 	struct scsi_lu *lu = lu_registry_find_naa(t + 8, len);
-	for (int i = 0; lu && i < tgt->nmaps; i++)
-		if (tgt->maps[i].lu == lu)
+	/* the nexus's map, on its worker: an LU a reload removed is not in it */
+	for (int i = 0; lu && i < nx->nlus; i++)
+		if (nx->lus[i]->lu == lu)
 			return lu;
 	return NULL;
+}
+
+/* The segment's source and destination count as in flight on their LUs
+ * (a reload closes a removed LU only when nothing uses it). */
+static void xc_hold(struct xcopy_io *io)
+{
+	atomic_fetch_add_explicit(&io->src->inflight, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&io->dst->inflight, 1, memory_order_relaxed);
+	io->held = true;
+}
+
+static void xc_release(struct xcopy_io *io)
+{
+	if (!io->held)
+		return;
+	io->held = false;
+	atomic_fetch_sub_explicit(&io->src->inflight, 1, memory_order_release);
+	atomic_fetch_sub_explicit(&io->dst->inflight, 1, memory_order_release);
 }
 
 /* Reservation checks on the copy's source (read) and destination (write). */
@@ -241,12 +264,14 @@ static void xc_next_segment(struct xcopy_io *io)
 		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
 		return;
 	}
+	xc_release(io);
 	io->src = xc_target(io, src_idx);
 	io->dst = xc_target(io, dst_idx);
 	if (!io->src || !io->dst) {
 		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
 		return;
 	}
+	xc_hold(io);
 	if (pr_conflicts_lu(io->src, io->cmd->nexus, &xc_read_access) ||
 	    pr_conflicts_lu(io->dst, io->cmd->nexus, &xc_write_access)) {
 		io->cmd->status = SAM_STAT_RESERVATION_CONFLICT;

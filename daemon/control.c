@@ -40,6 +40,12 @@ static int listen_fd = -1;
 static int stop_pipe[2] = { -1, -1 };
 static pthread_t thread;
 static char sock_path[108];
+/* Held while a command runs; a configuration reload takes it to swap what
+ * the handlers read (control_lock). */
+static pthread_mutex_t handler_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void control_lock(void) { pthread_mutex_lock(&handler_lock); }
+void control_unlock(void) { pthread_mutex_unlock(&handler_lock); }
 
 int control_register(const char *cmd, control_fn fn, void *arg)
 {
@@ -128,7 +134,9 @@ static void serve_one(int fd)
 	const char *name = json_object_get_string(cmd);
 	for (int i = 0; i < ncommands; i++)
 		if (!strcmp(commands[i].name, name)) {
+			control_lock();
 			ok = commands[i].fn(req, resp, commands[i].arg);
+			control_unlock();
 			goto out;
 		}
 	control_error(resp, "unknown command \"%.64s\"", name);

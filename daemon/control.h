@@ -25,6 +25,10 @@ typedef int (*control_fn)(struct json_object *req, struct json_object *resp, voi
 int control_register(const char *cmd, control_fn fn, void *arg);
 int control_start(const char *path, char *err, size_t errlen);
 void control_stop(void);
+/* Keep command handlers from running (any thread; a handler runs with it
+ * held): a configuration reload swaps what they read under it. */
+void control_lock(void);
+void control_unlock(void);
 
 /* Helper for handlers: set "error" to a formatted sentence and return -1. */
 int control_error(struct json_object *resp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

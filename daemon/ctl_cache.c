@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 static const struct config *g_cfg;
@@ -46,9 +47,10 @@ static uint64_t total_dirty(void)
 
 static void *flush_main(void *arg)
 {
-	(void)arg;
+	/* the count, not g_cfg: a reload may swap g_cfg (never the sets) */
+	int ncaches = (int)(intptr_t)arg;
 	int r = 0;
-	for (int i = 0; i < g_cfg->ncaches; i++)
+	for (int i = 0; i < ncaches; i++)
 		if (g_sets[i]) {
 			int e = cache_set_flush(g_sets[i], 0);
 			if (e && !r)
@@ -72,7 +74,7 @@ static int ctl_flush(struct json_object *req, struct json_object *resp, void *ar
 		flush_start_dirty = total_dirty();
 		flush_result = 0;
 		atomic_store(&flush_running, true);
-		if (pthread_create(&flush_thread, NULL, flush_main, NULL)) {
+		if (pthread_create(&flush_thread, NULL, flush_main, (void *)(intptr_t)g_cfg->ncaches)) {
 			atomic_store(&flush_running, false);
 			flush_thread_valid = false;
 			return control_error(resp, "cannot start the flush thread");
@@ -223,6 +225,12 @@ static int ctl_stats(struct json_object *req, struct json_object *resp, void *ar
 	}
 	json_object_object_add(resp, "caches", sets);
 	return 0;
+}
+
+void ctl_cache_update(const struct config *cfg, struct bdev **vols)
+{
+	g_cfg = cfg;
+	g_vols = vols;
 }
 
 void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struct bdev **vols)

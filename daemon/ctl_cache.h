@@ -19,6 +19,10 @@ struct bdev;
  */
 void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struct bdev **vols);
 
+/* Configuration reload, under control_lock: the new cfg and its vols. The
+ * cache sets do not change (the new cfg->caches parallels the old). */
+void ctl_cache_update(const struct config *cfg, struct bdev **vols);
+
 /* After control_stop: wait for a flush tierctl started. Main thread. */
 void ctl_cache_stop(void);
 

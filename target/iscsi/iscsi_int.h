@@ -220,6 +220,8 @@ const struct iscsi_portal_cfg *iscsi_portal_cfg(void);
 /* Use cfg without listening (fuzzers and unit tests drive connections). */
 void iscsi_portal_set_cfg(const struct iscsi_portal_cfg *cfg);
 void iscsi_portal_conn_gone(void);
+/* The same target (a reload replaces the entries, not the scsi targets). */
+bool iscsi_same_target(const struct iscsi_target_cfg *a, const struct iscsi_target_cfg *b);
 
 /* ---- conn.c ---- */
 /* Take over an accepted socket on the calling worker (or no worker: tests). */

@@ -41,15 +41,49 @@
 #define DRAIN_GRACE_MS 5000
 #define DRAIN_FORCE_MS 2000
 
-static const struct iscsi_portal_cfg *g_cfg;
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+	nanosleep(&ts, NULL);
+}
+
+/* Swapped by a reload (iscsi_portal_update); readers load it once. */
+static const struct iscsi_portal_cfg *_Atomic g_cfg;
 static struct ev_handler listeners[MAX_LISTEN];
 static int nlisteners;
 static atomic_int live_conns;
 static atomic_bool draining;
 static atomic_int listeners_closed;
 
-const struct iscsi_portal_cfg *iscsi_portal_cfg(void) { return g_cfg; }
-void iscsi_portal_set_cfg(const struct iscsi_portal_cfg *cfg) { g_cfg = cfg; }
+const struct iscsi_portal_cfg *iscsi_portal_cfg(void) { return atomic_load(&g_cfg); }
+void iscsi_portal_set_cfg(const struct iscsi_portal_cfg *cfg) { atomic_store(&g_cfg, cfg); }
+void iscsi_portal_update(const struct iscsi_portal_cfg *cfg) { atomic_store(&g_cfg, cfg); }
+
+bool iscsi_same_target(const struct iscsi_target_cfg *a, const struct iscsi_target_cfg *b)
+{
+	return a == b || (a && b && a->scsi && a->scsi == b->scsi);
+}
+
+static void close_target_worker(void *arg)
+{
+	const struct scsi_target *scsi = arg;
+	struct iscsi_conn *c = iscsi_conn_first(), *next;
+	for (; c; c = next) {
+		next = c->next;
+		if (c->sess && !c->sess->discovery && c->sess->tgt && c->sess->tgt->scsi == scsi) {
+			log_info("iSCSI %s: %s: target %s was removed from the configuration; asking "
+				 "the initiator to log out", c->peer, c->sess->initiator, c->sess->tgt->iqn);
+			iscsi_conn_drain(c);
+		}
+	}
+}
+
+void iscsi_portal_close_target(const struct scsi_target *scsi)
+{
+	for (unsigned i = 0; i < workers_count(); i++)
+		while (worker_post(worker_get(i), close_target_worker, (void *)scsi) < 0)
+			sleep_ms(10);
+}
 
 void iscsi_portal_conn_gone(void) { atomic_fetch_sub(&live_conns, 1); }
 
@@ -247,11 +281,6 @@ static void drain_worker(void *arg)
 	}
 }
 
-static void sleep_ms(unsigned ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-	nanosleep(&ts, NULL);
-}
 
 static bool wait_conns(unsigned ms)
 {

@@ -51,6 +51,24 @@ struct iscsi_portal_cfg {
 int iscsi_portal_start(const struct iscsi_portal_cfg *cfg, char *err, size_t errlen);
 
 /*
+ * Configuration reload (main thread): from now on logins and SendTargets
+ * use cfg's target list (listen addresses and NOP timing stay those the
+ * portal started with). The old cfg is still read by logins in progress
+ * and sessions keep pointers into it: keep it (and what it points to)
+ * until the portal is drained. A target is the same target across the
+ * switch when its entry has the same scsi target object.
+ */
+void iscsi_portal_update(const struct iscsi_portal_cfg *cfg);
+
+/*
+ * Reload: ask every session of target scsi to log out (Asynchronous
+ * Message), closing each connection once its in-flight commands have
+ * answered. Returns at once; scsi_target_nexus_count tells when they are
+ * gone. Main thread.
+ */
+void iscsi_portal_close_target(const struct scsi_target *scsi);
+
+/*
  * Stop accepting, let every command in flight complete and its response go
  * out, then close all connections. Blocks until done (bounded by a timeout
  * of a few seconds for initiators that stop reading).

@@ -51,7 +51,7 @@ static bool same_nexus(const struct iscsi_sess *a, const uint8_t isid[6], const 
 		       const struct iscsi_target_cfg *tgt, bool discovery)
 {
 	return memcmp(a->isid, isid, 6) == 0 && strcmp(a->initiator, initiator) == 0 &&
-	       a->tgt == tgt && a->discovery == discovery;
+	       iscsi_same_target(a->tgt, tgt) && a->discovery == discovery;
 }
 
 static bool tsih_used(uint16_t tsih)
@@ -263,7 +263,7 @@ void iscsi_sess_for_others(struct iscsi_sess *s, void (*fn)(struct iscsi_sess *o
 {
 	pthread_mutex_lock(&table_lock);
 	for (struct iscsi_sess *o = table; o; o = o->tbl_next) {
-		if (o == s || o->discovery || o->tgt != s->tgt || !o->worker)
+		if (o == s || o->discovery || !iscsi_same_target(o->tgt, s->tgt) || !o->worker)
 			continue;
 		atomic_fetch_add(&o->refs, 1);
 		fn(o, arg);

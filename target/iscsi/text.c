@@ -121,7 +121,7 @@ static void send_targets(struct iscsi_conn *c, const char *which, struct iscsi_t
 		if (strcmp(which, "All") == 0) {
 			/* listed */
 		} else if (which[0] == '\0') {
-			if (t != s->tgt)
+			if (!iscsi_same_target(t, s->tgt))
 				continue;
 		} else if (strcasecmp(which, t->iqn) != 0) {
 			continue;

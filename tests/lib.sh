@@ -33,7 +33,8 @@ _tc_cleanup() {
 }
 
 tc_tmpdir() {
-	T=$(mktemp -d "${TMPDIR:-/tmp}/tiercache-test.XXXXXX")
+	T=$(mktemp -d "${TMPDIR:-/tmp}/tiercache-test.XXXXXX") || { echo "FAIL: cannot make a scratch directory" >&2; exit 1; }
+	[ -n "$T" ] && [ -d "$T" ] || { echo "FAIL: no scratch directory" >&2; exit 1; }
 	trap _tc_cleanup EXIT
 }
 

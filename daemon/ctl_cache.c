@@ -198,6 +198,31 @@ static int ctl_leg_fail(struct json_object *req, struct json_object *resp, void 
 	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
 }
 
+void ctl_cache_counters_json(struct json_object *o, const struct cache_set_status *st)
+{
+	struct {
+		const char *key;
+		uint64_t v;
+	} counters[] = {
+		{ "slots", st->nslots },
+		{ "slots_used", st->slots_used },
+		{ "dirty_bytes", st->dirty_bytes },
+		{ "read_hits", st->read_hits },
+		{ "read_misses", st->read_misses },
+		{ "read_partial", st->read_partial },
+		{ "write_hits", st->write_hits },
+		{ "write_misses", st->write_misses },
+		{ "promotions", st->promotions },
+		{ "evictions", st->evictions },
+		{ "destaged_bytes", st->destaged_bytes },
+		{ "cleaner_rate_bps", st->cleaner_rate_bps },
+		{ "lost_ios", st->lost_ios },
+	};
+	json_object_object_add(o, "hit_ratio", json_object_new_double(st->hit_ratio));
+	for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+		json_object_object_add(o, counters[i].key, json_object_new_int64((int64_t)counters[i].v));
+}
+
 static int ctl_stats(struct json_object *req, struct json_object *resp, void *arg)
 {
 	(void)req;
@@ -210,17 +235,7 @@ static int ctl_stats(struct json_object *req, struct json_object *resp, void *ar
 		cache_set_status(g_sets[i], &st);
 		struct json_object *o = json_object_new_object();
 		json_object_object_add(o, "name", json_object_new_string(st.name));
-		json_object_object_add(o, "hit_ratio", json_object_new_double(st.hit_ratio));
-		json_object_object_add(o, "read_hits", json_object_new_int64((int64_t)st.read_hits));
-		json_object_object_add(o, "read_misses", json_object_new_int64((int64_t)st.read_misses));
-		json_object_object_add(o, "write_hits", json_object_new_int64((int64_t)st.write_hits));
-		json_object_object_add(o, "write_misses", json_object_new_int64((int64_t)st.write_misses));
-		json_object_object_add(o, "dirty_bytes", json_object_new_int64((int64_t)st.dirty_bytes));
-		json_object_object_add(o, "slots_used", json_object_new_int64(st.slots_used));
-		json_object_object_add(o, "promotions", json_object_new_int64((int64_t)st.promotions));
-		json_object_object_add(o, "evictions", json_object_new_int64((int64_t)st.evictions));
-		json_object_object_add(o, "destaged_bytes", json_object_new_int64((int64_t)st.destaged_bytes));
-		json_object_object_add(o, "cleaner_rate_bps", json_object_new_int64((int64_t)st.cleaner_rate_bps));
+		ctl_cache_counters_json(o, &st);
 		json_object_array_add(sets, o);
 	}
 	json_object_object_add(resp, "caches", sets);

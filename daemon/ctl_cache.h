@@ -12,6 +12,12 @@
 struct config;
 struct cache_set;
 struct bdev;
+struct cache_set_status;
+struct json_object;
+
+/* Add a set's counters (hit ratio, hits/misses, dirty bytes, slots, cleaner)
+ * to o: the part `status` and `stats` share. Any thread. */
+void ctl_cache_counters_json(struct json_object *o, const struct cache_set_status *st);
 
 /*
  * sets parallels cfg->caches; vols parallels cfg->luns (NULL for a LUN

@@ -144,20 +144,7 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 		}
 		json_object_object_add(o, "luns", cl);
 		json_object_object_add(o, "extent_size", json_object_new_int64(st.extent_size));
-		json_object_object_add(o, "slots", json_object_new_int64(st.nslots));
-		json_object_object_add(o, "slots_used", json_object_new_int64(st.slots_used));
-		json_object_object_add(o, "dirty_bytes", json_object_new_int64((int64_t)st.dirty_bytes));
-		json_object_object_add(o, "hit_ratio", json_object_new_double(st.hit_ratio));
-		json_object_object_add(o, "read_hits", json_object_new_int64((int64_t)st.read_hits));
-		json_object_object_add(o, "read_misses", json_object_new_int64((int64_t)st.read_misses));
-		json_object_object_add(o, "read_partial", json_object_new_int64((int64_t)st.read_partial));
-		json_object_object_add(o, "write_hits", json_object_new_int64((int64_t)st.write_hits));
-		json_object_object_add(o, "write_misses", json_object_new_int64((int64_t)st.write_misses));
-		json_object_object_add(o, "promotions", json_object_new_int64((int64_t)st.promotions));
-		json_object_object_add(o, "evictions", json_object_new_int64((int64_t)st.evictions));
-		json_object_object_add(o, "destaged_bytes", json_object_new_int64((int64_t)st.destaged_bytes));
-		json_object_object_add(o, "cleaner_rate_bps", json_object_new_int64((int64_t)st.cleaner_rate_bps));
-		json_object_object_add(o, "lost_ios", json_object_new_int64((int64_t)st.lost_ios));
+		ctl_cache_counters_json(o, &st);
 		struct json_object *lost = json_object_new_array();
 		for (int k = 0; k < st.nlost; k++) {
 			struct json_object *lr = json_object_new_object();

@@ -1,0 +1,64 @@
+/*
+ * daemon.h - the daemon's own state, shared by main.c (startup, shutdown,
+ * the status command) and reload.c (SIGHUP). Main thread only, except
+ * where a field says otherwise.
+ */
+#ifndef TC_DAEMON_DAEMON_H
+#define TC_DAEMON_DAEMON_H
+
+#include "common/log.h"
+#include "target/iscsi/portal.h"
+
+#include <stdbool.h>
+
+struct bdev;
+struct cache_set;
+struct cfg_lun;
+struct config;
+struct scsi_lu;
+struct scsi_target;
+
+struct daemon {
+	struct config *cfg;
+	struct scsi_lu **lus;       /* parallel to cfg->luns */
+	struct scsi_target **targets; /* parallel to cfg->targets */
+	char (*serials)[33];
+	struct iscsi_target_cfg *portal_targets;
+	struct iscsi_listen_cfg *portal_listen;
+	struct cache_set **sets;    /* parallel to cfg->caches (a reload keeps them) */
+	struct bdev **vols;         /* parallel to cfg->luns: cache volume or NULL */
+	struct iscsi_portal_cfg *pc;
+	/*
+	 * What a reload replaced but must outlive the portal: configurations
+	 * and arrays that logins and sessions in progress still point into,
+	 * retired targets, and LUs it could not close (a cache volume, or
+	 * commands that did not drain). Freed at exit, after the drain.
+	 */
+	void **old_mem;
+	int nold_mem;
+	struct config **old_cfgs;
+	int nold_cfgs;
+	struct scsi_target **old_targets;
+	int nold_targets;
+	struct scsi_lu **parked_lus;
+	int nparked_lus;
+	const char *path;
+	bool debug;
+};
+
+/*
+ * Open the LU of [lun] l (its serial, backing store, cache volume on a set
+ * already running, and the logical unit). cfg is the configuration in
+ * effect: its state_dir, and its [cache] sections, parallel to sets (on a
+ * reload, l belongs to the new file). 0, or -1 after logging why.
+ */
+int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct cache_set **sets,
+		    char serial[33], struct scsi_lu **lu_out, struct bdev **vol_out);
+
+/* log_level = error | warning | info | debug, as a level (info if unknown). */
+enum log_level daemon_parse_level(const char *s);
+
+/* Re-read d->path and apply what can change while serving (reload.c). */
+void daemon_reload(struct daemon *d);
+
+#endif

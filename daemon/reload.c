@@ -1,0 +1,587 @@
+/*
+ * reload.c - configuration reload on SIGHUP (systemd's ExecReload).
+ *
+ * The new file is loaded and validated first; a bad one is refused with
+ * FILE:LINE and the configuration in effect stays. Otherwise the two are
+ * compared: new LUNs are opened and published to every live login, removed
+ * ones are unpublished, drained and closed (or parked until exit when they
+ * cannot be), targets are added to or retired from the portal's list, and
+ * every other change is logged as needing a restart while the old value is
+ * kept. What a reload replaces but sessions may still point into is kept in
+ * struct daemon until exit. Main thread only.
+ */
+#include "daemon/daemon.h"
+
+#include "backstore/scsi.h"
+#include "cache/bdev.h"
+#include "cache/cache.h"
+#include "common/log.h"
+#include "common/worker.h"
+#include "config/config.h"
+#include "daemon/control.h"
+#include "daemon/ctl_cache.h"
+#include "daemon/watchdog.h"
+#include "target/iscsi/portal.h"
+#include "target/tcmu/tcmu.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+static int keep_old(struct daemon *d, void *p)
+{
+	void **v = realloc(d->old_mem, sizeof(*v) * (size_t)(d->nold_mem + 1));
+	if (!v)
+		return -1;
+	d->old_mem = v;
+	d->old_mem[d->nold_mem++] = p;
+	return 0;
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+	return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+static void needs_restart(const struct config *n, int line, const char *what)
+{
+	if (line > 0)
+		log_warn("%s:%d: changing %s needs a restart; the old value stays in effect", n->path, line, what);
+	else
+		log_warn("%s: changing %s needs a restart; the old value stays in effect", n->path, what);
+}
+
+static bool cache_eq(const struct cfg_cache *a, const struct cfg_cache *b)
+{
+	if (strcmp(a->name, b->name) || a->nlegs != b->nlegs || a->allow_single_leg != b->allow_single_leg ||
+	    a->size != b->size || a->extent != b->extent || a->mode != b->mode || a->admit_hits != b->admit_hits ||
+	    a->seq_cutoff != b->seq_cutoff || a->dirty_target != b->dirty_target)
+		return false;
+	for (int k = 0; k < a->nlegs; k++)
+		if (strcmp(a->legs[k], b->legs[k]))
+			return false;
+	return true;
+}
+
+static bool listen_eq(const struct cfg_listen *a, int na, const struct cfg_listen *b, int nb)
+{
+	if (na != nb)
+		return false;
+	for (int i = 0; i < na; i++)
+		if (strcmp(a[i].addr, b[i].addr) || a[i].port != b[i].port)
+			return false;
+	return true;
+}
+
+/* *dst = a copy of src (NULL stays NULL); false when out of memory. */
+static bool dup_into(char **dst, const char *src)
+{
+	char *c = src ? strdup(src) : NULL;
+	if (src && !c)
+		return false;
+	free(*dst);
+	*dst = c;
+	return true;
+}
+
+static bool copy_listen(struct cfg_listen *dst, int *ndst, const struct cfg_listen *src, int nsrc)
+{
+	char *addr[CFG_MAX_LISTEN];
+
+	for (int i = 0; i < nsrc; i++) {
+		addr[i] = strdup(src[i].addr);
+		if (!addr[i]) {
+			while (i-- > 0)
+				free(addr[i]);
+			return false;
+		}
+	}
+	for (int i = 0; i < *ndst; i++)
+		free(dst[i].addr);
+	for (int i = 0; i < nsrc; i++) {
+		dst[i] = src[i];
+		dst[i].addr = addr[i];
+	}
+	*ndst = nsrc;
+	return true;
+}
+
+/*
+ * What a reload cannot change is put back into n as o has it (copied: o
+ * stays untouched, the control thread and logins may be reading it), one
+ * warning per item: [daemon] (log_level excepted: applied at commit),
+ * [portal], [tcmu], the [cache] sections, and the settings of a [lun]
+ * that stays. Returns how many, or -1 when out of memory.
+ */
+static int keep_unreloadable(struct config *o, struct config *n)
+{
+	int count = 0;
+
+	if (strcmp(o->state_dir, n->state_dir)) {
+		needs_restart(n, 0, "[daemon] state_dir");
+		if (!dup_into(&n->state_dir, o->state_dir))
+			return -1;
+		count++;
+	}
+	if (strcmp(o->control_socket, n->control_socket)) {
+		needs_restart(n, 0, "[daemon] control_socket");
+		if (!dup_into(&n->control_socket, o->control_socket))
+			return -1;
+		count++;
+	}
+	if (o->workers != n->workers) {
+		needs_restart(n, 0, "[daemon] workers");
+		n->workers = o->workers;
+		count++;
+	}
+	if (o->nop_interval != n->nop_interval || o->nop_timeout != n->nop_timeout) {
+		needs_restart(n, 0, "[daemon] nop_interval/nop_timeout");
+		n->nop_interval = o->nop_interval;
+		n->nop_timeout = o->nop_timeout;
+		count++;
+	}
+	if (!listen_eq(o->listen, o->nlisten, n->listen, n->nlisten)) {
+		needs_restart(n, n->nlisten ? n->listen[0].line : 0, "[portal] listen");
+		if (!copy_listen(n->listen, &n->nlisten, o->listen, o->nlisten))
+			return -1;
+		count++;
+	}
+	if (o->tcmu_enable != n->tcmu_enable || o->tcmu_dbus != n->tcmu_dbus ||
+	    !listen_eq(o->tcmu_portal, o->ntcmu_portal, n->tcmu_portal, n->ntcmu_portal)) {
+		needs_restart(n, 0, "[tcmu]");
+		n->tcmu_enable = o->tcmu_enable;
+		n->tcmu_dbus = o->tcmu_dbus;
+		if (!copy_listen(n->tcmu_portal, &n->ntcmu_portal, o->tcmu_portal, o->ntcmu_portal))
+			return -1;
+		count++;
+	}
+	/* [cache]: the running sets stay exactly as they are */
+	bool caches_same = o->ncaches == n->ncaches;
+	for (int i = 0; caches_same && i < n->ncaches; i++)
+		caches_same = cache_eq(&o->caches[i], &n->caches[i]);
+	if (!caches_same) {
+		for (int i = 0; i < n->ncaches; i++) {
+			struct cfg_cache *oc = config_find_cache(o, n->caches[i].name);
+			char what[300];
+			snprintf(what, sizeof(what), "%s [cache %s]", oc ? "the settings of" : "adding",
+				 n->caches[i].name);
+			if (!oc || !cache_eq(oc, &n->caches[i])) {
+				needs_restart(n, n->caches[i].line, what);
+				count++;
+			}
+		}
+		for (int i = 0; i < o->ncaches; i++)
+			if (!config_find_cache(n, o->caches[i].name)) {
+				char what[300];
+				snprintf(what, sizeof(what), "removing [cache %s]", o->caches[i].name);
+				needs_restart(n, 0, what);
+				count++;
+			}
+		struct cfg_cache *cc = calloc(o->ncaches ? o->ncaches : 1, sizeof(*cc));
+		if (!cc)
+			return -1;
+		bool ok = true;
+		for (int i = 0; i < o->ncaches; i++) {
+			cc[i] = o->caches[i];
+			cc[i].name = strdup(o->caches[i].name);
+			ok &= cc[i].name != NULL;
+			for (int k = 0; k < o->caches[i].nlegs; k++) {
+				cc[i].legs[k] = strdup(o->caches[i].legs[k]);
+				ok &= cc[i].legs[k] != NULL;
+			}
+		}
+		for (int i = 0; i < n->ncaches; i++) {
+			free(n->caches[i].name);
+			for (int k = 0; k < n->caches[i].nlegs; k++)
+				free(n->caches[i].legs[k]);
+		}
+		free(n->caches);
+		n->caches = cc;
+		n->ncaches = o->ncaches;
+		for (int i = 0; i < n->nluns; i++)
+			n->luns[i].cache_set = n->luns[i].cache ? config_find_cache(n, n->luns[i].cache) : NULL;
+		if (!ok)
+			return -1; /* config_free(n) frees what was copied */
+	}
+	/* a [lun] that stays keeps its LU: its settings stay too */
+	for (int i = 0; i < n->nluns; i++) {
+		struct cfg_lun *nl = &n->luns[i], *ol = config_find_lun(o, nl->name);
+		char what[300];
+		int before = count;
+		if (!ol)
+			continue;
+#define LUN_FIELD(cond, field)                                                           \
+	if (cond) {                                                                      \
+		snprintf(what, sizeof(what), "%s of [lun %s]", field, nl->name);         \
+		needs_restart(n, nl->line, what);                                        \
+		count++;                                                                 \
+	}
+		LUN_FIELD(strcmp(ol->backing, nl->backing), "backing")
+		LUN_FIELD(ol->size != nl->size, "size")
+		LUN_FIELD(ol->block_size != nl->block_size, "block_size")
+		LUN_FIELD(!str_eq(ol->serial, nl->serial), "serial")
+		LUN_FIELD(ol->write_cache != nl->write_cache, "write_cache")
+		LUN_FIELD(ol->read_only != nl->read_only, "read_only")
+		LUN_FIELD(!str_eq(ol->cache, nl->cache), "cache")
+#undef LUN_FIELD
+		if (count != before) {
+			if (!dup_into(&nl->backing, ol->backing) || !dup_into(&nl->serial, ol->serial) ||
+			    !dup_into(&nl->cache, ol->cache))
+				return -1;
+			nl->size = ol->size;
+			nl->block_size = ol->block_size;
+			nl->write_cache = ol->write_cache;
+			nl->read_only = ol->read_only;
+			nl->cache_set = nl->cache ? config_find_cache(n, nl->cache) : NULL;
+		}
+	}
+	return count;
+}
+
+static int find_target(const struct config *cfg, const char *iqn)
+{
+	for (int i = 0; i < cfg->ntargets; i++)
+		if (!strcasecmp(cfg->targets[i].iqn, iqn))
+			return i;
+	return -1;
+}
+
+static int find_lun_idx(const struct config *cfg, const char *name)
+{
+	for (int i = 0; i < cfg->nluns; i++)
+		if (!strcmp(cfg->luns[i].name, name))
+			return i;
+	return -1;
+}
+
+static bool has_mapping(const struct cfg_target *t, uint64_t lun, const char *name)
+{
+	for (int j = 0; j < t->nluns; j++)
+		if (t->luns[j].lun == lun && !strcmp(t->luns[j].lun_name, name))
+			return true;
+	return false;
+}
+
+static bool auth_eq(const struct cfg_target *a, const struct cfg_target *b)
+{
+	if (a->nallow != b->nallow || !str_eq(a->chap_user, b->chap_user) || !str_eq(a->chap_secret, b->chap_secret) ||
+	    !str_eq(a->mutual_user, b->mutual_user) || !str_eq(a->mutual_secret, b->mutual_secret))
+		return false;
+	for (int k = 0; k < a->nallow; k++)
+		if (strcasecmp(a->allow[k], b->allow[k]))
+			return false;
+	return true;
+}
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+/* Post the new maps of t[0..nt) to every worker and wait (nt 0: a barrier,
+ * every worker finished what it was doing). Feeds the watchdog. */
+static void publish_wait(struct scsi_target *const *t, int nt)
+{
+	struct scsi_publish *p;
+
+	while (!(p = scsi_target_publish_start(t, nt)))
+		sleep_ms(10);
+	while (!scsi_target_publish_done(p)) {
+		watchdog_feed();
+		sleep_ms(1);
+	}
+}
+
+static int park_lu(struct daemon *d, struct scsi_lu *lu)
+{
+	struct scsi_lu **v = realloc(d->parked_lus, sizeof(*v) * (size_t)(d->nparked_lus + 1));
+	if (!v)
+		return -1;
+	d->parked_lus = v;
+	d->parked_lus[d->nparked_lus++] = lu;
+	return 0;
+}
+
+#define RELOAD_DRAIN_MS 30000
+#define RELOAD_LOGOUT_MS 10000
+
+void daemon_reload(struct daemon *d)
+{
+	struct config *o = d->cfg, *n = NULL;
+	char err[1024];
+
+	log_info("SIGHUP: reloading %s", d->path);
+	if (config_load(d->path, &n, err, sizeof(err)) < 0) {
+		log_err("%s", err);
+		log_err("reload refused: the configuration in effect stays as it was");
+		return;
+	}
+	int nl = n->nluns, nt = n->ntargets;
+	struct scsi_lu **lus = calloc(nl ? nl : 1, sizeof(*lus));
+	struct bdev **vols = calloc(nl ? nl : 1, sizeof(*vols));
+	char (*serials)[33] = calloc(nl ? nl : 1, sizeof(*serials));
+	bool *lu_new = calloc(nl ? nl : 1, sizeof(*lu_new));
+	bool *o_lu_kept = calloc(o->nluns ? o->nluns : 1, sizeof(*o_lu_kept));
+	struct scsi_target **targets = calloc(nt ? nt : 1, sizeof(*targets));
+	bool *t_new = calloc(nt ? nt : 1, sizeof(*t_new));
+	int *t_old = calloc(nt ? nt : 1, sizeof(*t_old));
+	bool *o_t_kept = calloc(o->ntargets ? o->ntargets : 1, sizeof(*o_t_kept));
+	struct iscsi_target_cfg *ptargets = calloc(nt ? nt : 1, sizeof(*ptargets));
+	struct iscsi_portal_cfg *pc = calloc(1, sizeof(*pc));
+	struct scsi_target **pub = calloc((size_t)(nt + o->ntargets + 1), sizeof(*pub));
+	int npub = 0;
+	int luns_added = 0, luns_removed = 0, maps_added = 0, maps_removed = 0, tgts_added = 0, tgts_removed = 0;
+
+	if (!lus || !vols || !serials || !lu_new || !o_lu_kept || !targets || !t_new || !t_old || !o_t_kept ||
+	    !ptargets || !pc || !pub) {
+		log_err("reload: out of memory");
+		goto abort;
+	}
+	int restarts = keep_unreloadable(o, n);
+	if (restarts < 0) {
+		log_err("reload: out of memory");
+		goto abort;
+	}
+
+	/* LUNs: a name that stays keeps its LU; new ones are opened now */
+	for (int i = 0; i < nl; i++) {
+		int oi = find_lun_idx(o, n->luns[i].name);
+		if (oi >= 0) {
+			lus[i] = d->lus[oi];
+			vols[i] = d->vols[oi];
+			memcpy(serials[i], d->serials[oi], sizeof(serials[i]));
+			o_lu_kept[oi] = true;
+			continue;
+		}
+		if (daemon_open_lun(n, &n->luns[i], d->sets, serials[i], &lus[i], &vols[i]) < 0)
+			goto abort;
+		lu_new[i] = true;
+		luns_added++;
+		if (o->tcmu_enable)
+			log_warn("%s:%d: [lun %s] is served over iSCSI; LIO (TCMU) sees it after a restart",
+				 n->path, n->luns[i].line, n->luns[i].name);
+	}
+	/* targets: an IQN that stays keeps its scsi target; new ones are built now */
+	for (int j = 0; j < nt; j++) {
+		struct cfg_target *t = &n->targets[j];
+		int oj = find_target(o, t->iqn);
+		t_old[j] = oj;
+		if (oj >= 0) {
+			targets[j] = d->targets[oj];
+			o_t_kept[oj] = true;
+			if (!auth_eq(&o->targets[oj], t))
+				log_info("%s:%d: [target %s]: allow list or CHAP changed; new logins use it, "
+					 "sessions already logged in stay", n->path, t->line, t->iqn);
+		} else {
+			targets[j] = scsi_target_new(t->iqn);
+			if (!targets[j]) {
+				log_err("reload: out of memory");
+				goto abort;
+			}
+			t_new[j] = true;
+			for (int k = 0; k < t->nluns; k++)
+				if (scsi_target_map(targets[j], t->luns[k].lun,
+						    lus[t->luns[k].lu - n->luns]) < 0) {
+					log_err("reload: out of memory");
+					goto abort;
+				}
+		}
+		ptargets[j] = (struct iscsi_target_cfg){
+			.iqn = t->iqn,
+			.scsi = targets[j],
+			.allow = (const char *const *)t->allow,
+			.nallow = t->nallow,
+			.chap_user = t->chap_user,
+			.chap_secret = t->chap_secret,
+			.mutual_user = t->mutual_user,
+			.mutual_secret = t->mutual_secret,
+		};
+	}
+	*pc = *d->pc;
+	pc->targets = ptargets;
+	pc->ntargets = nt;
+
+	/* ---- from here on nothing is refused ---- */
+	if (strcmp(o->log_level, n->log_level)) {
+		if (!d->debug)
+			log_set_level(daemon_parse_level(n->log_level));
+		log_info("%s: log_level is now %s%s", n->path, n->log_level, d->debug ? " (--debug overrides it)" : "");
+	}
+
+	/* mapping changes of the targets that stay */
+	for (int j = 0; j < nt; j++) {
+		int oj = t_old[j];
+		if (oj < 0) {
+			tgts_added++;
+			log_info("reload: target %s added with %d LUN(s)", n->targets[j].iqn, n->targets[j].nluns);
+			continue;
+		}
+		struct cfg_target *ot = &o->targets[oj], *t = &n->targets[j];
+		bool changed = false;
+		for (int k = 0; k < ot->nluns; k++)
+			if (!has_mapping(t, ot->luns[k].lun, ot->luns[k].lun_name)) {
+				scsi_target_unmap(targets[j], ot->luns[k].lun);
+				log_info("reload: target %s: lun%llu (%s) removed", t->iqn,
+					 (unsigned long long)ot->luns[k].lun, ot->luns[k].lun_name);
+				maps_removed++;
+				changed = true;
+			}
+		for (int k = 0; k < t->nluns; k++)
+			if (!has_mapping(ot, t->luns[k].lun, t->luns[k].lun_name)) {
+				if (scsi_target_map(targets[j], t->luns[k].lun, lus[t->luns[k].lu - n->luns]) < 0)
+					log_err("%s:%d: target %s: cannot map lun%llu (out of memory)", n->path,
+						t->luns[k].line, t->iqn, (unsigned long long)t->luns[k].lun);
+				else
+					log_info("reload: target %s: lun%llu = %s added", t->iqn,
+						 (unsigned long long)t->luns[k].lun, t->luns[k].lun_name);
+				maps_added++;
+				changed = true;
+			}
+		if (changed)
+			pub[npub++] = targets[j];
+	}
+	/* logins and discovery see the new target list */
+	iscsi_portal_update(pc);
+	/* every nexus on every worker takes its new LUN list */
+	publish_wait(pub, npub);
+	/* removed targets: no new nexus (a login already past the lookup
+	 * fails); the sessions they have are asked to log out below */
+	int first_retired = npub;
+	for (int oj = 0; oj < o->ntargets; oj++)
+		if (!o_t_kept[oj]) {
+			scsi_target_retire(d->targets[oj]);
+			pub[npub++] = d->targets[oj];
+			tgts_removed++;
+			log_info("reload: target %s removed; its sessions are asked to log out", o->targets[oj].iqn);
+		}
+
+	/* tierctl sees the new configuration */
+	control_lock();
+	struct scsi_lu **old_lus = d->lus;
+	struct bdev **old_vols = d->vols;
+	keep_old(d, d->lus);
+	keep_old(d, d->vols);
+	keep_old(d, d->serials);
+	keep_old(d, d->targets);
+	keep_old(d, d->portal_targets);
+	keep_old(d, d->pc);
+	d->cfg = n;
+	d->lus = lus;
+	d->vols = vols;
+	d->serials = serials;
+	d->targets = targets;
+	d->portal_targets = ptargets;
+	d->pc = pc;
+	ctl_cache_update(n, vols);
+	control_unlock();
+	{
+		struct config **v = realloc(d->old_cfgs, sizeof(*v) * (size_t)(d->nold_cfgs + 1));
+		if (v) {
+			d->old_cfgs = v;
+			d->old_cfgs[d->nold_cfgs++] = o;
+		} /* else: leaked; logins in progress may still read it */
+	}
+
+	/*
+	 * Sessions of removed targets: asked to log out; each stops taking
+	 * new commands and closes once those in flight have answered. One
+	 * that outlasts the grace period loses its LUNs (it answers LOGICAL
+	 * UNIT NOT SUPPORTED) so that removed LUNs can close. The targets
+	 * are freed at exit.
+	 */
+	for (int i = first_retired; i < npub; i++)
+		iscsi_portal_close_target(pub[i]);
+	uint64_t end = now_ms() + RELOAD_LOGOUT_MS;
+	for (int i = first_retired; i < npub; i++) {
+		while (scsi_target_nexus_count(pub[i]) > 0 && now_ms() < end) {
+			watchdog_feed();
+			sleep_ms(10);
+		}
+		if (scsi_target_nexus_count(pub[i]) > 0)
+			log_warn("reload: target %s: %d session(s) still open after %u s; they lose their LUNs "
+				 "and close when the initiator logs out", scsi_target_name(pub[i]),
+				 scsi_target_nexus_count(pub[i]), RELOAD_LOGOUT_MS / 1000);
+		struct scsi_target **v = realloc(d->old_targets, sizeof(*v) * (size_t)(d->nold_targets + 1));
+		if (v) {
+			d->old_targets = v;
+			d->old_targets[d->nold_targets++] = pub[i];
+		}
+	}
+	if (npub > first_retired)
+		publish_wait(pub + first_retired, npub - first_retired);
+
+	/* removed LUNs: no map holds them now; wait for their commands (one
+	 * deadline for all of them), then close */
+	end = now_ms() + RELOAD_DRAIN_MS;
+	for (int oi = 0; oi < o->nluns; oi++) {
+		if (o_lu_kept[oi])
+			continue;
+		struct scsi_lu *lu = old_lus[oi];
+		const char *name = scsi_lu_name(lu);
+		luns_removed++;
+		while (scsi_lu_inflight(lu) > 0 && now_ms() < end) {
+			watchdog_feed();
+			sleep_ms(1);
+		}
+		publish_wait(NULL, 0); /* whatever touched it last has returned */
+		if (scsi_lu_inflight(lu) > 0) {
+			log_warn("reload: lun %s: %u command(s) still in flight after %u s; it stays open "
+				 "(unreachable) until exit", name, scsi_lu_inflight(lu), RELOAD_DRAIN_MS / 1000);
+			end = now_ms(); /* the others get one last look each, not another 30 s */
+			if (park_lu(d, lu) < 0)
+				log_err("reload: lun %s: out of memory; it is leaked", name);
+		} else if (old_vols[oi] || o->tcmu_enable) {
+			log_info("reload: lun %s removed and drained; %s stays open (unreachable) until exit",
+				 name, old_vols[oi] ? "its cache volume" : "LIO (TCMU) may still use it, so it");
+			if (park_lu(d, lu) < 0)
+				log_err("reload: lun %s: out of memory; it is leaked", name);
+		} else {
+			log_info("reload: lun %s removed, drained and closed", name);
+			scsi_lu_close(lu);
+		}
+	}
+	free(lu_new);
+	free(o_lu_kept);
+	free(t_new);
+	free(t_old);
+	free(o_t_kept);
+	free(pub);
+	log_info("reload: %d LUN(s) added, %d removed; %d mapping(s) added, %d removed; %d target(s) added, "
+		 "%d removed; %d setting(s) need a restart", luns_added, luns_removed, maps_added, maps_removed,
+		 tgts_added, tgts_removed, restarts);
+	sd_notifyf(0, "STATUS=serving: %d target(s), %d LUN(s)", n->ntargets, n->nluns);
+	return;
+
+abort:
+	for (int j = 0; targets && t_new && j < nt; j++)
+		if (t_new[j])
+			scsi_target_free(targets[j]);
+	for (int i = 0; lus && lu_new && i < nl; i++)
+		if (lu_new[i] && lus[i]) {
+			/* a cache volume on a running set stays open until exit */
+			if (vols[i] && park_lu(d, lus[i]) == 0)
+				continue;
+			scsi_lu_close(lus[i]);
+		}
+	free(lus);
+	free(vols);
+	free(serials);
+	free(lu_new);
+	free(o_lu_kept);
+	free(targets);
+	free(t_new);
+	free(t_old);
+	free(o_t_kept);
+	free(ptargets);
+	free(pc);
+	free(pub);
+	config_free(n);
+	log_err("reload refused: the configuration in effect stays as it was");
+}
+

@@ -283,7 +283,8 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	atomic_init(&lu->fast_writes, 0);
 	atomic_init(&lu->sanitizing, false);
 	atomic_init(&lu->swp, false);
-	atomic_init(&lu->inflight, 0);
+	for (int i = 0; i < LU_INFLIGHT_SLOTS; i++)
+		atomic_init(&lu->inflight[i].n, 0);
 	lu->tst = 0;
 	lu->qerr = 0;
 	lu->tas = 0;
@@ -417,7 +418,10 @@ int scsi_target_nexus_count(struct scsi_target *t)
 
 unsigned scsi_lu_inflight(struct scsi_lu *lu)
 {
-	return atomic_load_explicit(&lu->inflight, memory_order_acquire);
+	unsigned sum = 0;
+	for (int i = 0; i < LU_INFLIGHT_SLOTS; i++)
+		sum += atomic_load_explicit(&lu->inflight[i].n, memory_order_acquire);
+	return sum;
 }
 
 void scsi_target_free(struct scsi_target *t)
@@ -822,7 +826,7 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->lu = nl ? nl->lu : NULL;
 	cmd->held_lu = cmd->lu;
 	if (cmd->lu)
-		atomic_fetch_add_explicit(&cmd->lu->inflight, 1, memory_order_relaxed);
+		lu_inflight_add(cmd->lu, +1);
 
 	d = cmd_lookup(cmd->cdb, &bad_sa);
 	if (!d) {

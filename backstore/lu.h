@@ -206,6 +206,13 @@ struct range_lock {
 	void (*resume)(struct range_lock *rl);
 };
 
+/* One worker's count of commands in flight on an LU, alone on its 64 bytes. */
+#define LU_INFLIGHT_SLOTS 64
+struct lu_inflight {
+	atomic_uint n;
+	char pad[64 - sizeof(atomic_uint)];
+};
+
 struct scsi_lu {
 	char *name;
 	char serial[33];
@@ -249,8 +256,10 @@ struct scsi_lu {
 
 	/* commands submitted to this LU and not yet completed (plus EXTENDED
 	 * COPY segments that use it as source or destination): a LUN removed
-	 * by a configuration reload is closed once this reaches zero */
-	atomic_uint inflight;
+	 * by a configuration reload is closed once the sum reaches zero. One
+	 * padded counter per worker, so the hot path never bounces a shared
+	 * cache line between cores; see lu_inflight_add. */
+	struct lu_inflight inflight[LU_INFLIGHT_SLOTS];
 
 	/* xcopy: registry of open LUs */
 	struct scsi_lu *next_open;
@@ -362,6 +371,22 @@ void scsi_cmd_good(struct scsi_cmd *cmd);
 /* map a bdev -errno to sense and complete */
 void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing);
 
+/*
+ * Count one user of lu in or out (delta +1 / -1) on the calling worker's
+ * counter. Any thread; lock-free, and uncontended on workers. An increment
+ * and its decrement may land on different counters: the sum, taken in
+ * wrapping unsigned arithmetic by scsi_lu_inflight, is still exact.
+ */
+static inline void lu_inflight_add(struct scsi_lu *lu, int delta)
+{
+	struct worker *w = worker_self();
+	unsigned i = w ? worker_index(w) % LU_INFLIGHT_SLOTS : 0;
+	if (delta > 0)
+		atomic_fetch_add_explicit(&lu->inflight[i].n, 1, memory_order_relaxed);
+	else
+		atomic_fetch_sub_explicit(&lu->inflight[i].n, 1, memory_order_release);
+}
+
 /* Complete the command: calls cmd->done, then drops the command's count
  * on its LU (taken by scsi_cmd_submit). */
 static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
@@ -371,7 +396,7 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 	cmd->held_lu = NULL;
 	cmd->done(cmd);
 	if (held)
-		atomic_fetch_sub_explicit(&held->inflight, 1, memory_order_release);
+		lu_inflight_add(held, -1);
 }
 
 /* ------------------------------------------------------------------ */

@@ -230,8 +230,8 @@ static struct scsi_lu *xc_target(struct xcopy_io *io, unsigned idx)
  * (a reload closes a removed LU only when nothing uses it). */
 static void xc_hold(struct xcopy_io *io)
 {
-	atomic_fetch_add_explicit(&io->src->inflight, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&io->dst->inflight, 1, memory_order_relaxed);
+	lu_inflight_add(io->src, +1);
+	lu_inflight_add(io->dst, +1);
 	io->held = true;
 }
 
@@ -240,8 +240,8 @@ static void xc_release(struct xcopy_io *io)
 	if (!io->held)
 		return;
 	io->held = false;
-	atomic_fetch_sub_explicit(&io->src->inflight, 1, memory_order_release);
-	atomic_fetch_sub_explicit(&io->dst->inflight, 1, memory_order_release);
+	lu_inflight_add(io->src, -1);
+	lu_inflight_add(io->dst, -1);
 }
 
 /* Reservation checks on the copy's source (read) and destination (write). */

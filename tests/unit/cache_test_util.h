@@ -15,6 +15,7 @@
 #ifndef TC_CACHE_TEST_UTIL_H
 #define TC_CACHE_TEST_UTIL_H
 
+#include "check.h"
 #include "cache/bdev.h"
 #include "cache/cache.h"
 #include "common/bufpool.h"
@@ -28,15 +29,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CHECK(cond, ...)                                                          \
-	do {                                                                      \
-		if (!(cond)) {                                                    \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                             \
-			fprintf(stderr, "\n");                                    \
-			exit(1);                                                  \
-		}                                                                 \
-	} while (0)
 
 struct wlog_ent {
 	int dev;

@@ -10,8 +10,9 @@
 #define TC_TESTS_CHECK_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
-static int check_failures;
+static int check_failures __attribute__((unused));
 
 #define CHECK(cond, ...)                                          \
 	do {                                                      \
@@ -23,6 +24,21 @@ static int check_failures;
 		}                                                 \
 		printf(__VA_ARGS__);                              \
 		printf("\n");                                     \
+	} while (0)
+
+/*
+ * REQUIRE(cond, fmt, ...): stop the test at the first broken expectation,
+ * naming the file, line and condition (for tests whose later steps make no
+ * sense once one has failed). Any thread.
+ */
+#define REQUIRE(cond, ...)                                                        \
+	do {                                                                      \
+		if (!(cond)) {                                                    \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                             \
+			fprintf(stderr, "\n");                                    \
+			exit(1);                                                  \
+		}                                                                 \
 	} while (0)
 
 #endif

@@ -68,19 +68,19 @@ static bool wait_calls(struct counted *c, int want, int ms)
 int main(void)
 {
 	char dir[] = "/tmp/tc-shortio-XXXXXX";
-	CHECK(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+	REQUIRE(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
 	char path[64];
 	snprintf(path, sizeof(path), "%s/f.img", dir);
 
-	CHECK(workers_start(1) == 0, "workers");
+	REQUIRE(workers_start(1) == 0, "workers");
 	char err[256] = "";
 	struct bdev *dev = bdev_file_open(path, FILE_SIZE, 512, true, err, sizeof(err));
-	CHECK(dev, "open: %s", err);
+	REQUIRE(dev, "open: %s", err);
 
 	uint8_t *buf = buf_get(FILE_SIZE);
 	for (unsigned i = 0; i < FILE_SIZE; i++)
 		buf[i] = (uint8_t)(i * 7 + 1);
-	CHECK(tio_sync(dev, BDEV_WRITE, 0, buf, FILE_SIZE, BDEV_F_FUA) == 0, "write");
+	REQUIRE(tio_sync(dev, BDEV_WRITE, 0, buf, FILE_SIZE, BDEV_F_FUA) == 0, "write");
 
 	/* every ring slot now carries the decoy's user_data */
 	struct counted decoy;
@@ -89,14 +89,14 @@ int main(void)
 		memset(&decoy, 0, sizeof(decoy));
 		counted_prep(&decoy, dev, BDEV_READ, 0, dbuf, 4096);
 		worker_post(worker_get(0), counted_start, &decoy);
-		CHECK(wait_calls(&decoy, 1, 5000), "decoy read %d did not complete", i);
-		CHECK(decoy.err == 0, "decoy read %d: %d", i, decoy.err);
+		REQUIRE(wait_calls(&decoy, 1, 5000), "decoy read %d did not complete", i);
+		REQUIRE(decoy.err == 0, "decoy read %d: %d", i, decoy.err);
 	}
 
 	/* shrink the file by half a 4K block behind the bdev's back */
 	int fd = open(path, O_RDWR);
-	CHECK(fd >= 0, "open %s: %s", path, strerror(errno));
-	CHECK(ftruncate(fd, FILE_SIZE - 2048) == 0, "truncate: %s", strerror(errno));
+	REQUIRE(fd >= 0, "open %s: %s", path, strerror(errno));
+	REQUIRE(ftruncate(fd, FILE_SIZE - 2048) == 0, "truncate: %s", strerror(errno));
 	close(fd);
 
 	struct counted sr;
@@ -110,13 +110,13 @@ int main(void)
 	bool done = wait_calls(&sr, 1, 5000);
 	usleep(100 * 1000); /* let a stray second completion show up */
 	int extra = atomic_load(&decoy.calls) - decoy_calls;
-	CHECK(extra == 0, "a finished request was completed %d more time(s) by the short read's resumption", extra);
-	CHECK(done, "the short read never completed");
-	CHECK(atomic_load(&sr.calls) == 1, "the short read completed %d times", atomic_load(&sr.calls));
-	CHECK(sr.err == 0, "short read: %d", sr.err);
+	REQUIRE(extra == 0, "a finished request was completed %d more time(s) by the short read's resumption", extra);
+	REQUIRE(done, "the short read never completed");
+	REQUIRE(atomic_load(&sr.calls) == 1, "the short read completed %d times", atomic_load(&sr.calls));
+	REQUIRE(sr.err == 0, "short read: %d", sr.err);
 	for (unsigned i = 0; i < 4096; i++) {
 		uint8_t want = i < 2048 ? (uint8_t)((FILE_SIZE - 4096 + i) * 7 + 1) : 0;
-		CHECK(rbuf[i] == want, "byte %u of the short read: %#x, want %#x", i, rbuf[i], want);
+		REQUIRE(rbuf[i] == want, "byte %u of the short read: %#x, want %#x", i, rbuf[i], want);
 	}
 
 	workers_stop();

@@ -83,7 +83,7 @@ static void load(struct bdev *vol, int rounds, uint64_t *seq)
 			if (wr[i])
 				memcpy(model + lba[i] * 512, bufs[i], n[i] * 512u);
 			else
-				CHECK(!memcmp(model + lba[i] * 512, bufs[i], n[i] * 512u),
+				REQUIRE(!memcmp(model + lba[i] * 512, bufs[i], n[i] * 512u),
 				      "read at lba %llu returned other data than was written",
 				      (unsigned long long)lba[i]);
 		}
@@ -96,8 +96,8 @@ static void verify_all(struct bdev *vol)
 {
 	uint8_t *buf = buf_get(64u << 10);
 	for (uint64_t off = 0; off < BACK_SIZE; off += 64u << 10) {
-		CHECK(tio_sync(vol, BDEV_READ, off, buf, 64u << 10, 0) == 0, "read");
-		CHECK(!memcmp(buf, model + off, 64u << 10), "data differs at %llu", (unsigned long long)off);
+		REQUIRE(tio_sync(vol, BDEV_READ, off, buf, 64u << 10, 0) == 0, "read");
+		REQUIRE(!memcmp(buf, model + off, 64u << 10), "data differs at %llu", (unsigned long long)off);
 	}
 	buf_put(buf, 64u << 10);
 }
@@ -113,26 +113,26 @@ int main(void)
 	char err[512];
 	struct cache_set_status st;
 	uint64_t seq = 1;
-	CHECK(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
 
 	struct mem_bdev *b = mem_new(0, BACK_SIZE, NULL);
 	struct mem_bdev *l0 = mem_new(1, LEG_SIZE, NULL), *l1 = mem_new(2, LEG_SIZE, NULL);
 	struct bdev *legs[2] = { &l0->dev, &l1->dev };
 	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	CHECK(cs, "open: %s", err);
+	REQUIRE(cs, "open: %s", err);
 	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(vol, "attach: %s", err);
+	REQUIRE(vol, "attach: %s", err);
 
 	load(vol, 100, &seq);
 	cache_set_status(cs, &st);
-	CHECK(!st.degraded, "degraded before any fault");
+	REQUIRE(!st.degraded, "degraded before any fault");
 	/* leg 1 dies after 150 more operations, in the middle of the load */
 	atomic_store(&l1->fail_after, atomic_load(&l1->ops) + 150);
 	load(vol, 300, &seq);
-	CHECK(errors_seen == 0, "%d errors reached the LUN after a leg failure", errors_seen);
-	CHECK(atomic_load(&l1->errors) > 0, "the fault was never injected");
+	REQUIRE(errors_seen == 0, "%d errors reached the LUN after a leg failure", errors_seen);
+	REQUIRE(atomic_load(&l1->errors) > 0, "the fault was never injected");
 	cache_set_status(cs, &st);
-	CHECK(st.degraded && st.legs[1].health == LEG_FAILED && st.legs[0].health == LEG_HEALTHY,
+	REQUIRE(st.degraded && st.legs[1].health == LEG_FAILED && st.legs[0].health == LEG_HEALTHY,
 	      "status does not say degraded with leg 1 failed");
 	verify_all(vol);
 	printf("ok: leg 1 failed after %ld ops, %ld I/O errors absorbed, 0 errors upward, degraded\n",
@@ -152,37 +152,37 @@ int main(void)
 	legs[0] = &l0->dev;
 	legs[1] = &l1->dev;
 	cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	CHECK(cs, "reopen: %s", err);
+	REQUIRE(cs, "reopen: %s", err);
 	vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(vol, "attach: %s", err);
+	REQUIRE(vol, "attach: %s", err);
 	cache_set_status(cs, &st);
-	CHECK(st.degraded && st.legs[1].health == LEG_FAILED, "restart forgot that leg 1 failed");
+	REQUIRE(st.degraded && st.legs[1].health == LEG_FAILED, "restart forgot that leg 1 failed");
 	verify_all(vol);
 	printf("ok: restart keeps leg 1 out, all data reads back from leg 0\n");
 
 	/* replace leg 1 and resync online under load */
 	struct mem_bdev *nl = mem_new(3, LEG_SIZE, NULL);
-	CHECK(cache_set_leg_replace(cs, 1, &nl->dev, err, sizeof(err)) == 0, "replace: %s", err);
+	REQUIRE(cache_set_leg_replace(cs, 1, &nl->dev, err, sizeof(err)) == 0, "replace: %s", err);
 	int spins = 0;
 	do {
 		load(vol, 10, &seq);
 		cache_set_status(cs, &st);
 		spins++;
 	} while (st.legs[1].health == LEG_RESYNCING && spins < 10000);
-	CHECK(st.legs[1].health == LEG_HEALTHY && !st.degraded, "resync did not finish (%d rounds)", spins);
-	CHECK(errors_seen == 0, "errors during resync");
+	REQUIRE(st.legs[1].health == LEG_HEALTHY && !st.degraded, "resync did not finish (%d rounds)", spins);
+	REQUIRE(errors_seen == 0, "errors during resync");
 	printf("ok: resync finished after %d load rounds, set healthy\n", spins);
 	load(vol, 50, &seq);
 	/* now lose leg 0: the resynced leg alone must hold everything */
 	atomic_store(&l0->fail_after, 0);
 	verify_all(vol);
 	load(vol, 50, &seq);
-	CHECK(errors_seen == 0, "errors after failing the old leg");
+	REQUIRE(errors_seen == 0, "errors after failing the old leg");
 	verify_all(vol);
 	printf("ok: after failing leg 0, every block reads back from the resynced leg\n");
 
 	/* both legs gone: dirty blocks fail with -EIO, nothing stale is ever returned */
-	CHECK(cache_set_flush(cs, 30000) == 0, "flush did not finish");
+	REQUIRE(cache_set_flush(cs, 30000) == 0, "flush did not finish");
 	load(vol, 5, &seq); /* a few dirty blocks again */
 	cache_set_status(cs, &st);
 	uint64_t dirty = st.dirty_bytes;
@@ -191,19 +191,19 @@ int main(void)
 	long eio = 0, good = 0;
 	for (uint64_t off = 0; off < BACK_SIZE; off += 4096) {
 		int r = tio_sync(vol, BDEV_READ, off, buf, 4096, 0);
-		CHECK(r == 0 || r == -EIO, "read failed with %d", r);
+		REQUIRE(r == 0 || r == -EIO, "read failed with %d", r);
 		if (r == -EIO) {
 			eio++;
 			continue;
 		}
-		CHECK(!memcmp(buf, model + off, 4096), "stale data at %llu after losing both legs",
+		REQUIRE(!memcmp(buf, model + off, 4096), "stale data at %llu after losing both legs",
 		      (unsigned long long)off);
 		good++;
 	}
 	cache_set_status(cs, &st);
-	CHECK(dirty > 0 && eio > 0 && st.lost_ios > 0, "dirty data lost but no MEDIUM ERROR (%llu dirty bytes)",
+	REQUIRE(dirty > 0 && eio > 0 && st.lost_ios > 0, "dirty data lost but no MEDIUM ERROR (%llu dirty bytes)",
 	      (unsigned long long)dirty);
-	CHECK(good > 0, "clean blocks were not read from the backing store");
+	REQUIRE(good > 0, "clean blocks were not read from the backing store");
 	printf("ok: both legs lost: %ld blocks read correctly (clean or from backing), %ld failed with EIO, "
 	       "none stale\n", good, eio);
 	buf_put(buf, 4096);

@@ -45,13 +45,13 @@ static void rig_open(struct rig *r, int nvols)
 	r->leg[1] = mem_new(2, LEG_SIZE, NULL);
 	struct bdev *legs[2] = { &r->leg[0]->dev, &r->leg[1]->dev };
 	r->cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	CHECK(r->cs, "open: %s", err);
+	REQUIRE(r->cs, "open: %s", err);
 	for (int i = 0; i < nvols; i++) {
 		char name[16];
 		snprintf(name, sizeof(name), "lun%d", i);
 		r->back[i] = mem_new(10 + i, BACK_SIZE, NULL);
 		r->vol[i] = cache_vol_open(r->cs, name, &r->back[i]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-		CHECK(r->vol[i], "attach %s: %s", name, err);
+		REQUIRE(r->vol[i], "attach %s: %s", name, err);
 	}
 	r->nvols = nvols;
 }
@@ -68,7 +68,7 @@ static void write_region(struct bdev *vol, uint64_t off, uint32_t len, uint64_t 
 {
 	uint8_t *buf = buf_get(len);
 	stamp_fill(buf, off / 512, len / 512, seq);
-	CHECK(tio_sync(vol, BDEV_WRITE, off, buf, len, BDEV_F_FUA) == 0, "write at %llu", (unsigned long long)off);
+	REQUIRE(tio_sync(vol, BDEV_WRITE, off, buf, len, BDEV_F_FUA) == 0, "write at %llu", (unsigned long long)off);
 	buf_put(buf, len);
 }
 
@@ -110,23 +110,23 @@ static bool two_regions(void)
 		for (uint64_t off = spans[k][0]; off < spans[k][0] + spans[k][1]; off += 4 * KIB) {
 			int rc = tio_sync(r.vol[0], BDEV_READ, off, buf, 4 * KIB, 0);
 			bool lost = overlaps(off, 4 * KIB, a, alen) || overlaps(off, 4 * KIB, b, blen);
-			CHECK(rc == (lost ? -EIO : 0), "read of 4 KiB at %llu: %d, expected %d",
+			REQUIRE(rc == (lost ? -EIO : 0), "read of 4 KiB at %llu: %d, expected %d",
 			      (unsigned long long)off, rc, lost ? -EIO : 0);
 		}
-	CHECK(tio_sync(r.vol[0], BDEV_READ, b - 64 * KIB, buf, 256 * KIB, 0) == -EIO, "big read over region B");
+	REQUIRE(tio_sync(r.vol[0], BDEV_READ, b - 64 * KIB, buf, 256 * KIB, 0) == -EIO, "big read over region B");
 	buf_put(buf, 256 * KIB);
 
 	struct cache_set_status st;
 	cache_set_status(r.cs, &st);
-	CHECK(st.lost_ios > 0, "no lost I/O counted");
-	CHECK(st.nlost == 2 && st.lost_dropped == 0, "%d lost ranges (%llu dropped), expected exactly 2", st.nlost,
+	REQUIRE(st.lost_ios > 0, "no lost I/O counted");
+	REQUIRE(st.nlost == 2 && st.lost_dropped == 0, "%d lost ranges (%llu dropped), expected exactly 2", st.nlost,
 	      (unsigned long long)st.lost_dropped);
 	for (int i = 0; i < st.nlost; i++)
 		printf("  lost: lun %s offset %llu length %llu\n", st.lost[i].lun,
 		       (unsigned long long)st.lost[i].offset, (unsigned long long)st.lost[i].length);
-	CHECK(!strcmp(st.lost[0].lun, "lun0") && st.lost[0].offset == a && st.lost[0].length == alen,
+	REQUIRE(!strcmp(st.lost[0].lun, "lun0") && st.lost[0].offset == a && st.lost[0].length == alen,
 	      "first range is not region A");
-	CHECK(!strcmp(st.lost[1].lun, "lun0") && st.lost[1].offset == b && st.lost[1].length == blen,
+	REQUIRE(!strcmp(st.lost[1].lun, "lun0") && st.lost[1].offset == b && st.lost[1].length == blen,
 	      "second range is not region B (merged across the extent boundary)");
 	rig_close(&r);
 	printf("ok: both legs lost with dirty data in two regions: status lists exactly those two ranges\n");
@@ -147,17 +147,17 @@ static bool overflow(void)
 	}
 	uint8_t *buf = buf_get(4 * KIB);
 	for (int i = 0; i < n; i++)
-		CHECK(tio_sync(r.vol[0], BDEV_READ, (uint64_t)i * 128 * KIB + 4 * KIB, buf, 4 * KIB, 0) == -EIO,
+		REQUIRE(tio_sync(r.vol[0], BDEV_READ, (uint64_t)i * 128 * KIB + 4 * KIB, buf, 4 * KIB, 0) == -EIO,
 		      "lost block %d read without error", i);
 	/* lost again: merges into its range, drops nothing more */
-	CHECK(tio_sync(r.vol[0], BDEV_READ, 4 * KIB, buf, 4 * KIB, 0) == -EIO, "lost block 0 again");
+	REQUIRE(tio_sync(r.vol[0], BDEV_READ, 4 * KIB, buf, 4 * KIB, 0) == -EIO, "lost block 0 again");
 	buf_put(buf, 4 * KIB);
 	struct cache_set_status st;
 	cache_set_status(r.cs, &st);
-	CHECK(st.nlost == CACHE_LOST_MAX && st.lost_dropped == 8, "%d ranges, %llu dropped; expected %d and 8",
+	REQUIRE(st.nlost == CACHE_LOST_MAX && st.lost_dropped == 8, "%d ranges, %llu dropped; expected %d and 8",
 	      st.nlost, (unsigned long long)st.lost_dropped, CACHE_LOST_MAX);
 	for (int i = 0; i < st.nlost; i++)
-		CHECK(st.lost[i].offset == (uint64_t)i * 128 * KIB + 4 * KIB && st.lost[i].length == 4 * KIB,
+		REQUIRE(st.lost[i].offset == (uint64_t)i * 128 * KIB + 4 * KIB && st.lost[i].length == 4 * KIB,
 		      "range %d is %llu+%llu", i, (unsigned long long)st.lost[i].offset,
 		      (unsigned long long)st.lost[i].length);
 	rig_close(&r);
@@ -178,12 +178,12 @@ static bool two_luns(void)
 		return false;
 	}
 	uint8_t *buf = buf_get(8 * KIB);
-	CHECK(tio_sync(r.vol[0], BDEV_READ, 64 * KIB, buf, 8 * KIB, 0) == -EIO, "lun0 read");
-	CHECK(tio_sync(r.vol[1], BDEV_READ, 64 * KIB, buf, 8 * KIB, 0) == -EIO, "lun1 read");
+	REQUIRE(tio_sync(r.vol[0], BDEV_READ, 64 * KIB, buf, 8 * KIB, 0) == -EIO, "lun0 read");
+	REQUIRE(tio_sync(r.vol[1], BDEV_READ, 64 * KIB, buf, 8 * KIB, 0) == -EIO, "lun1 read");
 	buf_put(buf, 8 * KIB);
 	struct cache_set_status st;
 	cache_set_status(r.cs, &st);
-	CHECK(st.nlost == 2 && strcmp(st.lost[0].lun, st.lost[1].lun) &&
+	REQUIRE(st.nlost == 2 && strcmp(st.lost[0].lun, st.lost[1].lun) &&
 	      st.lost[0].offset == 64 * KIB && st.lost[1].offset == 64 * KIB &&
 	      st.lost[0].length == 8 * KIB && st.lost[1].length == 8 * KIB,
 	      "expected one 8 KiB range at 64 KiB on each LUN (%d ranges)", st.nlost);
@@ -194,12 +194,12 @@ static bool two_luns(void)
 
 int main(void)
 {
-	CHECK(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
 	bool (*scenario[])(void) = { two_regions, overflow, two_luns };
 	for (size_t i = 0; i < sizeof(scenario) / sizeof(scenario[0]); i++) {
 		int tries = 0;
 		while (!scenario[i]())
-			CHECK(++tries < 5, "the cleaner destaged the test's dirty data %d times in a row", tries);
+			REQUIRE(++tries < 5, "the cleaner destaged the test's dirty data %d times in a row", tries);
 	}
 	workers_stop();
 	return 0;

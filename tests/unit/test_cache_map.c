@@ -15,6 +15,7 @@
  * dirty exactly where written; CLEAN, INVALIDATE, whole-extent summaries,
  * dirty-run iteration and the dirty block count follow.
  */
+#include "check.h"
 #include "cache/cache_int.h"
 
 #include <errno.h>
@@ -24,15 +25,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CHECK(cond, ...)                                                          \
-	do {                                                                      \
-		if (!(cond)) {                                                    \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                             \
-			fprintf(stderr, "\n");                                    \
-			exit(1);                                                  \
-		}                                                                 \
-	} while (0)
 
 #define NSLOTS 4096
 #define STABLE 1000
@@ -57,12 +49,12 @@ static void *reader(void *arg)
 		rcu_read_lock();
 		uint32_t s = map_lookup(&map, stable_key(i));
 		rcu_read_unlock();
-		CHECK(s == i, "stable key %u found at slot %d", i, (int)s);
+		REQUIRE(s == i, "stable key %u found at slot %d", i, (int)s);
 		uint64_t ck = cache_key(2, r % 20000);
 		rcu_read_lock();
 		s = map_lookup(&map, ck);
 		if (s != POLICY_NO_SLOT) {
-			CHECK(s >= STABLE && s < NSLOTS, "churn key in slot %u", s);
+			REQUIRE(s >= STABLE && s < NSLOTS, "churn key in slot %u", s);
 			atomic_fetch_add(&found_churn, 1);
 		}
 		rcu_read_unlock();
@@ -110,10 +102,10 @@ static void test_map_concurrent(void)
 {
 	for (int i = 0; i < NSLOTS; i++)
 		atomic_init(&slots[i].key, CACHE_KEY_NONE);
-	CHECK(map_init(&map, slots, NSLOTS) == 0, "init");
+	REQUIRE(map_init(&map, slots, NSLOTS) == 0, "init");
 	for (uint32_t i = 0; i < STABLE; i++)
-		CHECK(map_insert(&map, stable_key(i), i) == 0, "insert stable %u", i);
-	CHECK(map_insert(&map, stable_key(5), 4000) == -EEXIST, "a key cannot be inserted twice");
+		REQUIRE(map_insert(&map, stable_key(i), i) == 0, "insert stable %u", i);
+	REQUIRE(map_insert(&map, stable_key(5), 4000) == -EEXIST, "a key cannot be inserted twice");
 	pthread_t rd[2], wr;
 	for (int i = 0; i < 2; i++)
 		pthread_create(&rd[i], NULL, reader, (void *)(uintptr_t)(i + 1));
@@ -124,7 +116,7 @@ static void test_map_concurrent(void)
 	for (int i = 0; i < 2; i++)
 		pthread_join(rd[i], NULL);
 	rcu_barrier();
-	CHECK(atomic_load(&found_churn) > 0, "readers never saw a churn key");
+	REQUIRE(atomic_load(&found_churn) > 0, "readers never saw a churn key");
 	printf("ok: %ld lock-free lookups against a churning map, stable keys always found\n",
 	       atomic_load(&lookups));
 	map_destroy(&map);
@@ -136,57 +128,57 @@ static void test_bitmaps(void)
 	static struct slot sl[130];
 	cs.slots = sl;
 	cs.lay.bpe = 128; /* 64 KiB extents of 512-byte blocks */
-	CHECK(bm_init(&cs.bm, 130, 128) == 0, "bm init");
+	REQUIRE(bm_init(&cs.bm, 130, 128) == 0, "bm init");
 
 	/* a 4 KiB write into the middle of an empty slot: no read-fill, 8 blocks valid+dirty */
 	slot_lock(&sl[3]);
 	slot_apply(&cs, 3, JOP_DIRTY, 16, 8);
 	slot_unlock(&sl[3]);
 	bool v;
-	CHECK(slot_valid_run(&cs, 3, 0, 128, &v) == 16 && !v, "blocks 0..15 invalid");
-	CHECK(slot_valid_run(&cs, 3, 16, 112, &v) == 8 && v, "blocks 16..23 valid");
-	CHECK(slot_all_valid(&cs, 3, 16, 8) && !slot_all_valid(&cs, 3, 15, 2), "all_valid at the edges");
-	CHECK(slot_any_dirty(&cs, 3, 0, 17) && !slot_any_dirty(&cs, 3, 24, 104), "dirty exactly where written");
-	CHECK(atomic_load(&cs.dirty_blocks) == 8, "8 dirty blocks counted, got %llu",
+	REQUIRE(slot_valid_run(&cs, 3, 0, 128, &v) == 16 && !v, "blocks 0..15 invalid");
+	REQUIRE(slot_valid_run(&cs, 3, 16, 112, &v) == 8 && v, "blocks 16..23 valid");
+	REQUIRE(slot_all_valid(&cs, 3, 16, 8) && !slot_all_valid(&cs, 3, 15, 2), "all_valid at the edges");
+	REQUIRE(slot_any_dirty(&cs, 3, 0, 17) && !slot_any_dirty(&cs, 3, 24, 104), "dirty exactly where written");
+	REQUIRE(atomic_load(&cs.dirty_blocks) == 8, "8 dirty blocks counted, got %llu",
 	      (unsigned long long)atomic_load(&cs.dirty_blocks));
-	CHECK(atomic_load(&sl[3].bits) & SB_HAS_BM, "partial slot has a bitmap");
+	REQUIRE(atomic_load(&sl[3].bits) & SB_HAS_BM, "partial slot has a bitmap");
 
 	/* a second write across a word boundary, then runs */
 	slot_apply(&cs, 3, JOP_DIRTY, 60, 10);
 	uint32_t first = 0, count = 0;
-	CHECK(slot_next_dirty_run(&cs, 3, &first, &count) && first == 16 && count == 8, "first run 16+8");
+	REQUIRE(slot_next_dirty_run(&cs, 3, &first, &count) && first == 16 && count == 8, "first run 16+8");
 	first += count;
-	CHECK(slot_next_dirty_run(&cs, 3, &first, &count) && first == 60 && count == 10, "second run 60+10");
+	REQUIRE(slot_next_dirty_run(&cs, 3, &first, &count) && first == 60 && count == 10, "second run 60+10");
 	first += count;
-	CHECK(!slot_next_dirty_run(&cs, 3, &first, &count), "no third run");
+	REQUIRE(!slot_next_dirty_run(&cs, 3, &first, &count), "no third run");
 
 	/* destage cleans one run; it stays valid */
 	slot_apply(&cs, 3, JOP_CLEAN, 60, 10);
-	CHECK(!slot_any_dirty(&cs, 3, 60, 10) && slot_all_valid(&cs, 3, 60, 10), "clean keeps valid");
-	CHECK(atomic_load(&cs.dirty_blocks) == 8, "dirty count after clean");
+	REQUIRE(!slot_any_dirty(&cs, 3, 60, 10) && slot_all_valid(&cs, 3, 60, 10), "clean keeps valid");
+	REQUIRE(atomic_load(&cs.dirty_blocks) == 8, "dirty count after clean");
 	/* UNMAP invalidates: neither valid nor dirty */
 	slot_apply(&cs, 3, JOP_INVALIDATE, 18, 2);
-	CHECK(!slot_all_valid(&cs, 3, 18, 1) && !slot_any_dirty(&cs, 3, 18, 2) && slot_any_dirty(&cs, 3, 16, 2),
+	REQUIRE(!slot_all_valid(&cs, 3, 18, 1) && !slot_any_dirty(&cs, 3, 18, 2) && slot_any_dirty(&cs, 3, 16, 2),
 	      "invalidate is exact");
-	CHECK(atomic_load(&cs.dirty_blocks) == 6, "dirty count after invalidate");
+	REQUIRE(atomic_load(&cs.dirty_blocks) == 6, "dirty count after invalidate");
 	/* filling the rest makes the summary say full-valid */
 	slot_apply(&cs, 3, JOP_VALID, 0, 16);
 	slot_apply(&cs, 3, JOP_VALID, 18, 2);
 	slot_apply(&cs, 3, JOP_VALID, 24, 36);
 	slot_apply(&cs, 3, JOP_VALID, 70, 58);
-	CHECK(atomic_load(&sl[3].bits) & SB_FULL_VALID, "full-valid summary");
-	CHECK(slot_any_dirty(&cs, 3, 0, 128) && atomic_load(&sl[3].bits) & SB_DIRTY, "still dirty where written");
+	REQUIRE(atomic_load(&sl[3].bits) & SB_FULL_VALID, "full-valid summary");
+	REQUIRE(slot_any_dirty(&cs, 3, 0, 128) && atomic_load(&sl[3].bits) & SB_DIRTY, "still dirty where written");
 
 	/* whole-extent ops on another slot need no bitmap at all */
 	slot_apply(&cs, 100, JOP_DIRTY, 0, 128);
-	CHECK(!(atomic_load(&sl[100].bits) & SB_HAS_BM) && (atomic_load(&sl[100].bits) & SB_FULL_VALID) &&
+	REQUIRE(!(atomic_load(&sl[100].bits) & SB_HAS_BM) && (atomic_load(&sl[100].bits) & SB_FULL_VALID) &&
 	      slot_any_dirty(&cs, 100, 5, 1), "whole-extent write: summary flags only");
-	CHECK(atomic_load(&cs.bm.group[100 / BM_GROUP]) == NULL, "no bitmap chunk allocated for it");
-	CHECK(atomic_load(&cs.dirty_blocks) == 6 + 128, "dirty count with a whole dirty extent");
+	REQUIRE(atomic_load(&cs.bm.group[100 / BM_GROUP]) == NULL, "no bitmap chunk allocated for it");
+	REQUIRE(atomic_load(&cs.dirty_blocks) == 6 + 128, "dirty count with a whole dirty extent");
 	slot_apply(&cs, 100, JOP_FREE, 0, 128);
 	slot_apply(&cs, 3, JOP_FREE, 0, 128);
-	CHECK(atomic_load(&cs.dirty_blocks) == 0, "free clears the dirty count");
-	CHECK(!slot_any_dirty(&cs, 3, 0, 128) && !slot_all_valid(&cs, 3, 0, 1), "free clears the bitmaps");
+	REQUIRE(atomic_load(&cs.dirty_blocks) == 0, "free clears the dirty count");
+	REQUIRE(!slot_any_dirty(&cs, 3, 0, 128) && !slot_all_valid(&cs, 3, 0, 1), "free clears the bitmaps");
 	bm_destroy(&cs.bm);
 	printf("ok: bitmaps: partial writes, runs, clean, invalidate, summaries, counts\n");
 }

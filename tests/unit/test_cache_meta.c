@@ -20,10 +20,10 @@
 static void test_le(void)
 {
 	le64 a = le64_of(0x0102030405060708ull);
-	CHECK(a.b[0] == 8 && a.b[7] == 1 && le64_get(a) == 0x0102030405060708ull, "le64");
+	REQUIRE(a.b[0] == 8 && a.b[7] == 1 && le64_get(a) == 0x0102030405060708ull, "le64");
 	le32 b = le32_of(0xdeadbeef);
-	CHECK(b.b[0] == 0xef && le32_get(b) == 0xdeadbeef, "le32");
-	CHECK(le16_get(le16_of(0xbeef)) == 0xbeef, "le16");
+	REQUIRE(b.b[0] == 0xef && le32_get(b) == 0xdeadbeef, "le32");
+	REQUIRE(le16_get(le16_of(0xbeef)) == 0xbeef, "le16");
 	printf("ok: little-endian helpers\n");
 }
 
@@ -35,17 +35,17 @@ static void test_layout(void)
 		for (int j = 0; j < 4; j++) {
 			struct cache_layout l;
 			if (meta_layout(sizes[j], exts[i], &l) < 0) {
-				CHECK(sizes[j] < 64ull << 20, "layout refused for %llu / %u", (unsigned long long)sizes[j], exts[i]);
+				REQUIRE(sizes[j] < 64ull << 20, "layout refused for %llu / %u", (unsigned long long)sizes[j], exts[i]);
 				continue;
 			}
-			CHECK(l.table_off >= 2 * CACHE_PAGE, "table after superblocks");
-			CHECK(l.journal_off >= l.table_off + (uint64_t)l.nslots * l.rec_size, "journal after table");
-			CHECK(l.data_off >= l.journal_off + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE,
+			REQUIRE(l.table_off >= 2 * CACHE_PAGE, "table after superblocks");
+			REQUIRE(l.journal_off >= l.table_off + (uint64_t)l.nslots * l.rec_size, "journal after table");
+			REQUIRE(l.data_off >= l.journal_off + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE,
 			      "data after journal");
-			CHECK(l.data_off % exts[i] == 0 && l.data_off + (uint64_t)l.nslots * exts[i] <= sizes[j],
+			REQUIRE(l.data_off % exts[i] == 0 && l.data_off + (uint64_t)l.nslots * exts[i] <= sizes[j],
 			      "slots aligned and inside the leg");
-			CHECK(l.rec_size >= 32 + l.bpe / 4 && CACHE_PAGE % l.rec_size == 0, "record holds both bitmaps");
-			CHECK(l.nslots > (sizes[j] / exts[i]) * 8 / 10 || sizes[j] < (1ull << 30),
+			REQUIRE(l.rec_size >= 32 + l.bpe / 4 && CACHE_PAGE % l.rec_size == 0, "record holds both bitmaps");
+			REQUIRE(l.nslots > (sizes[j] / exts[i]) * 8 / 10 || sizes[j] < (1ull << 30),
 			      "metadata costs under 20%% of a large leg");
 		}
 	printf("ok: layouts for 64K..4M extents and 16M..1T legs\n");
@@ -60,23 +60,23 @@ static void test_checksums(void)
 	sb.gen = le64_of(42);
 	meta_sb_seal(&sb);
 	const char *why = NULL;
-	CHECK(meta_sb_check(&sb, &why) == 0, "sealed superblock accepted");
+	REQUIRE(meta_sb_check(&sb, &why) == 0, "sealed superblock accepted");
 	for (size_t bit = 0; bit < sizeof(sb) * 8; bit += 997) {
 		((uint8_t *)&sb)[bit / 8] ^= (uint8_t)(1u << (bit % 8));
-		CHECK(meta_sb_check(&sb, &why) < 0, "flipped bit %zu accepted", bit);
+		REQUIRE(meta_sb_check(&sb, &why) < 0, "flipped bit %zu accepted", bit);
 		((uint8_t *)&sb)[bit / 8] ^= (uint8_t)(1u << (bit % 8));
 	}
-	CHECK(meta_sb_check(&sb, &why) == 0, "restored superblock accepted");
+	REQUIRE(meta_sb_check(&sb, &why) == 0, "restored superblock accepted");
 	sb.magic = le64_of(1);
-	CHECK(meta_sb_check(&sb, &why) < 0 && strstr(why, "no tiercache superblock"), "wrong magic: %s", why);
+	REQUIRE(meta_sb_check(&sb, &why) < 0 && strstr(why, "no tiercache superblock"), "wrong magic: %s", why);
 
 	uint8_t rec[256] = { 0 };
 	((struct cache_slot_disk *)rec)->key = le64_of((1ull << 40) | 77);
 	rec[100] = 0x5a;
 	meta_slot_seal(rec, sizeof(rec));
-	CHECK(meta_slot_ok(rec, sizeof(rec)), "sealed slot record accepted");
+	REQUIRE(meta_slot_ok(rec, sizeof(rec)), "sealed slot record accepted");
 	rec[200] ^= 4;
-	CHECK(!meta_slot_ok(rec, sizeof(rec)), "corrupt slot record rejected");
+	REQUIRE(!meta_slot_ok(rec, sizeof(rec)), "corrupt slot record rejected");
 
 	static struct cache_jblock_disk jb;
 	uint8_t uuid[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, other[8] = { 9 };
@@ -86,11 +86,11 @@ static void test_checksums(void)
 	jb.nrec = le32_of(2);
 	jb.rec[1].seq = le64_of(99);
 	meta_jblock_seal(&jb);
-	CHECK(meta_jblock_ok(&jb, uuid, 1000), "journal block accepted at its position");
-	CHECK(!meta_jblock_ok(&jb, uuid, 1000 + 512), "a block from an older lap of the ring is rejected");
-	CHECK(!meta_jblock_ok(&jb, other, 1000), "a block of another set is rejected");
+	REQUIRE(meta_jblock_ok(&jb, uuid, 1000), "journal block accepted at its position");
+	REQUIRE(!meta_jblock_ok(&jb, uuid, 1000 + 512), "a block from an older lap of the ring is rejected");
+	REQUIRE(!meta_jblock_ok(&jb, other, 1000), "a block of another set is rejected");
 	jb.rec[1].seq = le64_of(98);
-	CHECK(!meta_jblock_ok(&jb, uuid, 1000), "a torn journal block is rejected");
+	REQUIRE(!meta_jblock_ok(&jb, uuid, 1000), "a torn journal block is rejected");
 	printf("ok: checksums reject flipped bits, stale ring laps and other sets\n");
 }
 
@@ -129,9 +129,9 @@ static struct cache_set *reopen(struct mem_bdev **b, struct mem_bdev **l0, struc
 static void read_check(struct bdev *vol, uint64_t off, uint8_t pat, uint64_t len)
 {
 	uint8_t *buf = buf_get(len);
-	CHECK(tio_sync(vol, BDEV_READ, off, buf, len, 0) == 0, "read");
+	REQUIRE(tio_sync(vol, BDEV_READ, off, buf, len, 0) == 0, "read");
 	for (uint64_t i = 0; i < len; i++)
-		CHECK(buf[i] == pat, "byte %llu is %02x, wanted %02x", (unsigned long long)(off + i), buf[i], pat);
+		REQUIRE(buf[i] == pat, "byte %llu is %02x, wanted %02x", (unsigned long long)(off + i), buf[i], pat);
 	buf_put(buf, len);
 }
 
@@ -141,15 +141,15 @@ static void test_recovery(void)
 	struct mem_bdev *b = mem_new(0, BACK, NULL), *l0 = mem_new(1, LEG, NULL), *l1 = mem_new(2, LEG, NULL);
 	struct bdev *legs[2] = { &l0->dev, &l1->dev };
 	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	CHECK(cs, "format: %s", err);
+	REQUIRE(cs, "format: %s", err);
 	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(vol, "attach: %s", err);
+	REQUIRE(vol, "attach: %s", err);
 	uint8_t *w = buf_get(64u << 10);
 	memset(w, 0xa1, 64u << 10);
-	CHECK(tio_sync(vol, BDEV_WRITE, 0, w, 64u << 10, BDEV_F_FUA) == 0, "write");
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, w, 64u << 10, BDEV_F_FUA) == 0, "write");
 	memset(w, 0xb2, 4096);
-	CHECK(tio_sync(vol, BDEV_WRITE, 1u << 20, w, 4096, BDEV_F_FUA) == 0, "write");
-	CHECK(b->data[0] == 0 && b->data[1u << 20] == 0, "write-back: the backing store is untouched");
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 1u << 20, w, 4096, BDEV_F_FUA) == 0, "write");
+	REQUIRE(b->data[0] == 0 && b->data[1u << 20] == 0, "write-back: the backing store is untouched");
 
 	/* clean stop, then restart: hits at once from the checkpointed table */
 	cache_set_shutdown(cs);
@@ -157,31 +157,31 @@ static void test_recovery(void)
 	bdev_close(vol);
 	cache_set_close(cs);
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
-	CHECK(cs, "reopen: %s", err);
+	REQUIRE(cs, "reopen: %s", err);
 	vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(vol, "attach: %s", err);
+	REQUIRE(vol, "attach: %s", err);
 	read_check(vol, 0, 0xa1, 64u << 10);
 	read_check(vol, 1u << 20, 0xb2, 4096);
 	read_check(vol, (1u << 20) + 4096, 0, 4096);
 	struct cache_set_status st;
 	cache_set_status(cs, &st);
-	CHECK(st.read_hits >= 1 && st.read_partial >= 1, "served from the cache after restart (hits %llu, partial %llu)",
+	REQUIRE(st.read_hits >= 1 && st.read_partial >= 1, "served from the cache after restart (hits %llu, partial %llu)",
 	      (unsigned long long)st.read_hits, (unsigned long long)st.read_partial);
 	printf("ok: clean restart: data and hits from the checkpointed table\n");
 
 	/* more writes, then a "crash": images taken without shutdown */
 	memset(w, 0xc3, 8192);
-	CHECK(tio_sync(vol, BDEV_WRITE, 2u << 20, w, 8192, BDEV_F_FUA) == 0, "write");
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 2u << 20, w, 8192, BDEV_F_FUA) == 0, "write");
 	memset(w, 0xd4, 512);
-	CHECK(tio_sync(vol, BDEV_WRITE, 512, w, 512, BDEV_F_FUA) == 0, "overwrite one sector");
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 512, w, 512, BDEV_F_FUA) == 0, "overwrite one sector");
 	usleep(100000);
 	save(b, l0, l1);
 	struct bdev *oldvol = vol;
 	struct cache_set *old = cs;
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
-	CHECK(cs, "recover: %s", err);
+	REQUIRE(cs, "recover: %s", err);
 	vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(vol, "attach: %s", err);
+	REQUIRE(vol, "attach: %s", err);
 	read_check(vol, 0, 0xa1, 512);
 	read_check(vol, 512, 0xd4, 512);
 	read_check(vol, 1024, 0xa1, (64u << 10) - 1024);
@@ -201,13 +201,13 @@ static void test_recovery(void)
 	img[1][100] ^= 1; /* copy A */
 	img[1][4096 + 100] ^= 1; /* copy B */
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
-	CHECK(!cs && strstr(err, "checksum mismatch") && strstr(err, "zero its first 8 KiB"),
+	REQUIRE(!cs && strstr(err, "checksum mismatch") && strstr(err, "zero its first 8 KiB"),
 	      "corrupt superblock refused: %s", err);
 	memcpy(img[1], keep1, LEG);
 
 	cfg.extent_size = 256u << 10;
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
-	CHECK(!cs && strstr(err, "formatted with extent = 64K") && strstr(err, "set extent = 64K"),
+	REQUIRE(!cs && strstr(err, "formatted with extent = 64K") && strstr(err, "set extent = 64K"),
 	      "changed extent refused: %s", err);
 	cfg.extent_size = 64u << 10;
 
@@ -217,14 +217,14 @@ static void test_recovery(void)
 	struct cache_set_cfg ocfg = cfg;
 	ocfg.name = "other";
 	struct cache_set *ocs = cache_set_open_devs(&ocfg, olegs, err, sizeof(err));
-	CHECK(ocs, "other set: %s", err);
+	REQUIRE(ocs, "other set: %s", err);
 	cache_set_shutdown(ocs);
 	uint8_t *keep2 = malloc(LEG);
 	memcpy(keep2, img[2], LEG);
 	memcpy(img[2], o1->data, LEG);
 	cache_set_close(ocs);
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
-	CHECK(!cs && strstr(err, "belongs to another cache set") && strstr(err, "other"),
+	REQUIRE(!cs && strstr(err, "belongs to another cache set") && strstr(err, "other"),
 	      "foreign leg refused: %s", err);
 	memcpy(img[2], keep2, LEG);
 	free(keep2);
@@ -232,10 +232,10 @@ static void test_recovery(void)
 
 	/* a different backing store for the LUN */
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
-	CHECK(cs, "reopen: %s", err);
+	REQUIRE(cs, "reopen: %s", err);
 	struct mem_bdev *small = mem_new(0, BACK / 2, NULL);
 	vol = cache_vol_open(cs, "lun0", &small->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(!vol && strstr(err, "is not the one this cache holds data for") && strstr(err, "put the original"),
+	REQUIRE(!vol && strstr(err, "is not the one this cache holds data for") && strstr(err, "put the original"),
 	      "other backing store refused: %s", err);
 	bdev_close(&small->dev);
 	bdev_close(&b->dev);
@@ -250,7 +250,7 @@ int main(void)
 	test_le();
 	test_layout();
 	test_checksums();
-	CHECK(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
 	test_recovery();
 	workers_stop();
 	return 0;

@@ -65,9 +65,9 @@ static struct cache_set *open_set(struct mem_bdev **b, struct mem_bdev **l0, str
 	*l1 = mem_new(2, LEG_SIZE, img ? img[2] : NULL);
 	struct bdev *legs[2] = { &(*l0)->dev, &(*l1)->dev };
 	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	CHECK(cs, "open: %s", err);
+	REQUIRE(cs, "open: %s", err);
 	*vol = cache_vol_open(cs, "lun0", &(*b)->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	CHECK(*vol, "attach: %s", err);
+	REQUIRE(*vol, "attach: %s", err);
 	return cs;
 }
 
@@ -99,7 +99,7 @@ static int verify_cut(size_t cut)
 	int bad = 0;
 	for (uint64_t off = 0; off < BACK_SIZE; off += 64u << 10) {
 		int r = tio_sync(vol, BDEV_READ, off, buf, 64u << 10, 0);
-		CHECK(r == 0, "cut %zu: read at %llu failed: %d", cut, (unsigned long long)off, r);
+		REQUIRE(r == 0, "cut %zu: read at %llu failed: %d", cut, (unsigned long long)off, r);
 		for (uint32_t i = 0; i < 128; i++) {
 			uint64_t lba = off / 512 + i;
 			uint64_t seq = 0;
@@ -142,7 +142,7 @@ int main(void)
 {
 	bool long_run = getenv("TC_LONG") != NULL;
 	int nbatches = long_run ? 80 : 30;
-	CHECK(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
 
 	struct mem_bdev *b, *l0, *l1;
 	struct bdev *vol;
@@ -212,11 +212,11 @@ int main(void)
 			tio_submit(&f, vol, BDEV_FLUSH, 0, NULL, 0, 0, NULL, batch);
 			while (!atomic_load(&f.done))
 				usleep(50);
-			CHECK(f.err == 0, "flush failed: %d", f.err);
+			REQUIRE(f.err == 0, "flush failed: %d", f.err);
 			flush_ack = f.ack_index;
 		}
 		for (int i = 0; i < k; i++) {
-			CHECK(t[i].err == 0, "workload write failed: %d", t[i].err);
+			REQUIRE(t[i].err == 0, "workload write failed: %d", t[i].err);
 			size_t ack = (!unmap[i] && !(t[i].req.flags & BDEV_F_FUA)) ? flush_ack : t[i].ack_index;
 			add_event(lba[i], n[i], unmap[i] ? 0 : seq + (uint64_t)i, ack, unmap[i]);
 		}
@@ -224,11 +224,11 @@ int main(void)
 		if (batch % 5 == 2) {
 			/* reads twice: promotion of a whole extent (fill) */
 			uint64_t off = (rnd() % (BACK_SIZE / (64u << 10))) * (64u << 10);
-			CHECK(tio_sync(vol, BDEV_READ, off, rbuf, 64u << 10, 0) == 0, "read");
-			CHECK(tio_sync(vol, BDEV_READ, off, rbuf, 64u << 10, 0) == 0, "read");
+			REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, 64u << 10, 0) == 0, "read");
+			REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, 64u << 10, 0) == 0, "read");
 		}
 		if (batch == nbatches / 2)
-			CHECK(cache_set_flush(cs, 20000) == 0, "flush did not finish");
+			REQUIRE(cache_set_flush(cs, 20000) == 0, "flush did not finish");
 	}
 	/* let the last fills finish, then stop logging */
 	usleep(200000);
@@ -262,7 +262,7 @@ int main(void)
 				break;
 		}
 	}
-	CHECK(failures == 0, "%d power-cut points lost acknowledged data", failures);
+	REQUIRE(failures == 0, "%d power-cut points lost acknowledged data", failures);
 	printf("ok: %zu power-cut points recovered, 0 acknowledged writes lost, no garbage\n", total + 1);
 	workers_stop();
 	return 0;

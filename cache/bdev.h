@@ -40,6 +40,7 @@ enum bdev_op {
 #define BDEV_F_FUA 0x1
 
 struct bdev;
+struct bdev_owner_ops;
 
 struct bdev_req {
 	enum bdev_op op;
@@ -66,6 +67,53 @@ struct bdev_ops {
 	 * -errno. NULL when the device cannot tell (everything mapped).
 	 */
 	int64_t (*lba_status)(struct bdev *dev, uint64_t offset, bool *mapped);
+	/*
+	 * Shared devices only (NULL otherwise): an image several gateways
+	 * export, of which one at a time owns (serves) it. See "Ownership".
+	 */
+	const struct bdev_owner_ops *owner;
+};
+
+/*
+ * Ownership of a shared backing store (an RBD image exported by several
+ * gateways, held through the image's exclusive lock).
+ *
+ * A gateway serves I/O for a shared device only while it owns it. Every
+ * time ownership is gained, the generation goes up (the driver keeps it
+ * with the device, e.g. in the image's metadata, so every gateway sees the
+ * same sequence); a layer that keeps copies of the device's data (the cache
+ * volume) must drop them unless it can prove nobody else owned the device
+ * since it last did (prev_owner_us and prev_gen equal to what it recorded).
+ *
+ * Threading contract:
+ *  - state: any thread, never blocks (an atomic load); *gen gets the
+ *    current generation when OWNED.
+ *  - acquire: any thread, never blocks: starts taking ownership in the
+ *    background (breaking the lock of an owner that is gone); the state
+ *    reads TRANSITION until it is done, then OWNED or STANDBY.
+ *  - listen: main thread, before I/O starts. fn runs on the driver's own
+ *    thread after each change; while fn runs for a gain, state() still
+ *    reads TRANSITION, so the layer above can invalidate before it serves.
+ */
+enum bdev_owner_state {
+	BDEV_OWNER_STANDBY = 0, /* another gateway, or nobody, holds the lock */
+	BDEV_OWNER_TRANSITION,  /* taking the lock right now */
+	BDEV_OWNER_OWNED,       /* we hold it: serve I/O */
+	BDEV_OWNER_LOST,        /* cannot reach the cluster: fail I/O */
+};
+
+struct bdev_owner_change {
+	enum bdev_owner_state state; /* the new state */
+	uint64_t gen;                /* the generation now (when OWNED) */
+	uint64_t prev_gen;           /* the generation before this gain */
+	bool prev_owner_us;          /* the previous owner was this gateway */
+};
+
+struct bdev_owner_ops {
+	enum bdev_owner_state (*state)(struct bdev *dev, uint64_t *gen);
+	void (*acquire)(struct bdev *dev);
+	void (*listen)(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c),
+		       void *arg);
 };
 
 struct bdev {
@@ -76,6 +124,11 @@ struct bdev {
 	bool can_unmap;       /* UNMAP really deallocates (thin provisioning) */
 	bool rotational;      /* reported in VPD B1 */
 };
+
+static inline bool bdev_is_shared(const struct bdev *dev)
+{
+	return dev && dev->ops->owner;
+}
 
 static inline void bdev_submit(struct bdev *dev, struct bdev_req *req)
 {

@@ -7,7 +7,8 @@
  * Objects:
  *  - struct slot: one extent-sized place on the legs; 16 bytes of RAM.
  *  - struct cache_map: backing extent key -> slot number, an open-addressing
- *    table of 32-bit slot numbers published with RCU (map.c).
+ *    table of 32-bit entries (slot number + key fingerprint) published with
+ *    RCU (map.c).
  *  - struct mirror: RAID1 of the leg bdevs (mirror.c).
  *  - struct journal: one metadata log ring per worker, group commit (journal.c).
  *  - struct cache_set: all of the above plus the free list, the cleaner state
@@ -63,10 +64,16 @@ _Static_assert(sizeof(struct slot) == 16, "a slot is 16 bytes of RAM");
 #define MAP_EMPTY UINT32_MAX
 #define MAP_TOMB (UINT32_MAX - 1)
 
+/*
+ * An entry is a slot number in its low bits and, above them (fp_mask), a
+ * fingerprint of the key's hash: a probe loads a slot's key only when the
+ * fingerprint matches, so the table can run fuller than 2/3 (map.c).
+ */
 struct map_table {
 	uint32_t size;
 	uint32_t used;      /* live entries */
 	uint32_t tombs;
+	uint32_t fp_mask;   /* entry bits holding the fingerprint (0 = none) */
 	struct rcu_head rcu;
 	_Atomic uint32_t e[];
 };

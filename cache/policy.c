@@ -5,8 +5,8 @@
  * costs an HDD read plus an NVMe write, so we promote only extents that
  * show reuse, never let one big scan push out the hot set, and when a slot
  * must be reused we give up a cold, clean one. Three pieces, each sized to
- * stay a few bytes per slot (the engine's whole budget is ~25 bytes per slot:
- * 100 KB per GB at 256 KiB extents):
+ * stay a few bytes per slot (the engine's whole budget is 24 bytes per slot:
+ * 100 KB per GB at 256 KiB extents; this file uses about 3 of them):
  *
  * 1. Miss sketch (admission threshold, like Open CAS "nhit").
  *    Open CAS counts misses per core line in a hash table under locks; we
@@ -49,15 +49,17 @@
  *    and the hot set in main is untouched. Main evicts with CLOCK: a slot
  *    with hits left loses one and stays, a slot at zero goes.
  *    Here:
- *     - per slot, one atomic byte: 2-bit hit counter, queue (free, small,
- *       main) and whether a small-ring entry names it. policy_touch is one
- *       relaxed load and, unless the counter is already at 3, one CAS: wait-
- *       free, and a hot slot's byte stays shared-clean in every CPU cache.
+ *     - per slot, 4 bits (two slots per atomic byte, 0.5 bytes per slot):
+ *       2-bit hit counter, queue (free, small, main) and whether a
+ *       small-ring entry names it. policy_touch is one relaxed load and,
+ *       unless the counter is already at 3, one CAS: wait-free, and a hot
+ *       slot's byte stays shared-clean in every CPU cache.
  *     - the small FIFO is a ring of slot numbers sized to 1.5 x its 10%
- *       share (0.6 bytes per slot). policy_remove leaves a stale entry that is
- *       skipped when it reaches the head; an overfull ring (the cache is
- *       still filling, nobody evicts) moves its oldest entry to main, as
- *       libCacheSim's S3-FIFO does when the cache is not full.
+ *       share, 3 bytes an entry up to 2^24 slots (0.45 bytes per slot).
+ *       policy_remove leaves a stale entry that is skipped when it reaches
+ *       the head; an overfull ring (the cache is still filling, nobody
+ *       evicts) moves its oldest entry to main, as libCacheSim's S3-FIFO
+ *       does when the cache is not full.
  *     - main is not a list at all: a CLOCK hand sweeps the slot array and
  *       looks only at main slots. A victim's slot is refilled right behind
  *       the hand, so the hand order is the FIFO order, at zero bytes.
@@ -83,7 +85,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Slot state byte. */
+/* Slot state, as the code below reads and writes it (stored as a nibble:
+ * see slot_encode). */
 #define SLOT_FREQ_MASK   0x03u  /* hits, saturating at 3 */
 #define SLOT_FREQ_MAX    3u
 #define SLOT_QUEUE_MASK  0x0cu
@@ -120,11 +123,12 @@ struct policy {
 	uint64_t seq_cutoff;
 	uint32_t extent_size;
 
-	_Atomic uint8_t *slot_state;       /* nslots bytes */
+	_Atomic uint8_t *slot_state;       /* a nibble per slot: nslots / 2 + 1 bytes */
 
 	/* Small (probation) FIFO: caller's lock. */
-	uint32_t *ring;
+	uint8_t *ring;                     /* ring_cap entries of ring_width bytes */
 	uint32_t ring_cap;
+	uint32_t ring_width;               /* 3 while slot numbers fit in 24 bits, else 4 */
 	uint32_t ring_head;                /* oldest entry */
 	uint32_t ring_len;                 /* entries, stale ones included */
 	uint32_t small_target;
@@ -334,33 +338,97 @@ static uint32_t stream_update(struct policy *p, uint32_t bid, uint64_t offset, u
 
 /* ---- slot state -------------------------------------------------------- */
 
+/*
+ * The state above has 5 bits but only 4 are ever needed at once, so two
+ * slots share a byte:
+ *   free:  0 0 0 r   (r = a ring entry still names it; no hits kept)
+ *   small: 0 1 f f   (always named by a ring entry)
+ *   main:  1 r f f
+ * slot_load and slot_update translate; policy_touch adds 1 to the nibble,
+ * which is the hit counter of a small or main slot. A CAS on the byte may
+ * fail because the neighbour slot changed: the lock holders retry, a touch
+ * is dropped (it is a hint, as with any lost touch).
+ */
+static uint8_t slot_encode(uint8_t st)
+{
+	uint8_t ring = st & SLOT_IN_RING ? 1 : 0;
+
+	switch (st & SLOT_QUEUE_MASK) {
+	case SLOT_FREE:
+		return ring;
+	case SLOT_SMALL:
+		return (uint8_t)(0x4 | (st & SLOT_FREQ_MASK));
+	default:
+		return (uint8_t)(0x8 | ring << 2 | (st & SLOT_FREQ_MASK));
+	}
+}
+
+static uint8_t slot_decode(uint8_t nib)
+{
+	if (nib & 0x8)
+		return (uint8_t)(SLOT_MAIN | (nib & 0x4 ? SLOT_IN_RING : 0) | (nib & SLOT_FREQ_MASK));
+	if (nib & 0x4)
+		return (uint8_t)(SLOT_SMALL | SLOT_IN_RING | (nib & SLOT_FREQ_MASK));
+	return nib & 1 ? SLOT_IN_RING : SLOT_FREE;
+}
+
+static inline _Atomic uint8_t *slot_byte(const struct policy *p, uint32_t slot)
+{
+	return &p->slot_state[slot / 2];
+}
+
+static inline unsigned slot_shift(uint32_t slot)
+{
+	return (slot & 1) * 4;
+}
+
 static uint8_t slot_load(const struct policy *p, uint32_t slot)
 {
-	return atomic_load_explicit(&p->slot_state[slot], memory_order_relaxed);
+	uint8_t b = atomic_load_explicit(slot_byte(p, slot), memory_order_relaxed);
+
+	return slot_decode((b >> slot_shift(slot)) & 0xf);
+}
+
+/* Replace slot's nibble in byte b by the encoding of st. */
+static uint8_t with_state(uint8_t b, uint32_t slot, uint8_t st)
+{
+	unsigned sh = slot_shift(slot);
+
+	return (uint8_t)((b & ~(0xfu << sh)) | (unsigned)slot_encode(st) << sh);
 }
 
 /*
  * Replace the bits in clear with set, leaving the rest (the hit counter a
- * concurrent policy_touch may be bumping) intact. Caller's lock.
+ * concurrent policy_touch may be bumping, the other slot of the byte)
+ * intact. Caller's lock.
  */
 static void slot_update(struct policy *p, uint32_t slot, uint8_t clear, uint8_t set)
 {
-	uint8_t old = slot_load(p, slot);
+	_Atomic uint8_t *bp = slot_byte(p, slot);
+	uint8_t old = atomic_load_explicit(bp, memory_order_relaxed);
 
-	while (!atomic_compare_exchange_weak_explicit(&p->slot_state[slot], &old,
-						      (uint8_t)((old & ~clear) | set),
-						      memory_order_relaxed, memory_order_relaxed))
-		;
+	for (;;) {
+		uint8_t st = slot_decode((old >> slot_shift(slot)) & 0xf);
+		uint8_t upd = with_state(old, slot, (uint8_t)((st & ~clear) | set));
+
+		if (atomic_compare_exchange_weak_explicit(bp, &old, upd, memory_order_relaxed,
+							  memory_order_relaxed))
+			return;
+	}
 }
 
 /* Take one hit off slot if it has any; returns whether it had. Caller's lock. */
 static bool slot_spend_hit(struct policy *p, uint32_t slot)
 {
-	uint8_t old = slot_load(p, slot);
+	_Atomic uint8_t *bp = slot_byte(p, slot);
+	unsigned sh = slot_shift(slot);
+	uint8_t old = atomic_load_explicit(bp, memory_order_relaxed);
 
-	while (old & SLOT_FREQ_MASK) {
-		if (atomic_compare_exchange_weak_explicit(&p->slot_state[slot], &old,
-							  (uint8_t)(old - 1), memory_order_relaxed,
+	/* Only small and main slots have hits: their counter is the nibble's
+	 * low two bits. */
+	while ((old >> sh) & 0xc && (old >> sh) & SLOT_FREQ_MASK) {
+		if (atomic_compare_exchange_weak_explicit(bp, &old, (uint8_t)(old - (1u << sh)),
+							  memory_order_relaxed,
 							  memory_order_relaxed))
 			return true;
 	}
@@ -369,9 +437,29 @@ static bool slot_spend_hit(struct policy *p, uint32_t slot)
 
 /* ---- small ring (caller's lock) ---------------------------------------- */
 
+/* Entry i, little-endian in ring_width bytes. */
+static uint32_t ring_get(const struct policy *p, uint32_t i)
+{
+	const uint8_t *e = p->ring + (size_t)i * p->ring_width;
+	uint32_t v = (uint32_t)e[0] | (uint32_t)e[1] << 8 | (uint32_t)e[2] << 16;
+
+	return p->ring_width == 4 ? v | (uint32_t)e[3] << 24 : v;
+}
+
+static void ring_set(struct policy *p, uint32_t i, uint32_t slot)
+{
+	uint8_t *e = p->ring + (size_t)i * p->ring_width;
+
+	e[0] = (uint8_t)slot;
+	e[1] = (uint8_t)(slot >> 8);
+	e[2] = (uint8_t)(slot >> 16);
+	if (p->ring_width == 4)
+		e[3] = (uint8_t)(slot >> 24);
+}
+
 static uint32_t ring_pop(struct policy *p)
 {
-	uint32_t slot = p->ring[p->ring_head];
+	uint32_t slot = ring_get(p, p->ring_head);
 
 	p->ring_head = (p->ring_head + 1) % p->ring_cap;
 	p->ring_len--;
@@ -380,7 +468,7 @@ static uint32_t ring_pop(struct policy *p)
 
 static void ring_push(struct policy *p, uint32_t slot)
 {
-	p->ring[(p->ring_head + p->ring_len) % p->ring_cap] = slot;
+	ring_set(p, (p->ring_head + p->ring_len) % p->ring_cap, slot);
 	p->ring_len++;
 }
 
@@ -435,8 +523,9 @@ struct policy *policy_new(const struct policy_cfg *cfg)
 	if (p->sketch_words < SKETCH_MIN_WORDS)
 		p->sketch_words = SKETCH_MIN_WORDS;
 
-	p->slot_state = calloc(cfg->nslots, sizeof(*p->slot_state));
-	p->ring = calloc(p->ring_cap, sizeof(*p->ring));
+	p->slot_state = calloc(cfg->nslots / 2 + 1, sizeof(*p->slot_state));
+	p->ring_width = cfg->nslots <= (1u << 24) ? 3 : 4;
+	p->ring = calloc(p->ring_cap, p->ring_width);
 	p->sketch = calloc(p->sketch_words, sizeof(*p->sketch));
 	if (!p->slot_state || !p->ring || !p->sketch) {
 		policy_free(p);
@@ -507,11 +596,15 @@ void policy_touch(struct policy *p, uint32_t slot)
 {
 	if (slot >= p->nslots)
 		return;
-	uint8_t s = slot_load(p, slot);
+	_Atomic uint8_t *bp = slot_byte(p, slot);
+	unsigned sh = slot_shift(slot);
+	uint8_t b = atomic_load_explicit(bp, memory_order_relaxed);
+	unsigned nib = (b >> sh) & 0xf;
 
-	if ((s & SLOT_QUEUE_MASK) == SLOT_FREE || (s & SLOT_FREQ_MASK) == SLOT_FREQ_MAX)
+	/* free (queue bits 00) or the counter at 3: nothing to do */
+	if (!(nib & 0xc) || (nib & SLOT_FREQ_MASK) == SLOT_FREQ_MAX)
 		return;
-	atomic_compare_exchange_strong_explicit(&p->slot_state[slot], &s, (uint8_t)(s + 1),
+	atomic_compare_exchange_strong_explicit(bp, &b, (uint8_t)(b + (1u << sh)),
 						memory_order_relaxed, memory_order_relaxed);
 }
 
@@ -599,8 +692,8 @@ static uint32_t evict_small(struct policy *p, bool (*is_clean)(uint32_t, void *)
 			ring_push(p, slot);
 			continue;
 		}
-		slot_update(p, slot, SLOT_IN_RING, 0);
-		forget(p, slot, SLOT_SMALL);
+		forget(p, slot, SLOT_SMALL);          /* free, still named by the entry */
+		slot_update(p, slot, SLOT_IN_RING, 0); /* the entry is gone: popped */
 		return slot;
 	}
 	return POLICY_NO_SLOT;
@@ -668,8 +761,8 @@ uint32_t policy_victim(struct policy *p, bool (*is_clean)(uint32_t slot, void *a
 /* Any thread; constant after policy_new. */
 uint64_t policy_mem_bytes(const struct policy *p)
 {
-	return sizeof(*p) + (uint64_t)p->nslots * sizeof(*p->slot_state) +
-	       (uint64_t)p->ring_cap * sizeof(*p->ring) +
+	return sizeof(*p) + ((uint64_t)p->nslots / 2 + 1) * sizeof(*p->slot_state) +
+	       (uint64_t)p->ring_cap * p->ring_width +
 	       (uint64_t)p->sketch_words * sizeof(*p->sketch);
 }
 

@@ -9,7 +9,15 @@
  * workers are) look keys up lock-free: a stable key must always be found
  * at its slot (a rebuild or a tombstone must never hide it), a churn key
  * must resolve to a churn slot holding that key or to nothing. Built once
- * by hand with -fsanitize=thread as well (see the final report).
+ * by hand with -fsanitize=thread as well (see the final report; TSan does
+ * not model liburcu's grace periods, so the deferred free of an old table
+ * needs suppressing: race:table_free_rcu and race:liburcu.so).
+ *
+ * Map, single-threaded: every slot resident (the table at its fullest),
+ * for slot counts at the edges of the entry encoding (slot number plus
+ * key fingerprint), then evict-and-refill churn through several rebuilds:
+ * every present key found at its slot, absent keys not found, no slot
+ * number out of range in any entry; and the table's RAM per slot.
  *
  * Bitmaps: partial writes never need a read-fill: blocks become valid and
  * dirty exactly where written; CLEAN, INVALIDATE, whole-extent summaries,
@@ -122,6 +130,93 @@ static void test_map_concurrent(void)
 	map_destroy(&map);
 }
 
+/* Walk the table: live entries, tombstones; every live entry names a slot < n. */
+static void table_census(struct cache_map *m, uint32_t n, uint32_t *live, uint32_t *tombs)
+{
+	struct map_table *t = atomic_load(&m->t);
+	*live = *tombs = 0;
+	for (uint32_t i = 0; i < t->size; i++) {
+		uint32_t e = atomic_load(&t->e[i]);
+		if (e == MAP_TOMB)
+			(*tombs)++;
+		else if (e != MAP_EMPTY) {
+			REQUIRE((e & ~t->fp_mask) < n, "entry %#x names slot %u of %u", e, e & ~t->fp_mask, n);
+			(*live)++;
+		}
+	}
+	REQUIRE(*live == t->used && *tombs == t->tombs, "census %u/%u, table says %u/%u", *live, *tombs,
+		t->used, t->tombs);
+}
+
+static void test_map_full(void)
+{
+	/* 2^w - 2 slots is the most a w-bit slot field holds (all ones and
+	 * all ones but one are EMPTY and TOMB); one more widens the field. */
+	const uint32_t sizes[] = { 1, 2, 3, 6, 7, 14, 100, 1022, 1023, 65534, 65535, 200000 };
+	for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+		uint32_t n = sizes[z];
+		struct slot *sl = calloc(n, sizeof(*sl));
+		uint64_t *owner = malloc(n * sizeof(*owner));
+		struct cache_map m;
+		REQUIRE(sl && owner && map_init(&m, sl, n) == 0, "init %u", n);
+		for (uint32_t s = 0; s < n; s++) {
+			owner[s] = cache_key(3, (uint64_t)s * 2);
+			REQUIRE(map_insert(&m, owner[s], s) == 0, "fill slot %u of %u", s, n);
+		}
+		REQUIRE(map_insert(&m, owner[n - 1], 0) == -EEXIST, "duplicate refused (%u slots)", n);
+		uint64_t r = n, next = (uint64_t)n * 2;
+		long rounds = 4L * n + 64, rebuilds = 0;
+		for (long i = 0; i <= rounds; i++) {
+			if (i % (rounds / 4) == 0) {
+				uint32_t live, tombs;
+				table_census(&m, n, &live, &tombs);
+				REQUIRE(live == n, "%u live entries for %u slots", live, n);
+				for (uint32_t s = 0; s < n; s++) {
+					REQUIRE(map_lookup(&m, owner[s]) == s, "slot %u of %u found", s, n);
+					REQUIRE(map_lookup(&m, owner[s] + 1) == POLICY_NO_SLOT, "absent key %u", s);
+				}
+			}
+			/* evict a slot, refill it with an extent never seen */
+			r ^= r << 13;
+			r ^= r >> 7;
+			r ^= r << 17;
+			uint32_t s = (uint32_t)(r % n);
+			map_remove(&m, owner[s], s);
+			REQUIRE(map_lookup(&m, owner[s]) == POLICY_NO_SLOT, "removed key gone");
+			owner[s] = cache_key(3, next += 2);
+			struct map_table *before = atomic_load(&m.t);
+			REQUIRE(map_insert(&m, owner[s], s) == 0, "refill slot %u of %u", s, n);
+			rebuilds += atomic_load(&m.t) != before;
+		}
+		REQUIRE(n < 1000 || rebuilds > 0, "%u slots: no rebuild in %ld evictions", n, rounds);
+		if (n == 200000)
+			printf("ok: 200000 slots: %ld rebuilds in %ld evictions\n", rebuilds, rounds);
+		/* emptying the table leaves neither entries nor tombstones
+		 * behind a removal that ends a run */
+		for (uint32_t s = 0; s < n; s++)
+			map_remove(&m, owner[s], s);
+		uint32_t live, tombs;
+		table_census(&m, n, &live, &tombs);
+		REQUIRE(live == 0, "%u entries left", live);
+		map_destroy(&m);
+		rcu_barrier();
+		free(sl);
+		free(owner);
+	}
+	printf("ok: full tables of 1 to 200000 slots through 4 x n evictions: every key at its slot\n");
+
+	/* RAM: the table's share of the 100 KB per GB budget (bench_cache_mem) */
+	uint32_t n = 262144; /* 64 GiB of 256 KiB extents */
+	struct slot *sl = calloc(n, sizeof(*sl));
+	struct cache_map m;
+	REQUIRE(sl && map_init(&m, sl, n) == 0, "init");
+	double per_slot = (double)(map_mem_bytes(&m) - (uint64_t)n * sizeof(struct slot)) / n;
+	REQUIRE(per_slot <= 4.61, "map table %.3f bytes per slot (budget 4.6)", per_slot);
+	printf("ok: map table %.3f bytes per slot beside the %zu-byte slot\n", per_slot, sizeof(struct slot));
+	map_destroy(&m);
+	free(sl);
+}
+
 static void test_bitmaps(void)
 {
 	static struct cache_set cs;
@@ -187,6 +282,7 @@ int main(void)
 {
 	rcu_register_thread();
 	test_bitmaps();
+	test_map_full();
 	test_map_concurrent();
 	rcu_unregister_thread();
 	return 0;

@@ -50,7 +50,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
 PROGS := $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 
-.PHONY: all deps run check check-long conformance bench fuzz unit clean install check-system
+.PHONY: all deps run check check-long conformance bench fuzz tsan unit clean install check-system
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
 deps:
@@ -104,6 +104,19 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS)
 
 fuzz: $(FUZZ_BINS)
 
+# ThreadSanitizer builds of the lock-free map and policy tests: the file
+# under test instrumented, the rest of the library from libtiercache.a.
+# tests/unit/tsan.supp says why liburcu's deferred frees are suppressed.
+TSAN_BINS := $(BUILD)/tests/tsan/test_cache_map $(BUILD)/tests/tsan/test_policy
+TSAN_CFLAGS := -std=gnu11 -O1 -g -fsanitize=thread -D_GNU_SOURCE -DTC_TSAN -I. $(PKG_CFLAGS)
+$(BUILD)/tests/tsan/test_cache_map: tests/unit/test_cache_map.c cache/map.c $(BUILD)/libtiercache.a
+$(BUILD)/tests/tsan/test_policy: tests/unit/test_policy.c cache/policy.c $(BUILD)/libtiercache.a
+$(TSAN_BINS):
+	@mkdir -p $(dir $@)
+	$(CC) $(TSAN_CFLAGS) -o $@ $(filter %.c,$^) $(BUILD)/libtiercache.a $(LDLIBS)
+
+tsan: $(TSAN_BINS)
+
 run: deps
 	@$(MAKE) --no-print-directory all
 	@mkdir -p var/quickstart/state
@@ -112,11 +125,11 @@ run: deps
 unit: $(UNIT_BINS)
 
 check: deps
-	@$(MAKE) --no-print-directory all fuzz
+	@$(MAKE) --no-print-directory all fuzz tsan
 	@tests/run.sh
 
 check-long: deps
-	@$(MAKE) --no-print-directory all fuzz
+	@$(MAKE) --no-print-directory all fuzz tsan
 	@TC_LONG=1 tests/run.sh
 
 # The libiscsi conformance suite against tiercached and tgtd, both counts printed.

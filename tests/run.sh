@@ -2,6 +2,7 @@
 # tests/run.sh - run every test and print one summary line.
 #
 #   unit tests      build/tests/test_*          (C programs, exit 0 = pass)
+#   TSan builds     build/tests/tsan/test_*     (the map and policy under TSan)
 #   shell tests     tests/test_*.sh             (exit 0 pass, 77 skip)
 #   fuzz smoke      build/fuzz/fuzz_*           (libFuzzer, a short time each,
 #                                                seeded from tests/fuzz/corpus/NAME)
@@ -10,7 +11,7 @@
 set -u
 cd "$(dirname "$0")/.."
 logs=build/test-logs
-mkdir -p "$logs/unit" "$logs/fuzz"
+mkdir -p "$logs/unit" "$logs/tsan" "$logs/fuzz"
 filter=${1:-}
 passed=0 failed=0 skipped=0
 failures=()
@@ -42,6 +43,13 @@ run_one() {
 for t in build/tests/test_*; do
 	[ -x "$t" ] || continue
 	run_one "unit/$(basename "$t")" "$t"
+done
+
+# ThreadSanitizer builds (make tsan): any report fails the test
+for t in build/tests/tsan/test_*; do
+	[ -x "$t" ] || continue
+	TSAN_OPTIONS="suppressions=tests/unit/tsan.supp halt_on_error=1 exitcode=66" \
+		run_one "tsan/$(basename "$t")" "$t"
 done
 
 for t in tests/test_*.sh; do

@@ -3,8 +3,9 @@
  * bypass, a victim is always a clean resident slot, one scan cannot flush
  * the hot set, and the lock-free hit path is safe beside a running evictor.
  *
- * Every check prints "ok:" or "FAIL:"; exit status 1 if any failed. Build
- * with -fsanitize=thread to let TSan watch the concurrency check.
+ * Every check prints "ok:" or "FAIL:"; exit status 1 if any failed. make
+ * tsan builds it with -fsanitize=thread to let TSan watch the concurrency
+ * check.
  */
 #include "check.h"
 #include "cache/policy.h"

@@ -839,6 +839,17 @@ static void unmap_issue(struct sbc_io *io)
 		uint32_t n = get_be32(d + 8);
 		if (!n)
 			continue;
+		/* Descriptors that continue this one (hosts send one per block
+		 * or per extent) go down as one request: one round trip to a
+		 * network store instead of one per descriptor. */
+		while (io->pos < io->end) {
+			scsi_data_out(cmd, io->pos, d, UNMAP_DESC);
+			uint32_t more = get_be32(d + 8);
+			if (get_be64(d) != lba + n || more > UINT32_MAX - n)
+				break;
+			n += more;
+			io->pos += UNMAP_DESC;
+		}
 		io->lba = lba;
 		io->nblocks = n;
 		io_submit(io, lu->dev->can_unmap ? BDEV_UNMAP : BDEV_WRITE_ZEROES, 0, lba << lu->block_shift,

@@ -239,6 +239,26 @@ static void naa_from_serial(const char *serial, uint8_t out[8])
 	put_be64(out, h);
 }
 
+/*
+ * The shared backing store's ownership changed (bdev.h "Ownership"; on the
+ * driver's thread): every nexus learns that the asymmetric access states
+ * changed (SPC-4 5.15.2.5: ASYMMETRIC ACCESS STATE CHANGED on every I_T
+ * nexus), so hosts read REPORT TARGET PORT GROUPS again. Entering
+ * TRANSITION is not announced: commands meanwhile get NOT READY with the
+ * transition ASC. The LU outlives its bdev's callbacks (scsi_lu_close
+ * closes the bdev, which stops them, before freeing the LU).
+ */
+static void lu_owner_changed(void *arg, const struct bdev_owner_change *c)
+{
+	struct scsi_lu *lu = arg;
+
+	if (c->state == BDEV_OWNER_TRANSITION)
+		return;
+	pthread_mutex_lock(&lu->mutex);
+	lu_ua_all_locked(lu, UA_ALUA_CHANGED, NULL);
+	pthread_mutex_unlock(&lu->mutex);
+}
+
 struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 			     char *err, size_t errlen)
 {
@@ -275,6 +295,8 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	lu->tpg = cfg->target_port_group ? cfg->target_port_group : 1;
 	lu->rel_port = cfg->rel_port_id ? cfg->rel_port_id : 1;
 	naa_from_serial(lu->serial, lu->naa);
+	lu->owner = bdev_is_shared(dev) ? dev->ops->owner : NULL;
+	lu->alua_groups = cfg->alua_groups;
 	atomic_init(&lu->wce, cfg->write_cache);
 	lu->wce_default = cfg->write_cache;
 	atomic_init(&lu->d_sense, false);
@@ -302,6 +324,8 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	lu->next_open = registry;
 	registry = lu;
 	pthread_mutex_unlock(&registry_lock);
+	if (lu->owner)
+		lu->owner->listen(dev, lu_owner_changed, lu);
 	return lu;
 fail:
 	pr_free(lu);
@@ -331,6 +355,28 @@ void scsi_lu_close(struct scsi_lu *lu)
 	free(lu->name);
 	free(lu->state_dir);
 	free(lu);
+}
+
+void scsi_lu_set_capacity(struct scsi_lu *lu, uint64_t bytes)
+{
+	uint64_t nb = bytes >> lu->block_shift;
+	pthread_mutex_lock(&lu->mutex);
+	__atomic_store_n(&lu->nblocks, nb, __ATOMIC_RELAXED);
+	lu_ua_all_locked(lu, UA_CAPACITY_CHANGED, NULL);
+	pthread_mutex_unlock(&lu->mutex);
+	log_info("lun %s: capacity now %llu blocks", lu->name, (unsigned long long)nb);
+}
+
+bool scsi_lu_ownership(const struct scsi_lu *lu, struct scsi_lu_ownership *out)
+{
+	if (!lu->owner)
+		return false;
+	out->generation = 0;
+	out->state = (unsigned)lu->owner->state(lu->dev, &out->generation);
+	out->port_group = lu->tpg;
+	out->owner_port_group = lu->owner->owner_group ? lu->owner->owner_group(lu->dev) : 0;
+	out->gateways = lu->alua_groups ? lu->alua_groups : 1;
+	return true;
 }
 
 const char *scsi_lu_name(const struct scsi_lu *lu)
@@ -700,6 +746,7 @@ static uint16_t ua_asc(unsigned bit)
 	case UA_REGISTRATIONS_PREEMPTED: return ASC_REGISTRATIONS_PREEMPTED;
 	case UA_MODE_CHANGED: return ASC_MODE_PARAMETERS_CHANGED;
 	case UA_CAPACITY_CHANGED: return ASC_CAPACITY_DATA_CHANGED;
+	case UA_ALUA_CHANGED: return ASC_ASYMMETRIC_ACCESS_STATE_CHANGED;
 	default: return ASC_REPORTED_LUNS_CHANGED;
 	}
 }
@@ -873,6 +920,15 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 		scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_READY_SANITIZE);
 		scsi_cmd_complete(cmd);
 		return;
+	}
+	/* shared backing store: media access only while this gateway owns it */
+	if (lu->owner && (d->flags & (CMDF_READS | CMDF_WRITES))) {
+		uint64_t gen;
+		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
+		if (st != BDEV_OWNER_OWNED) {
+			spc_alua_refuse(cmd, st);
+			return;
+		}
 	}
 	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
 		cmd->status = SAM_STAT_RESERVATION_CONFLICT;

@@ -115,6 +115,9 @@
 
 #define ASC_NO_ADDITIONAL_SENSE 0x0000
 #define ASC_LU_NOT_READY_SANITIZE 0x041b
+#define ASC_LU_NOT_ACCESSIBLE_TRANSITION 0x040a  /* asymmetric access state transition */
+#define ASC_LU_NOT_ACCESSIBLE_STANDBY 0x040b     /* target port in standby state */
+#define ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE 0x040c /* target port in unavailable state */
 #define ASC_WRITE_ERROR 0x0c00
 #define ASC_INVALID_FIELD_IN_IU 0x0e03
 #define ASC_UNRECOVERED_READ_ERROR 0x1100
@@ -138,6 +141,7 @@
 #define ASC_RESERVATIONS_RELEASED 0x2a04
 #define ASC_REGISTRATIONS_PREEMPTED 0x2a05
 #define ASC_CAPACITY_DATA_CHANGED 0x2a09
+#define ASC_ASYMMETRIC_ACCESS_STATE_CHANGED 0x2a06
 #define ASC_COMMANDS_CLEARED_BY_ANOTHER 0x2f00
 #define ASC_SAVING_PARAMS_NOT_SUPPORTED 0x3900
 #define ASC_MEDIUM_REMOVAL_PREVENTED 0x5302
@@ -162,6 +166,7 @@ enum {
 	UA_MODE_CHANGED = 1u << 7,
 	UA_CAPACITY_CHANGED = 1u << 8,
 	UA_LUNS_CHANGED = 1u << 9,
+	UA_ALUA_CHANGED = 1u << 10, /* ASYMMETRIC ACCESS STATE CHANGED */
 };
 
 /* ------------------------------------------------------------------ */
@@ -228,6 +233,15 @@ struct scsi_lu {
 	uint8_t naa[8];             /* NAA 3 (locally assigned), from the serial */
 	uint32_t tpg;
 	uint16_t rel_port;
+	/*
+	 * Shared backing store (bdev_is_shared): the owner ops of dev, else
+	 * NULL. Implicit ALUA across alua_groups gateways: gateway N is
+	 * target port group N with relative target port N; the lock owner's
+	 * group is active/optimized, the others active/non-optimized. The
+	 * hot path reads owner's state (one atomic load) only when non-NULL.
+	 */
+	const struct bdev_owner_ops *owner;
+	uint16_t alua_groups;
 
 	/* mode parameters: hot ones are atomics, the rest under mutex */
 	atomic_bool wce;
@@ -471,6 +485,11 @@ void spc_mode_sense(struct scsi_cmd *cmd);
 void spc_mode_select(struct scsi_cmd *cmd);
 void spc_report_supported_opcodes(struct scsi_cmd *cmd);
 void spc_report_target_pgs(struct scsi_cmd *cmd);
+/* A media-access command on an LU whose shared backing store this gateway
+ * does not own (state != OWNED): start taking ownership when it is free to
+ * take, and fail the command with the NOT READY sense SPC-4 gives for the
+ * port's asymmetric access state (the host retries). */
+void spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st);
 void spc_start_stop_unit(struct scsi_cmd *cmd);
 void spc_prevent_allow(struct scsi_cmd *cmd);
 void spc_send_diagnostic(struct scsi_cmd *cmd);

@@ -116,6 +116,14 @@ struct scsi_lu_config {
 	const char *revision;      /* <= 4 chars */
 	uint32_t target_port_group; /* for REPORT TARGET PORT GROUPS / VPD 83 */
 	uint16_t rel_port_id;      /* relative target port identifier */
+	/*
+	 * Gateways exporting this LU over a shared backing store (its bdev
+	 * has owner ops, bdev_is_shared): REPORT TARGET PORT GROUPS lists
+	 * groups 1..alua_groups, gateway N being port group N with relative
+	 * target port N (so target_port_group and rel_port_id are this
+	 * gateway's N). 0 or 1 with a shared bdev: this gateway's group only.
+	 */
+	uint16_t alua_groups;
 };
 
 /*
@@ -126,6 +134,21 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 			     char *err, size_t errlen);
 void scsi_lu_close(struct scsi_lu *lu);
 const char *scsi_lu_name(const struct scsi_lu *lu);
+/* The device under lu now holds bytes (a resized RBD image; any thread):
+ * the LU takes the new block count and every I_T nexus gets the CAPACITY
+ * DATA HAS CHANGED unit attention (SBC-3 4.6). */
+void scsi_lu_set_capacity(struct scsi_lu *lu, uint64_t bytes);
+
+/* An LU over a shared backing store (bdev_is_shared): this gateway's view
+ * of the ownership, for status. false for any other LU. Any thread. */
+struct scsi_lu_ownership {
+	unsigned state;            /* enum bdev_owner_state (cache/bdev.h) */
+	uint64_t generation;       /* when OWNED */
+	uint32_t port_group;       /* this gateway's target port group */
+	uint32_t owner_port_group; /* the owner's, 0 = unknown */
+	unsigned gateways;
+};
+bool scsi_lu_ownership(const struct scsi_lu *lu, struct scsi_lu_ownership *out);
 
 /* ---- targets: LUN maps ---- */
 

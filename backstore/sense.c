@@ -124,9 +124,32 @@ void scsi_cmd_good(struct scsi_cmd *cmd)
 	cmd->sense_len = 0;
 }
 
+#ifndef ASC_LU_NOT_ACCESSIBLE_STANDBY
+#define ASC_LU_NOT_ACCESSIBLE_STANDBY 0x040b
+#endif
+
+/*
+ * Errors of a backing store reached over the network (an RBD image) are
+ * not medium errors: the data is fine, the path to it is not.
+ *  - -ETIMEDOUT, -ENOTCONN, -ECONNREFUSED, -ECONNRESET, -EAGAIN: the
+ *    cluster did not answer in time. BUSY, so the host retries the command
+ *    (SAM-5; tcmu-runner's rbd handler answers a timeout the same way).
+ *  - -ESHUTDOWN (this client was blocklisted) or -EROFS (another gateway
+ *    holds the image's exclusive lock): NOT READY, LOGICAL UNIT NOT
+ *    ACCESSIBLE, TARGET PORT IN STANDBY STATE (SPC-4 5.15.2.4.5): a
+ *    multipathing host moves the I/O to the path of the owner; tcmu-runner
+ *    reports a fenced image with the same sense.
+ */
 void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing)
 {
-	if (err == -ENOSPC || err == -EDQUOT)
+	if (err == -ETIMEDOUT || err == -ENOTCONN || err == -ECONNREFUSED || err == -ECONNRESET ||
+	    err == -EAGAIN) {
+		cmd->status = SAM_STAT_BUSY;
+		cmd->sense_len = 0;
+		cmd->data_in_len = 0;
+	} else if (err == -ESHUTDOWN || err == -EROFS)
+		scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_STANDBY);
+	else if (err == -ENOSPC || err == -EDQUOT)
 		scsi_fail(cmd, SK_DATA_PROTECT, ASC_SPACE_ALLOCATION_FAILED);
 	else if (err == -EIO || err == -EILSEQ)
 		scsi_fail(cmd, SK_MEDIUM_ERROR, writing ? ASC_WRITE_ERROR : ASC_UNRECOVERED_READ_ERROR);

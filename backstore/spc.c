@@ -6,7 +6,8 @@
  * SENSE, MODE SENSE / MODE SELECT (caching, control, informational
  * exceptions pages; WCE, D_SENSE and SWP are changeable and honoured),
  * REPORT SUPPORTED OPERATION CODES (generated from lu.c's command table),
- * REPORT TARGET PORT GROUPS (one implicit-ALUA group, active/optimized),
+ * REPORT TARGET PORT GROUPS (implicit ALUA: one active/optimized group, or
+ * one group per gateway for a LU over a shared store),
  * and the no-op-ish START STOP UNIT / PREVENT ALLOW / SEND DIAGNOSTIC.
  *
  * Threading: every handler runs on the submitting worker and completes the
@@ -735,19 +736,88 @@ void spc_report_supported_opcodes(struct scsi_cmd *cmd)
 }
 
 /* ---------------------------------------------------------------- */
-/* REPORT TARGET PORT GROUPS                                         */
+/* REPORT TARGET PORT GROUPS, asymmetric access (SPC-4 5.15)          */
 
+/*
+ * A LU over a local store has one target port group, active/optimized.
+ * A LU over a shared store (an RBD image exported by several gateways,
+ * bdev.h "Ownership") uses implicit ALUA, one group per gateway: the
+ * group of the gateway holding the image's lock is active/optimized,
+ * every other one active/non-optimized. Not standby, on purpose: hosts
+ * keep I/O off standby ports and, with implicit-only ALUA (TPGS 01b),
+ * have no SET TARGET PORT GROUPS to wake one up (Linux scsi_dh_alua fails
+ * I/O to a standby path in its prep function; VMware's VMW_SATP_ALUA and
+ * Windows MSDSM also move I/O only to active groups), so a takeover
+ * driven by the host's I/O needs the non-owners to be active. The host's
+ * multipath prefers the optimized group; when that path dies it sends
+ * I/O to a non-optimized one, which then takes the lock (TRANSITIONING,
+ * NOT READY 04/0A, retried by the host) and becomes the optimized group.
+ * Identification (VPD 0x83) is per gateway N: target port group N and
+ * relative target port N; the LU's NAA and serial are the same everywhere.
+ */
 #define ALUA_ACTIVE_OPTIMIZED 0x00
+#define ALUA_ACTIVE_NONOPTIMIZED 0x01
+#define ALUA_UNAVAILABLE 0x03
+#define ALUA_TRANSITIONING 0x0f
 #define ALUA_PREF 0x80
+#define ALUA_T_SUP 0x80
+#define ALUA_U_SUP 0x08
+#define ALUA_AN_SUP 0x02
 #define ALUA_AO_SUP 0x01
+#define ALUA_STATUS_IMPLICIT 0x02 /* state altered by implicit ALUA behaviour */
 #define RTPG_EXTENDED 0x01
+/* Implicit transition time in the extended header (seconds): taking the
+ * lock of a dead gateway (break, blocklist, acquire, drop the cache) takes
+ * a few seconds; a slow cluster's op timeout more. */
+#define ALUA_IMPLICIT_TRANSITION_SECS 60
+#define ALUA_MAX_GROUPS 32
+
+/* This gateway's group's state as the LU's shared store says. */
+static uint8_t own_alua_state(enum bdev_owner_state st)
+{
+	switch (st) {
+	case BDEV_OWNER_OWNED: return ALUA_ACTIVE_OPTIMIZED;
+	case BDEV_OWNER_TRANSITION: return ALUA_TRANSITIONING;
+	case BDEV_OWNER_LOST: return ALUA_UNAVAILABLE;
+	case BDEV_OWNER_STANDBY: break;
+	}
+	return ALUA_ACTIVE_NONOPTIMIZED;
+}
+
+void spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
+{
+	struct scsi_lu *lu = cmd->lu;
+
+	/* Never blocks: the driver takes the lock on its own thread. A host
+	 * sends media access here only once its path to the owner failed, so
+	 * the owner is taken to be gone (this is implicit failover). */
+	if (st == BDEV_OWNER_STANDBY || st == BDEV_OWNER_LOST)
+		lu->owner->acquire(lu->dev);
+	scsi_fail(cmd, SK_NOT_READY,
+		  st == BDEV_OWNER_LOST ? ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE : ASC_LU_NOT_ACCESSIBLE_TRANSITION);
+	complete(cmd);
+}
+
+/* One target port group descriptor with one target port; returns its length. */
+static size_t tpg_desc(uint8_t *g, uint8_t state, uint8_t supported, uint8_t status, uint16_t group,
+		       uint16_t rel_port)
+{
+	memset(g, 0, 12);
+	g[0] = state;
+	g[1] = supported;
+	put_be16(g + 2, group);
+	g[5] = status;
+	g[7] = 1; /* one target port */
+	put_be16(g + 10, rel_port);
+	return 12;
+}
 
 void spc_report_target_pgs(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint32_t alloc = get_be32(cmd->cdb + 6);
 	uint8_t fmt = cmd->cdb[1] >> 5;
-	uint8_t b[64];
+	uint8_t b[8 + 12 * (ALUA_MAX_GROUPS + 1)];
 	size_t off = 4;
 
 	if (fmt > RTPG_EXTENDED) {
@@ -758,16 +828,34 @@ void spc_report_target_pgs(struct scsi_cmd *cmd)
 	memset(b, 0, sizeof(b));
 	if (fmt == RTPG_EXTENDED) {
 		b[4] = 0x10;   /* format: extended header */
-		b[5] = 0;      /* implicit transition time */
+		b[5] = lu->owner ? ALUA_IMPLICIT_TRANSITION_SECS : 0;
 		off = 8;
 	}
-	uint8_t *g = b + off;
-	g[0] = ALUA_PREF | ALUA_ACTIVE_OPTIMIZED;
-	g[1] = ALUA_AO_SUP;
-	put_be16(g + 2, (uint16_t)lu->tpg);
-	g[7] = 1; /* one target port */
-	put_be16(g + 10, lu->rel_port);
-	off += 12;
+	if (!lu->owner) {
+		off += tpg_desc(b + off, ALUA_PREF | ALUA_ACTIVE_OPTIMIZED, ALUA_AO_SUP, 0, (uint16_t)lu->tpg,
+				lu->rel_port);
+	} else {
+		uint64_t gen;
+		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
+		uint32_t owner = lu->owner->owner_group ? lu->owner->owner_group(lu->dev) : 0;
+		uint32_t n = lu->alua_groups ? lu->alua_groups : 1;
+		const uint8_t sup = ALUA_T_SUP | ALUA_U_SUP | ALUA_AN_SUP | ALUA_AO_SUP;
+		if (n > ALUA_MAX_GROUPS)
+			n = ALUA_MAX_GROUPS;
+		for (uint32_t g = 1; g <= n || (g == n + 1 && lu->tpg > n); g++) {
+			uint32_t id = g <= n ? g : lu->tpg;
+			uint8_t state;
+			if (id == lu->tpg)
+				state = own_alua_state(st);
+			else if (id == owner && st != BDEV_OWNER_OWNED)
+				state = ALUA_ACTIVE_OPTIMIZED;
+			else
+				state = ALUA_ACTIVE_NONOPTIMIZED;
+			off += tpg_desc(b + off, state, sup,
+					state == ALUA_ACTIVE_OPTIMIZED ? ALUA_STATUS_IMPLICIT : 0, (uint16_t)id,
+					id == lu->tpg ? lu->rel_port : (uint16_t)id);
+		}
+	}
 	put_be32(b, (uint32_t)(off - 4));
 	scsi_data_in(cmd, b, off, alloc);
 	complete(cmd);

@@ -56,6 +56,7 @@ struct bdev_req {
 	struct io_op io;
 	struct bdev *dev;
 	uint64_t done_bytes;
+	void *link;             /* a driver's list link (bdev_rbd: completions) */
 };
 
 struct bdev_ops {
@@ -72,6 +73,14 @@ struct bdev_ops {
 	 * export, of which one at a time owns (serves) it. See "Ownership".
 	 */
 	const struct bdev_owner_ops *owner;
+	/*
+	 * Devices whose size can change under us (an RBD image resized with
+	 * `rbd resize`; NULL otherwise): register fn, called with the new
+	 * size in bytes after dev->size changed, from the driver's own thread
+	 * (never a worker's). One listener per device; main thread, before
+	 * I/O starts. See bdev_set_resize_listener.
+	 */
+	void (*set_resize_listener)(struct bdev *dev, void (*fn)(void *arg, uint64_t size), void *arg);
 };
 
 /*
@@ -114,6 +123,14 @@ struct bdev_owner_ops {
 	void (*acquire)(struct bdev *dev);
 	void (*listen)(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c),
 		       void *arg);
+	/*
+	 * The target port group of the gateway that owns the device as last
+	 * seen (the driver polls it about every second), 0 when unknown or
+	 * nobody; for REPORT TARGET PORT GROUPS and status. Any thread, never
+	 * blocks. A change of it alone is also reported to the listener (with
+	 * the state unchanged), so hosts are told to look again.
+	 */
+	uint32_t (*owner_group)(struct bdev *dev);
 };
 
 struct bdev {
@@ -144,6 +161,14 @@ static inline void bdev_close(struct bdev *dev)
 
 int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped);
 
+/* Register the resize listener of dev (no-op for fixed-size devices). */
+static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size),
+					    void *arg)
+{
+	if (dev && dev->ops->set_resize_listener)
+		dev->ops->set_resize_listener(dev, fn, arg);
+}
+
 /*
  * Open (and with create, make sparse if missing) a file or block device of
  * size bytes (0 = use its current size). On error returns NULL and writes a
@@ -151,5 +176,68 @@ int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped);
  */
 struct bdev *bdev_file_open(const char *path, uint64_t size, uint32_t block_size,
 			    bool create, char *err, size_t errlen);
+
+/*
+ * RBD images (cache/bdev_rbd.c, through librbd): backing = rbd:POOL/IMAGE.
+ * The cluster is reached with conf (NULL: /etc/ceph/ceph.conf) as the
+ * cephx user "client.<user>" (NULL: admin); every cluster operation gives
+ * up after op_timeout_s (0: 30 s), so a lost cluster fails I/O with
+ * -ETIMEDOUT instead of hanging. size must be 0 or the image's size.
+ */
+struct bdev_rbd_opts {
+	const char *conf;
+	const char *user;
+	unsigned op_timeout_s;
+};
+#define BDEV_RBD_PREFIX "rbd:"
+#define BDEV_RBD_DEFAULT_CONF "/etc/ceph/ceph.conf"
+#define BDEV_RBD_DEFAULT_USER "admin"
+#define BDEV_RBD_DEFAULT_TIMEOUT 30
+
+/* spec is "POOL/IMAGE" (without the rbd: prefix). */
+struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, uint64_t size,
+			   uint32_t block_size, char *err, size_t errlen);
+
+/* What tierctl status shows of an RBD bdev. */
+enum bdev_rbd_conn {
+	BDEV_RBD_CONNECTED = 0, /* the last cluster operation succeeded */
+	BDEV_RBD_LOST,          /* it timed out or the cluster refused us */
+};
+struct bdev_rbd_status {
+	char pool[256];
+	char image[256];
+	enum bdev_rbd_conn conn;
+	uint64_t size;
+};
+/*
+ * The open RBD bdev whose backing string is backing ("rbd:POOL/IMAGE"):
+ * true and *st, or false when none is open. Any thread (the status query).
+ */
+bool bdev_rbd_status(const char *backing, struct bdev_rbd_status *st);
+const char *bdev_rbd_conn_name(enum bdev_rbd_conn c);
+
+/*
+ * Ownership of an RBD bdev (bdev_rbd_lock.c), before anything listens:
+ * gateways = how many gateways export the image (1: take the lock at the
+ * first listen and keep it; more: take it when a host's I/O asks, see
+ * bdev_owner_ops.acquire), port_group = this gateway's target port group,
+ * gateway_id = a name stable across restarts and distinct per gateway
+ * (NULL: "HOSTNAME/PORT_GROUP"). 0, or -1 when dev is not an RBD bdev.
+ */
+int bdev_rbd_set_gateway(struct bdev *dev, unsigned gateways, uint32_t port_group, const char *gateway_id);
+
+/* Is backing an RBD spec ("rbd:...")? */
+static inline bool bdev_backing_is_rbd(const char *backing)
+{
+	return backing && !__builtin_strncmp(backing, BDEV_RBD_PREFIX, sizeof(BDEV_RBD_PREFIX) - 1);
+}
+
+/*
+ * Open the backing store a [lun] names: rbd:POOL/IMAGE through
+ * bdev_rbd_open (with rbd), anything else as a file or block device
+ * through bdev_file_open (with create).
+ */
+struct bdev *bdev_open_backing(const char *backing, const struct bdev_rbd_opts *rbd, uint64_t size,
+			       uint32_t block_size, bool create, char *err, size_t errlen);
 
 #endif

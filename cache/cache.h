@@ -77,6 +77,18 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *backing,
 			    const char *backing_path, enum cache_mode mode, char *err, size_t errlen);
 
+/*
+ * A volume over a shared backing store (bdev_is_shared, an RBD image): keep
+ * the generation of this gateway's last gain of the image in gen_path (a
+ * small file, e.g. in the state_dir), so a gain that follows our own
+ * without anyone else owning the image in between keeps the cache (a warm
+ * restart), and any other drops it. Starts following the backing's
+ * ownership (a single-gateway image is taken here). Call after
+ * cache_vol_open, before the LU is opened; main thread, may block. 0, or
+ * -1 with a sentence in err. No-op for a volume whose backing is not shared.
+ */
+int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, size_t errlen);
+
 /* Destage every dirty extent and wait (timeout_ms 0 = forever). 0 or -errno. Main thread. */
 int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);
 /* Change a volume's mode; leaving write-back flushes first. Main thread. */

@@ -430,8 +430,20 @@ static int add_address(struct parse_state *ps, const char *key, const char *val,
 
 static int handle_portal(struct parse_state *ps, const char *key, const char *val)
 {
+	if (!strcmp(key, "port_group")) {
+		unsigned long u;
+		if (parse_uint(val, CFG_MAX_GATEWAYS, &u) || u == 0) {
+			fail_at(ps, ps->line, "[portal] port_group = %s: give this gateway's number, 1 to %d "
+				"(each gateway of a shared LUN its own)", val, CFG_MAX_GATEWAYS);
+			return 0;
+		}
+		ps->cfg->port_group = (unsigned)u;
+		ps->cfg->port_group_line = ps->line;
+		return 1;
+	}
 	if (strcmp(key, "listen")) {
-		fail_at(ps, ps->line, "[portal] has no key \"%s\"; the portal takes listen = ADDRESS:PORT lines", key);
+		fail_at(ps, ps->line, "[portal] has no key \"%s\"; the portal takes listen = ADDRESS:PORT "
+			"lines and port_group = N", key);
 		return 0;
 	}
 	return add_address(ps, "listen", val, ps->cfg->listen, &ps->cfg->nlisten);
@@ -534,6 +546,18 @@ static int handle_target(struct parse_state *ps, const char *key, const char *va
 	return 1;
 }
 
+/* POOL/IMAGE: two non-empty names; no snapshots (@), no namespaces */
+static bool valid_rbd_spec(const char *spec)
+{
+	const char *slash = strchr(spec, '/');
+	if (!slash || slash == spec || !slash[1] || slash - spec > 255 || strlen(slash + 1) > 255)
+		return false;
+	for (const char *c = spec; *c; c++)
+		if (c != slash && !isalnum((unsigned char)*c) && *c != '.' && *c != '_' && *c != '-')
+			return false;
+	return true;
+}
+
 static int handle_lun(struct parse_state *ps, const char *key, const char *val)
 {
 	struct cfg_lun *l = &ps->cfg->luns[ps->cfg->nluns - 1];
@@ -587,10 +611,47 @@ static int handle_lun(struct parse_state *ps, const char *key, const char *val)
 		free(l->cache);
 		l->cache = xstrdup(ps, val);
 		l->cache_line = ps->line;
+	} else if (!strcmp(key, "ceph_conf") || !strcmp(key, "ceph_user")) {
+		const char *v = val;
+		if (!strcmp(key, "ceph_user") && !strncmp(v, "client.", 7))
+			v += 7; /* librados wants the id; accept the full name too */
+		bool ok = *v != 0;
+		for (const char *c = v; ok && *c; c++)
+			ok = *c > 0x20 && *c < 0x7f;
+		if (!ok) {
+			fail_at(ps, ps->line, "[lun %s] %s = %s: give %s", l->name, key, val,
+				!strcmp(key, "ceph_conf") ? "the path of a ceph.conf (without spaces)"
+							  : "a cephx user name like admin or client.iscsi");
+			return 0;
+		}
+		char **dst = !strcmp(key, "ceph_conf") ? &l->ceph_conf : &l->ceph_user;
+		free(*dst);
+		*dst = xstrdup(ps, v);
+		if (!l->ceph_line)
+			l->ceph_line = ps->line;
+	} else if (!strcmp(key, "ceph_timeout")) {
+		unsigned long u;
+		if (parse_uint(val, 3600, &u) || u == 0) {
+			fail_at(ps, ps->line, "[lun %s] ceph_timeout = %s: give seconds, 1 to 3600 (default 30)",
+				l->name, val);
+			return 0;
+		}
+		l->ceph_timeout = (unsigned)u;
+		if (!l->ceph_line)
+			l->ceph_line = ps->line;
+	} else if (!strcmp(key, "gateways")) {
+		unsigned long u;
+		if (parse_uint(val, CFG_MAX_GATEWAYS, &u) || u == 0) {
+			fail_at(ps, ps->line, "[lun %s] gateways = %s: give how many gateways export this LUN, "
+				"1 to %d (default 1)", l->name, val, CFG_MAX_GATEWAYS);
+			return 0;
+		}
+		l->gateways = (unsigned)u;
+		l->gateways_line = ps->line;
 	} else {
 		fail_at(ps, ps->line,
 			"[lun %s] has no key \"%s\"; known keys: backing, size, block_size, serial, write_cache, "
-			"read_only, cache", l->name, key);
+			"read_only, cache, ceph_conf, ceph_user, ceph_timeout, gateways", l->name, key);
 		return 0;
 	}
 	return 1;
@@ -790,6 +851,17 @@ static int validate(struct parse_state *ps)
 				l->name, (unsigned long long)l->size, l->block_size);
 			return -1;
 		}
+		if (!strncmp(l->backing, "rbd:", 4)) {
+			if (!valid_rbd_spec(l->backing + 4)) {
+				fail_at(ps, l->line, "[lun %s] backing = %s: write an RBD image as rbd:POOL/IMAGE "
+					"(names of letters, digits, '.', '_' and '-')", l->name, l->backing);
+				return -1;
+			}
+		} else if (l->ceph_line) {
+			fail_at(ps, l->ceph_line, "[lun %s] ceph_conf, ceph_user and ceph_timeout are for "
+				"backing = rbd:POOL/IMAGE; remove them or make the backing an RBD image", l->name);
+			return -1;
+		}
 		if (!l->serial)
 			l->serial = xstrdup(ps, "auto");
 		for (int j = 0; j < i; j++)
@@ -802,6 +874,40 @@ static int validate(struct parse_state *ps)
 	}
 	if (validate_caches(ps) < 0)
 		return -1;
+	if (!cfg->port_group)
+		cfg->port_group = 1;
+	for (int i = 0; i < cfg->nluns; i++) {
+		struct cfg_lun *l = &cfg->luns[i];
+		if (!l->gateways)
+			l->gateways = 1;
+		if (l->gateways == 1)
+			continue;
+		if (strncmp(l->backing, "rbd:", 4)) {
+			fail_at(ps, l->gateways_line, "[lun %s] gateways = %u: only an RBD image can be exported "
+				"by several gateways (backing = rbd:POOL/IMAGE); remove gateways or change the "
+				"backing", l->name, l->gateways);
+			return -1;
+		}
+		if (!strcmp(l->serial, "auto")) {
+			fail_at(ps, l->gateways_line, "[lun %s] gateways = %u with serial = auto: each gateway "
+				"would make up its own serial and hosts would see different disks; set serial = "
+				"NAME, the same on every gateway", l->name, l->gateways);
+			return -1;
+		}
+		if (l->cache_set && l->cache_set->mode == CACHE_WRITE_BACK) {
+			fail_at(ps, l->gateways_line, "[lun %s] gateways = %u with [cache %s] in write-back mode: "
+				"the dirty data a dead gateway holds would be stranded on its NVMe while another "
+				"serves the image; use mode = write-through (hot reads still come from NVMe)",
+				l->name, l->gateways, l->cache_set->name);
+			return -1;
+		}
+		if (cfg->port_group > l->gateways) {
+			fail_at(ps, cfg->port_group_line, "[portal] port_group = %u but [lun %s] (line %d) has "
+				"gateways = %u; number the gateways 1 to %u", cfg->port_group, l->name, l->line,
+				l->gateways, l->gateways);
+			return -1;
+		}
+	}
 	for (int i = 0; i < cfg->ntargets; i++) {
 		struct cfg_target *t = &cfg->targets[i];
 		for (int j = 0; j < t->nluns; j++) {
@@ -925,6 +1031,8 @@ void config_free(struct config *cfg)
 		free(cfg->luns[i].name);
 		free(cfg->luns[i].backing);
 		free(cfg->luns[i].serial);
+		free(cfg->luns[i].ceph_conf);
+		free(cfg->luns[i].ceph_user);
 	}
 	free(cfg->luns);
 	free(cfg->state_dir);

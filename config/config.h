@@ -9,11 +9,13 @@
  * Sections:
  *   [daemon]        state_dir, control_socket, workers, log_level,
  *                   nop_interval, nop_timeout
- *   [portal]        listen (repeatable; host:port, [v6]:port)
+ *   [portal]        listen (repeatable; host:port, [v6]:port), port_group
  *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
  *                   mutual_user/mutual_secret
  *   [lun NAME]      backing, size, block_size, serial, write_cache, read_only,
- *                   cache (the [cache NAME] set in front of the backing store)
+ *                   cache (the [cache NAME] set in front of the backing store),
+ *                   ceph_conf, ceph_user, ceph_timeout (backing = rbd:POOL/IMAGE),
+ *                   gateways (how many gateways export the image: implicit ALUA)
  *   [cache NAME]    legs = A [B], allow_single_leg, size, extent, mode,
  *                   admit_hits, seq_cutoff, dirty_target (cache/cache.h)
  *   [tcmu]          enable (serve LIO's user:tiercache backstores through
@@ -33,6 +35,7 @@
 #define CFG_MAX_LISTEN 16
 #define CFG_MAX_LUNS_PER_TARGET 256
 #define CFG_MAX_ALLOW 64
+#define CFG_MAX_GATEWAYS 32
 
 struct cfg_lun {
 	char *name;
@@ -45,6 +48,15 @@ struct cfg_lun {
 	char *cache;          /* [cache NAME] in front of it, or NULL */
 	struct cfg_cache *cache_set; /* resolved after parsing */
 	int cache_line;
+	/* backing = rbd:POOL/IMAGE only (cache/bdev_rbd.c) */
+	char *ceph_conf;      /* NULL: /etc/ceph/ceph.conf */
+	char *ceph_user;      /* cephx id without "client."; NULL: admin */
+	unsigned ceph_timeout; /* seconds before a cluster operation fails; 0: 30 */
+	int ceph_line;        /* first ceph_* key, 0 if none */
+	/* gateways exporting this LUN (implicit ALUA over an RBD image's lock);
+	 * 1 = this one only (default) */
+	unsigned gateways;
+	int gateways_line;
 	int line;             /* where the section starts */
 };
 
@@ -98,6 +110,10 @@ struct config {
 	/* [portal] */
 	struct cfg_listen listen[CFG_MAX_LISTEN];
 	int nlisten;
+	/* this gateway's target port group, 1..CFG_MAX_GATEWAYS (default 1):
+	 * gateway N of a LUN with gateways = M is port group N, relative port N */
+	unsigned port_group;
+	int port_group_line;
 	/* [target ...] and [lun ...] */
 	struct cfg_target *targets;
 	int ntargets;

@@ -125,6 +125,10 @@ static int set_mode(struct json_object *resp, const char *lun, enum cache_mode m
 		return control_error(resp, "there is no LUN named \"%s\"; tierctl status lists them", lun);
 	if (!g_vols[i])
 		return control_error(resp, "LUN %s has no cache set; add cache = NAME to its [lun] section", lun);
+	if (mode == CACHE_WRITE_BACK && g_cfg->luns[i].gateways > 1)
+		return control_error(resp, "LUN %s is exported by %u gateways: write-back would strand a dead "
+				     "gateway's dirty data; it stays write-through (hot reads still come "
+				     "from the cache)", lun, g_cfg->luns[i].gateways);
 	int r = cache_vol_set_mode(g_vols[i], mode);
 	if (r)
 		return control_error(resp, "LUN %s could not switch to %s: %s (dirty data is kept; retry after "

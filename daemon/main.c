@@ -43,6 +43,24 @@
 static int mkdir_p(const char *path);
 static uint64_t started_ms;
 
+/* A LUN over a shared store (an RBD image's lock): who owns it, and what
+ * this gateway's target port group reports (REPORT TARGET PORT GROUPS). */
+static void owner_json(struct json_object *o, const struct scsi_lu_ownership *ow)
+{
+	static const char *const states[] = { "standby", "transition", "owned", "lost" };
+	static const char *const alua[] = { "active/non-optimized", "transitioning", "active/optimized",
+					    "unavailable" };
+	struct json_object *w = json_object_new_object();
+	json_object_object_add(w, "state", json_object_new_string(states[ow->state & 3]));
+	json_object_object_add(w, "alua_state", json_object_new_string(alua[ow->state & 3]));
+	json_object_object_add(w, "port_group", json_object_new_int64(ow->port_group));
+	json_object_object_add(w, "gateways", json_object_new_int(ow->gateways));
+	json_object_object_add(w, "owner_port_group", json_object_new_int64(ow->owner_port_group));
+	if (ow->state == BDEV_OWNER_OWNED)
+		json_object_object_add(w, "generation", json_object_new_int64((int64_t)ow->generation));
+	json_object_object_add(o, "ownership", w);
+}
+
 /* tierctl status, on the control thread (under control_lock, which a reload
  * takes to swap d->cfg and its arrays): the configuration as served and a
  * status snapshot of each cache set (cache_set_status). */
@@ -64,6 +82,19 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 		json_object_object_add(o, "serial", json_object_new_string(d->serials[i]));
 		json_object_object_add(o, "block_size", json_object_new_int(l->block_size));
 		json_object_object_add(o, "read_only", json_object_new_boolean(l->read_only));
+		struct bdev_rbd_status rs;
+		if (bdev_rbd_status(l->backing, &rs)) {
+			struct json_object *r = json_object_new_object();
+			json_object_object_add(r, "pool", json_object_new_string(rs.pool));
+			json_object_object_add(r, "image", json_object_new_string(rs.image));
+			json_object_object_add(r, "cluster", json_object_new_string(bdev_rbd_conn_name(rs.conn)));
+			json_object_object_add(r, "size", json_object_new_int64((int64_t)rs.size));
+			json_object_object_add(o, "rbd", r);
+		}
+		struct scsi_lu *lu = d->lus ? d->lus[i] : NULL;
+		struct scsi_lu_ownership ow;
+		if (lu && scsi_lu_ownership(lu, &ow))
+			owner_json(o, &ow);
 		json_object_array_add(luns, o);
 	}
 	for (int i = 0; i < cfg->ntargets; i++) {
@@ -240,6 +271,16 @@ static void shutdown_caches(struct daemon *d)
 }
 
 /*
+ * The bdev under an LU changed size (bdev_set_resize_listener; the driver's
+ * thread): the LU takes the new block count and every I_T nexus gets the
+ * CAPACITY DATA HAS CHANGED unit attention (SBC-3 4.6).
+ */
+static void lun_capacity_changed(void *arg, uint64_t size)
+{
+	scsi_lu_set_capacity(arg, size);
+}
+
+/*
  * Open the LU of [lun] l (its serial, backing store, cache volume on a set
  * already running, and the logical unit). cfg is the configuration in
  * effect: its state_dir, and its [cache] sections, parallel to sets (on a
@@ -264,13 +305,22 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 			strerror(errno));
 		return -1;
 	}
-	struct bdev *dev = bdev_file_open(l->backing, l->size, l->block_size, true, err, sizeof(err));
+	const struct bdev_rbd_opts rbd = {
+		.conf = l->ceph_conf, .user = l->ceph_user, .op_timeout_s = l->ceph_timeout,
+	};
+	bool is_rbd = bdev_backing_is_rbd(l->backing);
+	struct bdev *dev = bdev_open_backing(l->backing, &rbd, l->size, l->block_size, true, err, sizeof(err));
 	if (!dev) {
 		log_err("%s:%d: [lun %s]: %s", cfg->path, l->line, l->name, err);
 		return -1;
 	}
+	/* an RBD image's lock: taken now by a single gateway, on hosts' I/O by several */
+	if (is_rbd)
+		bdev_rbd_set_gateway(dev, l->gateways, cfg->port_group, NULL);
 	if (cc) {
-		struct bdev *vol = cache_vol_open(sets[cc - cfg->caches], l->name, dev, l->backing,
+		/* an RBD image has no path to stat: the cache knows it by name */
+		struct bdev *vol = cache_vol_open(sets[cc - cfg->caches], l->name, dev,
+						  is_rbd ? NULL : l->backing,
 						  (enum cache_mode)cc->mode, err, sizeof(err));
 		if (!vol) {
 			log_err("%s:%d: [lun %s]: %s", cfg->path, l->cache_line, l->name, err);
@@ -279,6 +329,15 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		}
 		dev = vol;
 		*vol_out = vol;
+		/* which generation of the image our cached copies belong to */
+		char gen_path[PATH_MAX];
+		snprintf(gen_path, sizeof(gen_path), "%s/%s.owner-gen", cfg->state_dir, l->name);
+		if (cache_vol_owner_track(vol, gen_path, err, sizeof(err)) < 0) {
+			log_err("%s:%d: [lun %s]: %s", cfg->path, l->cache_line, l->name, err);
+			bdev_close(vol);
+			*vol_out = NULL;
+			return -1;
+		}
 	}
 	struct scsi_lu_config lc = {
 		.name = l->name,
@@ -290,8 +349,10 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		.vendor = "TIERCACH",
 		.product = "tiercache LUN",
 		.revision = "0001",
-		.target_port_group = 1,
-		.rel_port_id = 1,
+		/* gateway N: target port group N, relative target port N */
+		.target_port_group = cfg->port_group,
+		.rel_port_id = (uint16_t)cfg->port_group,
+		.alua_groups = (uint16_t)l->gateways,
 	};
 	*lu_out = scsi_lu_open(&lc, dev, err, sizeof(err));
 	if (!*lu_out) {
@@ -300,6 +361,8 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		*vol_out = NULL;
 		return -1;
 	}
+	/* an image resized under us: new READ CAPACITY, CAPACITY DATA HAS CHANGED */
+	bdev_set_resize_listener(dev, lun_capacity_changed, *lu_out);
 	log_info("lun %s: %s, %llu bytes, %u-byte blocks, serial %s, write cache %s", l->name, l->backing,
 		 (unsigned long long)dev->size, l->block_size, serial, l->write_cache ? "on" : "off");
 	return 0;
@@ -485,6 +548,7 @@ int main(int argc, char **argv)
 		.ntargets = d.cfg->ntargets,
 		.nop_interval = d.cfg->nop_interval,
 		.nop_timeout = d.cfg->nop_timeout,
+		.tpgt = d.cfg->port_group,
 	};
 	if (iscsi_portal_start(d.pc, err, sizeof(err)) < 0) {
 		log_err("%s", err);

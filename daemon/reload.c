@@ -145,6 +145,11 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		n->nop_timeout = o->nop_timeout;
 		count++;
 	}
+	if (o->port_group != n->port_group) {
+		needs_restart(n, n->port_group_line, "[portal] port_group");
+		n->port_group = o->port_group;
+		count++;
+	}
 	if (!listen_eq(o->listen, o->nlisten, n->listen, n->nlisten)) {
 		needs_restart(n, n->nlisten ? n->listen[0].line : 0, "[portal] listen");
 		if (!copy_listen(n->listen, &n->nlisten, o->listen, o->nlisten))
@@ -228,11 +233,18 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		LUN_FIELD(ol->write_cache != nl->write_cache, "write_cache")
 		LUN_FIELD(ol->read_only != nl->read_only, "read_only")
 		LUN_FIELD(!str_eq(ol->cache, nl->cache), "cache")
+		LUN_FIELD(!str_eq(ol->ceph_conf, nl->ceph_conf), "ceph_conf")
+		LUN_FIELD(!str_eq(ol->ceph_user, nl->ceph_user), "ceph_user")
+		LUN_FIELD(ol->ceph_timeout != nl->ceph_timeout, "ceph_timeout")
+		LUN_FIELD(ol->gateways != nl->gateways, "gateways")
 #undef LUN_FIELD
 		if (count != before) {
 			if (!dup_into(&nl->backing, ol->backing) || !dup_into(&nl->serial, ol->serial) ||
-			    !dup_into(&nl->cache, ol->cache))
+			    !dup_into(&nl->cache, ol->cache) || !dup_into(&nl->ceph_conf, ol->ceph_conf) ||
+			    !dup_into(&nl->ceph_user, ol->ceph_user))
 				return -1;
+			nl->ceph_timeout = ol->ceph_timeout;
+			nl->gateways = ol->gateways;
 			nl->size = ol->size;
 			nl->block_size = ol->block_size;
 			nl->write_cache = ol->write_cache;

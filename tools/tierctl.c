@@ -30,7 +30,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tierctl [-s SOCKET | -c CONFIG] [--json] COMMAND [ARGS]\n"
 		"commands:\n"
-		"  status                     targets, LUNs, cache sets, legs and health\n"
+		"  status                     targets, LUNs (RBD: pool/image, cluster, lock owner, ALUA state),\n"
+		"                             cache sets, legs and health\n"
 		"  stats [--watch [SECS]]     I/O and cache counters (repeat every SECS)\n"
 		"  flush [--wait]             destage all dirty data (and wait for it)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"

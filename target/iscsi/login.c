@@ -483,8 +483,13 @@ void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint3
 	L->acc = NULL;
 	L->acc_len = 0;
 
-	if (!L->first_response_sent && !L->discovery)
-		iscsi_text_add(&out, "TargetPortalGroupTag", "1");
+	if (!L->first_response_sent && !L->discovery) {
+		/* this gateway's port group (several gateways, one LUN) */
+		const struct iscsi_portal_cfg *pcfg = iscsi_portal_cfg();
+		char tag[12];
+		snprintf(tag, sizeof(tag), "%u", pcfg && pcfg->tpgt ? pcfg->tpgt : 1);
+		iscsi_text_add(&out, "TargetPortalGroupTag", tag);
+	}
 
 	uint8_t rflags = (uint8_t)(L->stage << 2);
 	bool to_ffp = false;

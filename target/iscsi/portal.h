@@ -40,6 +40,7 @@ struct iscsi_portal_cfg {
 	int ntargets;
 	unsigned nop_interval;    /* seconds of idle before a NOP-In ping; 0 = off */
 	unsigned nop_timeout;     /* seconds to wait for the answer before dropping */
+	unsigned tpgt;            /* TargetPortalGroupTag: this gateway's port group (0 = 1) */
 };
 
 /*

@@ -79,30 +79,31 @@ static void local_address(struct iscsi_conn *c, char *out, size_t outlen)
 	socklen_t sl = sizeof(ss);
 	char host[INET6_ADDRSTRLEN];
 	const struct iscsi_portal_cfg *cfg = iscsi_portal_cfg();
+	unsigned tpgt = cfg && cfg->tpgt ? cfg->tpgt : 1;
 
 	if (getsockname(c->ev.fd, (struct sockaddr *)&ss, &sl) == 0) {
 		if (ss.ss_family == AF_INET) {
 			struct sockaddr_in *a = (struct sockaddr_in *)&ss;
 			inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-			snprintf(out, outlen, "%s:%u,1", host, ntohs(a->sin_port));
+			snprintf(out, outlen, "%s:%u,%u", host, ntohs(a->sin_port), tpgt);
 			return;
 		}
 		if (ss.ss_family == AF_INET6) {
 			struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
 			if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
 				inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof(host));
-				snprintf(out, outlen, "%s:%u,1", host, ntohs(a->sin6_port));
+				snprintf(out, outlen, "%s:%u,%u", host, ntohs(a->sin6_port), tpgt);
 			} else {
 				inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-				snprintf(out, outlen, "[%s]:%u,1", host, ntohs(a->sin6_port));
+				snprintf(out, outlen, "[%s]:%u,%u", host, ntohs(a->sin6_port), tpgt);
 			}
 			return;
 		}
 	}
 	if (cfg && cfg->nlisten)
-		snprintf(out, outlen, "%s:%u,1", cfg->listen[0].addr, cfg->listen[0].port);
+		snprintf(out, outlen, "%s:%u,%u", cfg->listen[0].addr, cfg->listen[0].port, tpgt);
 	else
-		snprintf(out, outlen, "127.0.0.1:3260,1");
+		snprintf(out, outlen, "127.0.0.1:3260,%u", tpgt);
 }
 
 static void send_targets(struct iscsi_conn *c, const char *which, struct iscsi_text_out *out)

@@ -427,6 +427,117 @@ if [ ${#charts[@]} -gt 0 ]; then
 	echo "charts: ${charts[*]} (JSON results beside them)"
 	[ -z "${TB_OUT:-}" ] && echo "(set TB_OUT=DIR to keep them; this run's directory is removed at exit)"
 fi
+# ---- part 3: Ceph RBD as the capacity tier -------------------------------------
+# 4K random reads on a hot set of an RBD image (one BlueStore OSD on a file,
+# tests/ceph/cluster.sh): tiercached on the image without a cache, with a
+# write-through cache set of two file legs in front, and tgtd's rbd backing
+# store (package tgt-rbd) on the same image; same client, same hot set. The
+# hot set is written first, from its start with one thread (librbd answers
+# reads of never-written objects itself from the object map, which would
+# measure nothing; rbd bench's threads would each start elsewhere). Full runs only, or TB_RBD=1; TB_RBD=0
+# never. Needs ceph-mon/ceph-osd (about 20 s to start, ~1 GB of RAM).
+rbd_section() {
+	local want=${TB_RBD:-}
+	[ "$want" = 0 ] && return 0
+	[ -n "${TB_QUICK:-}" ] && [ "$want" != 1 ] && return 0
+	echo
+	echo "== Ceph RBD (1 OSD on a file, 127.0.0.1; hot set $HOT of a ${TB_RBD_SIZE:-1G} image): 4K random read"
+	if ! command -v ceph-osd >/dev/null || ! command -v rbd >/dev/null; then
+		echo "  n/a (Ceph not installed: ceph-mon ceph-osd ceph-common)"
+		return 0
+	fi
+	local cdir=$T/ceph cport tport ctl i
+	if ! NO_MGR=1 bash "$TC_ROOT/tests/ceph/cluster.sh" up "$cdir" >"$T/ceph-up.log" 2>&1; then
+		echo "  n/a (the Ceph cluster did not start: $(tail -n 3 "$T/ceph-up.log" | tr '\n' ' '))"
+		return 0
+	fi
+	# stop the cluster whatever happens from here on (after the daemons)
+	trap 'cleanup; bash "$TC_ROOT/tests/ceph/cluster.sh" down "'"$cdir"'"' EXIT
+	local CEPH_CONF CEPH_POOL
+	. "$cdir/env"
+	export CEPH_CONF
+	local spec="$CEPH_POOL/bench"
+	rbd create --size "${TB_RBD_SIZE:-1G}" "$spec" >/dev/null 2>&1 &&
+		rbd bench --io-type write --io-size 4M --io-threads 1 --io-total "$HOT" --io-pattern seq "$spec" \
+			>"$T/rbd-fill.log" 2>&1 || { echo "  n/a (cannot create and fill $spec)"; errors=$((errors + 1)); return 0; }
+
+	rbd_rows() { # CONFIG URL
+		printf '  %-14s ' "$1"
+		run_row "$1" 4k-randread "$2" -w 4k-randread -t 16 -q 16 --size "$HOT" -T "$SECS" --precondition "$PRECOND"
+		run_row "$1" 4k-randread-qd1 "$2" -w 4k-randread -t 1 -q 1 --size "$HOT" -T "$SECS"
+		echo
+	}
+	local mode cfg
+	for mode in "" write-through; do
+		cfg=rbd-nocache
+		[ -n "$mode" ] && cfg=rbd-cache
+		cport=$(tc_free_port)
+		rm -f "$T"/leg*-"$cport".img
+		conf "$cport" "rbd:$spec" "$mode" | sed "s#^backing = rbd:.*#&\nceph_conf = $CEPH_CONF#" >"$T/$cfg.conf"
+		start_tiercached "$T/$cfg.conf"
+		rbd_rows "$cfg" "iscsi://127.0.0.1:$cport/$IQN/0"
+		stop_tiercached
+	done
+
+	if command -v tgtd >/dev/null && [ -e /usr/lib/tgt/backing-store/bs_rbd.so ]; then
+		tport=$(tc_free_port)
+		TGTD_CTL=$((10000 + tport % 20000))
+		tgtd -f -C "$TGTD_CTL" --iscsi portal=127.0.0.1:"$tport" >"$T/tgtd-rbd.log" 2>&1 &
+		TGTD_PID=$!
+		for ((i = 0; i < 50; i++)); do
+			tgtadm -C "$TGTD_CTL" --op show --mode target >/dev/null 2>&1 && break
+			sleep 0.1
+		done
+		if tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" &&
+			tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 \
+				--bstype rbd -b "$spec" --bsopts "conf=$CEPH_CONF" &&
+			tgtadm -C "$TGTD_CTL" --lld iscsi --op bind --mode target --tid 1 -I ALL; then
+			rbd_rows tgtd-rbd "iscsi://127.0.0.1:$tport/$IQN/1"
+		else
+			echo "  tgtd-rbd: setup failed: $(tail -n 3 "$T/tgtd-rbd.log" | tr '\n' ' ')"
+			errors=$((errors + 1))
+		fi
+		tgtadm -C "$TGTD_CTL" --op delete --mode system >/dev/null 2>&1
+		sleep 0.2
+		kill -KILL "$TGTD_PID" 2>/dev/null
+		wait "$TGTD_PID" 2>/dev/null
+		TGTD_PID=
+	else
+		echo "  tgtd-rbd: n/a (packages tgt and tgt-rbd)"
+	fi
+	bash "$TC_ROOT/tests/ceph/cluster.sh" down "$cdir"
+	trap cleanup EXIT
+
+	python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def run(cfg, row):
+    try:
+        with open(os.path.join(out, cfg, row + ".json")) as f:
+            return json.load(f)["runs"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+def lat(us):
+    if us is None: return "-"
+    return "%.2fms" % (us / 1e3) if us >= 1e3 else "%.0fus" % us
+print()
+print("RBD, 4K random read on the hot set (ratio = against tgtd's rbd store)")
+fmt = "%-24s %-14s %10s %10s %10s %8s"
+print(fmt % ("workload", "config", "IOPS", "avg lat", "p99 lat", "ratio"))
+for row, title in (("4k-randread", "16T16Q"), ("4k-randread-qd1", "QD1")):
+    base = run("tgtd-rbd", row)
+    for cfg in ("tgtd-rbd", "rbd-nocache", "rbd-cache"):
+        r = run(cfg, row)
+        if r is None:
+            print(fmt % (title, cfg, "-", "-", "-", "-"))
+            continue
+        ratio = "%.2fx" % (r["iops"] / base["iops"]) if base and base["iops"] else "-"
+        print(fmt % (title, cfg, "{:,.0f}".format(r["iops"]), lat(r["latency_us"]["avg"]),
+                     lat(r["latency_us"]["p99"]), ratio))
+PY
+}
+rbd_section
+
 if [ $errors -gt 0 ]; then
 	echo "compare: $errors run(s) failed (see the messages above)" >&2
 	exit 1

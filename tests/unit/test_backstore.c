@@ -14,6 +14,7 @@
 #include "common/worker.h"
 
 #include <semaphore.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,254 @@ static void pr_out(struct scsi_nexus *nx, uint8_t sa, uint8_t type, uint64_t key
 	be64(buf, key);
 	be64(buf + 8, sa_key);
 	*out = run(nx, 0, cdb, 10, 24, 0);
+}
+
+/* ---- implicit ALUA over a shared backing store ------------------------------- */
+
+/*
+ * A unit-test double of a shared device (bdev.h "Ownership"): a file bdev
+ * underneath, and an ownership state the test sets by hand, announcing
+ * changes to the listener as a driver would (the real one, over an RBD
+ * image's lock, is exercised by tests/test_rbd_failover.sh).
+ */
+struct shared_dev {
+	struct bdev dev;
+	struct bdev *inner;
+	struct bdev_ops ops;
+	_Atomic int state;
+	_Atomic uint64_t gen;
+	_Atomic uint32_t owner;
+	_Atomic int acquires;
+	void (*fn)(void *arg, const struct bdev_owner_change *c);
+	void *arg;
+};
+
+static void sh_submit(struct bdev *dev, struct bdev_req *req)
+{
+	struct shared_dev *d = (struct shared_dev *)dev;
+	bdev_submit(d->inner, req);
+}
+
+static void sh_close(struct bdev *dev)
+{
+	struct shared_dev *d = (struct shared_dev *)dev;
+	bdev_close(d->inner);
+	free(d);
+}
+
+static enum bdev_owner_state sh_state(struct bdev *dev, uint64_t *gen)
+{
+	struct shared_dev *d = (struct shared_dev *)dev;
+	*gen = atomic_load(&d->gen);
+	return (enum bdev_owner_state)atomic_load(&d->state);
+}
+
+static void sh_acquire(struct bdev *dev)
+{
+	struct shared_dev *d = (struct shared_dev *)dev;
+	atomic_fetch_add(&d->acquires, 1);
+	atomic_store(&d->state, BDEV_OWNER_TRANSITION);
+}
+
+static void sh_listen(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c), void *arg)
+{
+	struct shared_dev *d = (struct shared_dev *)dev;
+	d->fn = fn;
+	d->arg = arg;
+}
+
+static uint32_t sh_owner_group(struct bdev *dev)
+{
+	return atomic_load(&((struct shared_dev *)dev)->owner);
+}
+
+static const struct bdev_owner_ops sh_owner_ops = {
+	.state = sh_state,
+	.acquire = sh_acquire,
+	.listen = sh_listen,
+	.owner_group = sh_owner_group,
+};
+
+/* Change the state as the driver would: listener first (state still
+ * TRANSITION for a gain), then publish. */
+static void sh_change(struct shared_dev *d, enum bdev_owner_state st, uint32_t owner, uint64_t gen)
+{
+	struct bdev_owner_change c = { .state = st, .gen = gen, .prev_gen = atomic_load(&d->gen) };
+	atomic_store(&d->owner, owner);
+	if (st == BDEV_OWNER_OWNED)
+		atomic_store(&d->gen, gen);
+	if (d->fn)
+		d->fn(d->arg, &c);
+	atomic_store(&d->state, st);
+}
+
+/* RTPG (extended header) into buf; the descriptor of group g or NULL. */
+static const uint8_t *rtpg_group(const uint8_t *b, uint32_t len, uint16_t g)
+{
+	for (uint32_t off = 8; off + 8 <= len + 4; off += 8 + 4 * b[off + 7])
+		if ((b[off + 2] << 8 | b[off + 3]) == g)
+			return b + off;
+	return NULL;
+}
+
+static int rtpg_count(const uint8_t *b, uint32_t len)
+{
+	int n = 0;
+	for (uint32_t off = 8; off + 8 <= len + 4; off += 8 + 4 * b[off + 7])
+		n++;
+	return n;
+}
+
+static struct scsi_cmd rtpg(struct scsi_nexus *nx)
+{
+	uint8_t cdb[12] = { 0xa3, 0x0a | 0x20 };
+	be32(cdb + 6, 512);
+	return run(nx, 0, cdb, 12, 0, 512);
+}
+
+/* Find designator type (low nibble of byte 1) in VPD 0x83 at buf; its 4-byte value. */
+static int vpd83_value(const uint8_t *b, uint8_t type, uint32_t *out)
+{
+	uint32_t len = (uint32_t)(b[2] << 8 | b[3]);
+	for (uint32_t off = 4; off + 4 <= len + 4; off += 4 + b[off + 3])
+		if ((b[off + 1] & 0x0f) == type && b[off + 3] == 4) {
+			*out = rd32(b + off + 4);
+			return 1;
+		}
+	return 0;
+}
+
+static void test_alua(const char *dir)
+{
+	char path[600], err[256];
+	const uint32_t bs = 512;
+
+	snprintf(path, sizeof(path), "%s/shared.img", dir);
+	struct shared_dev *d = calloc(1, sizeof(*d));
+	d->inner = bdev_file_open(path, 4096 * bs, bs, true, err, sizeof(err));
+	if (!d->inner) {
+		check(false, err);
+		free(d);
+		return;
+	}
+	d->ops = (struct bdev_ops){ .submit = sh_submit, .close = sh_close, .owner = &sh_owner_ops };
+	d->dev = *d->inner;
+	d->dev.ops = &d->ops;
+	atomic_init(&d->state, BDEV_OWNER_STANDBY);
+	atomic_init(&d->owner, 1);
+	struct scsi_lu_config cfg = {
+		.name = "shared", .serial = "TC-SHARED-1", .state_dir = dir, .block_size = bs,
+		.vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
+		.target_port_group = 2, .rel_port_id = 2, .alua_groups = 2,
+	};
+	struct scsi_lu *lu = scsi_lu_open(&cfg, &d->dev, err, sizeof(err));
+	check(lu && d->fn, "an LU over a shared device opens and listens to its ownership");
+	if (!lu)
+		return;
+	struct scsi_target *t = scsi_target_new("iqn.2026-11.test:alua");
+	scsi_target_map(t, 0, lu);
+	struct scsi_nexus *nx = open_nexus(t, "iqn.2026-11.test:alua-init");
+	struct scsi_nexus *nx2 = open_nexus(t, "iqn.2026-11.test:alua-init2");
+	clear_ua(nx);
+	clear_ua(nx2);
+	struct scsi_cmd c;
+
+	uint8_t inq[6] = { 0x12, 0, 0, 0, 96, 0 };
+	c = run(nx, 0, inq, 6, 0, 96);
+	check(c.status == SAM_STAT_GOOD && (buf[5] & 0x30) == 0x10, "shared LU: INQUIRY TPGS = 01b (implicit ALUA only)");
+
+	uint8_t vpd[6] = { 0x12, 1, 0x83, 0, 255, 0 };
+	c = run(nx, 0, vpd, 6, 0, 255);
+	uint32_t relp = 0, tpg = 0;
+	check(c.status == SAM_STAT_GOOD && vpd83_value(buf, 4, &relp) && vpd83_value(buf, 5, &tpg) && relp == 2 &&
+		      tpg == 2,
+	      "VPD 0x83 names this gateway's relative target port 2 and target port group 2");
+
+	c = rtpg(nx);
+	uint32_t len = rd32(buf);
+	const uint8_t *g1 = rtpg_group(buf, len, 1), *g2 = rtpg_group(buf, len, 2);
+	check(c.status == SAM_STAT_GOOD && buf[4] == 0x10 && buf[5] > 0 && rtpg_count(buf, len) == 2 && g1 && g2,
+	      "RTPG (extended) lists both gateways' groups with an implicit transition time");
+	check(g1 && g2 && (g1[0] & 0x0f) == 0x0 && (g2[0] & 0x0f) == 0x1,
+	      "RTPG: the lock owner's group 1 is active/optimized, this standby gateway's group 2 active/non-optimized");
+	check(g1 && g2 && (g2[1] & 0x83) == 0x83 && !(g2[1] & 0x04) &&
+		      (g1[10] << 8 | g1[11]) == 1 && (g2[10] << 8 | g2[11]) == 2 && g1[7] == 1,
+	      "RTPG: T_SUP, AN_SUP and AO_SUP (no standby), one port per group, relative ports 1 and 2");
+
+	/* media access on the non-owner: takes over, NOT READY transition */
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 1,
+	      "READ on a non-owner starts the takeover and gets NOT READY 02/04/0A (transition)");
+	c = rw10(nx, 0x2a, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 1,
+	      "WRITE during the transition: 02/04/0A again, no second takeover started");
+	c = rtpg(nx);
+	g2 = rtpg_group(buf, rd32(buf), 2);
+	check(c.status == SAM_STAT_GOOD && g2 && (g2[0] & 0x0f) == 0xf, "RTPG shows this gateway's group transitioning");
+	static const uint8_t tur[6] = { 0 };
+	c = run(nx, 0, tur, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "TEST UNIT READY is served during the transition");
+	uint8_t rc10[10] = { 0x25 };
+	c = run(nx, 0, rc10, 10, 0, 8);
+	check(c.status == SAM_STAT_GOOD && rd32(buf) == 4095, "READ CAPACITY is served during the transition");
+	uint8_t ms[6] = { 0x1a, 0x08, 0x3f, 0, 255, 0 };
+	c = run(nx, 0, ms, 6, 0, 255);
+	check(c.status == SAM_STAT_GOOD, "MODE SENSE is served during the transition");
+	uint8_t rk[10] = { 0x5e, 0x00 };
+	rk[8] = 64;
+	c = run(nx, 0, rk, 10, 0, 64);
+	check(c.status == SAM_STAT_GOOD, "PERSISTENT RESERVE IN is served during the transition");
+	uint8_t rl[12] = { 0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0 };
+	c = run(nx, 0, rl, 12, 0, 256);
+	check(c.status == SAM_STAT_GOOD, "REPORT LUNS is served during the transition");
+	uint8_t rs[6] = { 0x03, 0, 0, 0, 18, 0 };
+	c = run(nx, 0, rs, 6, 0, 18);
+	check(c.status == SAM_STAT_GOOD, "REQUEST SENSE is served during the transition");
+
+	/* the gain completes */
+	sh_change(d, BDEV_OWNER_OWNED, 2, 7);
+	c = rw10(nx, 0x2a, 0, 1, bs);
+	check(sense_is(&c, 0x6, 0x2a, 0x06), "after the takeover: UNIT ATTENTION 06/2A/06 ASYMMETRIC ACCESS STATE CHANGED");
+	c = run(nx2, 0, tur, 6, 0, 0);
+	check(sense_is(&c, 0x6, 0x2a, 0x06), "every nexus of the LU gets the 2A/06 unit attention");
+	memset(buf, 0x5a, bs);
+	c = rw10(nx, 0x2a, 0, 1, bs);
+	check(c.status == SAM_STAT_GOOD, "the owner serves WRITE");
+	memset(buf, 0, bs);
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(c.status == SAM_STAT_GOOD && buf[0] == 0x5a && buf[bs - 1] == 0x5a, "the owner serves READ");
+	c = rtpg(nx);
+	len = rd32(buf);
+	g1 = rtpg_group(buf, len, 1);
+	g2 = rtpg_group(buf, len, 2);
+	check(g1 && g2 && (g2[0] & 0x0f) == 0x0 && (g1[0] & 0x0f) == 0x1,
+	      "RTPG: now group 2 (this gateway) is active/optimized and group 1 non-optimized");
+
+	/* another gateway took it (we were fenced) */
+	sh_change(d, BDEV_OWNER_STANDBY, 1, 7);
+	c = run(nx, 0, tur, 6, 0, 0);
+	check(sense_is(&c, 0x6, 0x2a, 0x06), "losing the lock: 2A/06 unit attention again");
+	int before = atomic_load(&d->acquires);
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == before + 1,
+	      "READ after losing the lock: 02/04/0A and a takeover starts");
+	sh_change(d, BDEV_OWNER_LOST, 0, 7);
+	clear_ua(nx);
+	c = rtpg(nx);
+	g2 = rtpg_group(buf, rd32(buf), 2);
+	check(g2 && (g2[0] & 0x0f) == 0x3 && (g2[1] & 0x08), "RTPG: this gateway's group unavailable (U_SUP set)");
+
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0c) && atomic_load(&d->acquires) == before + 2, "cluster lost: NOT READY 02/04/0C (unavailable), and the takeover is retried");
+
+	close_nexus(nx);
+	close_nexus(nx2);
+	scsi_target_free(t);
+	scsi_lu_close(lu);
+	unlink(path);
+	char prf[700];
+	snprintf(prf, sizeof(prf), "%s/shared.pr", dir);
+	unlink(prf);
 }
 
 int main(void)
@@ -584,6 +833,17 @@ int main(void)
 	c = rw10(a, 0x28, (uint32_t)nblocks, 1, bs);
 	check(c.status == SAM_STAT_CHECK_CONDITION && c.sense[0] == 0x72 && c.sense[1] == 5 && c.sense[2] == 0x21,
 	      "with D_SENSE, LBA OUT OF RANGE comes as descriptor sense 0x72");
+
+	/* -- the non-shared LU: one target port group, active/optimized -- */
+	{
+		uint8_t cdb[12] = { 0xa3, 0x0a | 0x20 };
+		be32(cdb + 6, 512);
+		c = run(a, 0, cdb, 12, 0, 512);
+		check(c.status == SAM_STAT_GOOD && rd32(buf) == 16 && buf[4] == 0x10 && buf[8] == 0x80 &&
+			      buf[9] == 0x01 && buf[10] == 0 && buf[11] == 1 && buf[18] == 0 && buf[19] == 1,
+		      "RTPG on a local LU: one group (1), preferred active/optimized, relative port 1");
+	}
+	test_alua(dir);
 
 	close_nexus(a);
 	close_nexus(b);

@@ -108,6 +108,20 @@ static const struct bad_case bad[] = {
 	{ "[lun a]\nbacking = /x\ncache = nope\n", "bad.conf:3: [lun a] cache = nope: there is no [cache nope]" },
 	{ "[lun a]\nbacking = /x\n[cache c]\nlegs = /x /y\n", "bad.conf:3: [cache c] leg /x is the backing store of [lun a]" },
 	{ "[cache c]\nlegs = /a /b\n[cache d]\nlegs = /b /e\n", "bad.conf:3: [cache d] leg /b is also a leg of [cache c]" },
+	/* RBD backing stores */
+	{ "[lun a]\nbacking = rbd:poolonly\n", "bad.conf:1: [lun a] backing = rbd:poolonly: write an RBD image as rbd:POOL/IMAGE" },
+	{ "[lun a]\nbacking = rbd:/img\n", "bad.conf:1: [lun a] backing = rbd:/img: write an RBD image" },
+	{ "[lun a]\nbacking = rbd:p/\n", "bad.conf:1: [lun a] backing = rbd:p/: write an RBD image" },
+	{ "[lun a]\nbacking = rbd:p/ns/img\n", "bad.conf:1: [lun a] backing = rbd:p/ns/img: write an RBD image" },
+	{ "[lun a]\nbacking = rbd:p/img@snap\n", "bad.conf:1: [lun a] backing = rbd:p/img@snap: write an RBD image" },
+	{ "[lun a]\nbacking = /x\nceph_conf = /etc/ceph/ceph.conf\n",
+	  "bad.conf:3: [lun a] ceph_conf, ceph_user and ceph_timeout are for backing = rbd:POOL/IMAGE" },
+	{ "[lun a]\nbacking = /x\nsize = 1G\nceph_timeout = 5\n", "bad.conf:4: [lun a] ceph_conf, ceph_user and ceph_timeout" },
+	{ "[lun a]\nbacking = rbd:p/i\nceph_timeout = 0\n", "bad.conf:3: [lun a] ceph_timeout = 0: give seconds, 1 to 3600" },
+	{ "[lun a]\nbacking = rbd:p/i\nceph_timeout = soon\n", "bad.conf:3: [lun a] ceph_timeout = soon" },
+	{ "[lun a]\nbacking = rbd:p/i\nceph_user = client.\n", "bad.conf:3: [lun a] ceph_user = client.: give a cephx user name" },
+	{ "[lun a]\nbacking = rbd:p/i\nceph_conf = \n", "bad.conf:3: [lun a] ceph_conf = : give the path of a ceph.conf" },
+	{ "[lun a]\nbacking = rbd:p/i\n[lun b]\nbacking = rbd:p/i\n", "uses backing rbd:p/i, which [lun a]" },
 };
 
 static void test_bad(void)
@@ -200,8 +214,32 @@ static void test_cache_sections(void)
 	config_free(cfg);
 }
 
+static void test_rbd_lun(void)
+{
+	struct config *cfg = NULL;
+	char err[512] = "";
+	const char *text =
+		"[lun r]\nbacking = rbd:rbd-pool/vm_disk.1\nceph_conf = /etc/ceph/site.conf\n"
+		"ceph_user = client.iscsi\nceph_timeout = 20\nsize = 10G\ncache = fast\n"
+		"[lun d]\nbacking = rbd:rbd/other\n"
+		"[cache fast]\nlegs = /a /b\nmode = write-through\n";
+	int r = config_parse_string(text, "rbd.conf", &cfg, err, sizeof(err));
+	CHECK(r == 0, "an RBD LUN parses (%s)", err);
+	if (r)
+		return;
+	struct cfg_lun *l = config_find_lun(cfg, "r");
+	CHECK(l && !strcmp(l->backing, "rbd:rbd-pool/vm_disk.1") && !strcmp(l->ceph_conf, "/etc/ceph/site.conf") &&
+	      !strcmp(l->ceph_user, "iscsi") && l->ceph_timeout == 20 && l->size == 10ull << 30 && l->cache_set,
+	      "rbd keys: conf, user without \"client.\", timeout, size, cache in front");
+	struct cfg_lun *d = config_find_lun(cfg, "d");
+	CHECK(d && !d->ceph_conf && !d->ceph_user && d->ceph_timeout == 0 && d->size == 0,
+	      "defaults: the driver's (/etc/ceph/ceph.conf, admin, 30 s) and the image's size");
+	config_free(cfg);
+}
+
 int main(void)
 {
+	test_rbd_lun();
 	test_good();
 	test_cache_sections();
 	test_bad();

@@ -1,0 +1,460 @@
+/*
+ * bdev_rbd_lock.c - ownership of an RBD image (bdev.h "Ownership"): the
+ * image's exclusive lock, a generation kept in the image, and the state the
+ * layers above (cache volume, SCSI LU and its implicit ALUA) read.
+ *
+ * One thread per image does every blocking librbd call. It
+ *  - takes the lock when asked (acquire(), or at the first listen() for a
+ *    LUN only this gateway exports): the lock of the current holder is
+ *    broken first (rbd_lock_break blocklists that client, so it can write
+ *    nothing more), then rbd_lock_acquire in exclusive mode. Once held,
+ *    the metadata key tiercache.owner = "GEN TPG GATEWAY" is read and
+ *    written back with GEN + 1, our port group and our gateway id: every
+ *    gain bumps the generation, and every gateway can tell who gained
+ *    last. The listener runs (the cache drops what it must) while the
+ *    state still reads TRANSITION; OWNED is published after it returns.
+ *  - polls about every second: while OWNED, that librbd still says we own
+ *    the lock (rbd_is_exclusive_lock_owner; blocklisted or broken: drop to
+ *    STANDBY, or LOST when the cluster refuses or cannot be reached); and
+ *    the owner key, so REPORT TARGET PORT GROUPS names the active group.
+ *
+ * The stale window of a gateway whose lock was broken while it lived: its
+ * writes and cache misses fail as soon as the OSDs have the blocklist
+ * (librbd's break waits for the new OSD map before the new owner writes,
+ * so no old write lands after a new one); reads that hit its NVMe cache do
+ * not touch the cluster and are served until the next poll notices, at
+ * most RBD_LOCK_POLL_MS plus one cluster round trip (bounded by the op
+ * timeout) later. Hosts send I/O to one gateway at a time (the optimized
+ * group), so this matters only to a host still using the old path.
+ *
+ * A blocklisted handle stays unusable: this gateway reports LOST for the
+ * image until it is restarted (a fresh rados handle); reopening in place is
+ * not done yet.
+ *
+ * Locking: lk->mu guards the request flags and the listener; the state,
+ * generation and owner group are atomics read lock-free by any thread.
+ */
+#include "bdev_rbd.h"
+
+#include "../common/log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RBD_LOCK_POLL_MS 1000
+#define RBD_OWNER_KEY "tiercache.owner"
+#define RBD_GW_ID_MAX 128
+
+struct rbd_lock {
+	struct rbd_bdev *rb;
+	pthread_t thr;
+	bool thr_started;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool want_acquire;          /* under mu */
+	bool stopping;              /* under mu */
+	void (*fn)(void *arg, const struct bdev_owner_change *c); /* under mu */
+	void *arg;
+	/* configuration (bdev_rbd_set_gateway, before listen) */
+	unsigned gateways;
+	uint32_t port_group;
+	char gw_id[RBD_GW_ID_MAX];
+	/* published */
+	_Atomic int state;          /* enum bdev_owner_state */
+	_Atomic uint64_t gen;
+	_Atomic uint32_t owner_group;
+	_Atomic uint64_t owner_gen;  /* generation in the key as last read */
+};
+
+static struct rbd_lock *lock_of(struct bdev *dev)
+{
+	return rbd_bdev_of(dev)->lock;
+}
+
+static bool err_fenced(int r)
+{
+	/* librados reports a blocklisted client as -ESHUTDOWN */
+	return r == -ESHUTDOWN || r == -ENOTCONN || r == -ETIMEDOUT;
+}
+
+/* Parse "GEN TPG GATEWAY" (any field may be missing in a damaged key). */
+static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen)
+{
+	unsigned long long g = 0;
+	unsigned t = 0;
+	int n = 0;
+
+	*gen = 0;
+	*tpg = 0;
+	id[0] = '\0';
+	if (sscanf(s, "%llu %u %n", &g, &t, &n) >= 2) {
+		*gen = g;
+		*tpg = t;
+		if (n > 0)
+			snprintf(id, idlen, "%s", s + n);
+	}
+}
+
+/* Read the owner key; 0 (missing key: generation 0) or -errno. */
+static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen)
+{
+	char buf[64 + RBD_GW_ID_MAX];
+	size_t len = sizeof(buf) - 1;
+	int r = rbd_metadata_get(lk->rb->image, RBD_OWNER_KEY, buf, &len);
+
+	if (r == -ENOENT) {
+		*gen = 0;
+		*tpg = 0;
+		id[0] = '\0';
+		return 0;
+	}
+	if (r < 0)
+		return r;
+	buf[len < sizeof(buf) ? len : sizeof(buf) - 1] = '\0';
+	parse_owner(buf, gen, tpg, id, idlen);
+	return 0;
+}
+
+/* Tell the listener (lock thread, or the main thread at the first listen). */
+static void notify(struct rbd_lock *lk, const struct bdev_owner_change *c)
+{
+	void (*fn)(void *, const struct bdev_owner_change *);
+	void *arg;
+
+	pthread_mutex_lock(&lk->mu);
+	fn = lk->fn;
+	arg = lk->arg;
+	pthread_mutex_unlock(&lk->mu);
+	if (fn)
+		fn(arg, c);
+}
+
+static void set_state(struct rbd_lock *lk, enum bdev_owner_state st, bool announce)
+{
+	int old = atomic_exchange(&lk->state, (int)st);
+	if (announce && old != (int)st) {
+		struct bdev_owner_change c = { .state = st, .gen = atomic_load(&lk->gen) };
+		notify(lk, &c);
+	}
+}
+
+/*
+ * Take the lock (lock thread, or main thread at the first listen of a
+ * single-gateway LUN). The state reads TRANSITION throughout.
+ */
+static void take_lock(struct rbd_lock *lk)
+{
+	struct rbd_bdev *rb = lk->rb;
+	int owner = 0;
+	int r = rbd_is_exclusive_lock_owner(rb->image, &owner);
+
+	atomic_store(&lk->state, BDEV_OWNER_TRANSITION);
+	if (r < 0) {
+		log_err("%s: cannot query the image's lock: %s", rb->spec, strerror(-r));
+		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+		return;
+	}
+	if (!owner) {
+		rbd_lock_mode_t mode;
+		char *owners[4];
+		size_t n = 4;
+		r = rbd_lock_get_owners(rb->image, &mode, owners, &n);
+		if (r == 0 && n > 0) {
+			/* The holder is taken to be gone: a host sends I/O here only
+			 * after its path to the owner failed. Breaking blocklists it. */
+			log_warn("%s: breaking the lock of %s (blocklisting it) to take over", rb->spec, owners[0]);
+			int b = rbd_lock_break(rb->image, mode, owners[0]);
+			if (b < 0 && b != -ENOENT)
+				log_warn("%s: breaking the lock of %s failed: %s", rb->spec, owners[0], strerror(-b));
+			rbd_lock_get_owners_cleanup(owners, n);
+		} else if (r < 0 && r != -ENOENT) {
+			log_warn("%s: cannot list the lock's owners: %s", rb->spec, strerror(-r));
+		}
+		r = rbd_lock_acquire(rb->image, RBD_LOCK_MODE_EXCLUSIVE);
+		if (r < 0) {
+			log_err("%s: cannot take the image's exclusive lock: %s%s", rb->spec, strerror(-r),
+				r == -EINVAL ? "; enable it with `rbd feature enable POOL/IMAGE exclusive-lock`" : "");
+			set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+			return;
+		}
+	}
+
+	/* held: bump the generation in the image */
+	uint64_t prev_gen;
+	uint32_t prev_tpg;
+	char prev_id[RBD_GW_ID_MAX];
+	r = read_owner(lk, &prev_gen, &prev_tpg, prev_id, sizeof(prev_id));
+	char val[64 + RBD_GW_ID_MAX];
+	uint64_t gen = prev_gen + 1;
+	if (r == 0) {
+		snprintf(val, sizeof(val), "%" PRIu64 " %u %s", gen, lk->port_group, lk->gw_id);
+		r = rbd_metadata_set(rb->image, RBD_OWNER_KEY, val);
+	}
+	if (r < 0) {
+		log_err("%s: cannot record the owner generation in the image (%s); giving the lock back",
+			rb->spec, strerror(-r));
+		rbd_lock_release(rb->image);
+		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+		return;
+	}
+	atomic_store(&lk->gen, gen);
+	atomic_store(&lk->owner_gen, gen);
+	atomic_store(&lk->owner_group, lk->port_group);
+	struct bdev_owner_change c = {
+		.state = BDEV_OWNER_OWNED,
+		.gen = gen,
+		.prev_gen = prev_gen,
+		.prev_owner_us = prev_gen > 0 && !strcmp(prev_id, lk->gw_id),
+	};
+	log_info("%s: this gateway (port group %u) owns the image now, generation %" PRIu64
+		 " (previous %" PRIu64 " by %s)", rb->spec, lk->port_group, gen, prev_gen,
+		 prev_gen ? (c.prev_owner_us ? "this gateway" : prev_id) : "nobody");
+	/* the layers above drop stale copies while the state reads TRANSITION */
+	notify(lk, &c);
+	atomic_store(&lk->state, BDEV_OWNER_OWNED);
+}
+
+/*
+ * Does the cluster still list this client as the lock's holder? 1 yes, 0 no
+ * (broken by another gateway), or -errno (-ESHUTDOWN: we are blocklisted).
+ * A round trip to the image's header object: librbd's own idea of holding
+ * the lock (rbd_is_exclusive_lock_owner) is local and learns of a break
+ * only when its watch fails, seconds later.
+ */
+static int holder_is_us(struct rbd_bdev *rb)
+{
+	rbd_lock_mode_t mode;
+	char *owners[4];
+	size_t n = 4;
+	int r = rbd_lock_get_owners(rb->image, &mode, owners, &n);
+	if (r == -ENOENT)
+		return 0;
+	if (r < 0)
+		return r;
+	char *mine = NULL;
+	int us = 0;
+	if (n > 0 && rados_getaddrs(rb->cluster, &mine) == 0 && mine) {
+		/* an owner is a client address "IP:PORT/NONCE"; ours may come as a
+		 * vector "[v2:IP:PORT/NONCE,...]": compare the nonces */
+		const char *slash = strrchr(owners[0], '/');
+		if (slash) {
+			size_t l = strlen(slash);
+			for (const char *p = strstr(mine, slash); p && !us; p = strstr(p + 1, slash))
+				us = p[l] == '\0' || p[l] == ',' || p[l] == ']';
+		}
+	}
+	free(mine);
+	rbd_lock_get_owners_cleanup(owners, n);
+	return us;
+}
+
+/* One poll: still the owner? who owns it? (lock thread) */
+static void poll_once(struct rbd_lock *lk)
+{
+	struct rbd_bdev *rb = lk->rb;
+	enum bdev_owner_state st = (enum bdev_owner_state)atomic_load(&lk->state);
+
+	if (st == BDEV_OWNER_OWNED) {
+		int owner = 0;
+		int r = rbd_is_exclusive_lock_owner(rb->image, &owner);
+		if (r == 0 && owner) {
+			int h = holder_is_us(rb);
+			if (h == 0)
+				owner = 0;
+			else if (h == -ESHUTDOWN)
+				r = h;
+			/* other errors (a slow cluster): the data path's state decides */
+		}
+		if (r < 0 || !owner || atomic_load(&rb->conn) == BDEV_RBD_LOST) {
+			log_err("%s: this gateway lost the image's lock (%s); serving stops here",
+				rb->spec, r < 0 ? strerror(-r) : !owner ? "another gateway broke it" : "cluster lost");
+			/* not us any more; who, the next read of the key tells (if it still can) */
+			atomic_store(&lk->owner_group, 0);
+			set_state(lk, r < 0 && err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+		}
+	}
+	uint64_t g;
+	uint32_t tpg;
+	char id[RBD_GW_ID_MAX];
+	if (read_owner(lk, &g, &tpg, id, sizeof(id)) < 0)
+		return;
+	uint32_t old_tpg = atomic_exchange(&lk->owner_group, tpg);
+	uint64_t old_gen = atomic_exchange(&lk->owner_gen, g);
+	if (old_tpg != tpg || old_gen != g) {
+		st = (enum bdev_owner_state)atomic_load(&lk->state);
+		if (st == BDEV_OWNER_TRANSITION)
+			return;
+		/* someone else gained: hosts should look at the groups again */
+		struct bdev_owner_change c = { .state = st, .gen = atomic_load(&lk->gen) };
+		notify(lk, &c);
+	}
+}
+
+static void *lock_thread(void *arg)
+{
+	struct rbd_lock *lk = arg;
+
+	pthread_mutex_lock(&lk->mu);
+	while (!lk->stopping) {
+		if (lk->want_acquire) {
+			lk->want_acquire = false;
+			pthread_mutex_unlock(&lk->mu);
+			take_lock(lk);
+			pthread_mutex_lock(&lk->mu);
+			continue;
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)RBD_LOCK_POLL_MS * 1000000L;
+		ts.tv_sec += ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		if (pthread_cond_timedwait(&lk->cv, &lk->mu, &ts) == ETIMEDOUT && !lk->stopping &&
+		    !lk->want_acquire) {
+			pthread_mutex_unlock(&lk->mu);
+			poll_once(lk);
+			pthread_mutex_lock(&lk->mu);
+		}
+	}
+	pthread_mutex_unlock(&lk->mu);
+	return NULL;
+}
+
+/* ---- bdev_owner_ops ------------------------------------------------------ */
+
+static enum bdev_owner_state rbd_owner_state(struct bdev *dev, uint64_t *gen)
+{
+	struct rbd_lock *lk = lock_of(dev);
+	enum bdev_owner_state st = (enum bdev_owner_state)atomic_load_explicit(&lk->state, memory_order_acquire);
+	if (gen && st == BDEV_OWNER_OWNED)
+		*gen = atomic_load_explicit(&lk->gen, memory_order_relaxed);
+	return st;
+}
+
+static void rbd_owner_acquire(struct bdev *dev)
+{
+	struct rbd_lock *lk = lock_of(dev);
+	int st = atomic_load(&lk->state);
+
+	if (st == BDEV_OWNER_OWNED || st == BDEV_OWNER_TRANSITION)
+		return;
+	if (!atomic_compare_exchange_strong(&lk->state, &st, BDEV_OWNER_TRANSITION))
+		return;
+	pthread_mutex_lock(&lk->mu);
+	lk->want_acquire = true;
+	pthread_cond_signal(&lk->cv);
+	pthread_mutex_unlock(&lk->mu);
+}
+
+static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c),
+			     void *arg)
+{
+	struct rbd_lock *lk = lock_of(dev);
+
+	pthread_mutex_lock(&lk->mu);
+	lk->fn = fn;
+	lk->arg = arg;
+	pthread_mutex_unlock(&lk->mu);
+	/* a LUN only this gateway exports takes the lock now and keeps it */
+	if (lk->gateways <= 1 && atomic_load(&lk->state) == BDEV_OWNER_STANDBY)
+		take_lock(lk);
+}
+
+static uint32_t rbd_owner_group(struct bdev *dev)
+{
+	return atomic_load_explicit(&lock_of(dev)->owner_group, memory_order_relaxed);
+}
+
+const struct bdev_owner_ops bdev_rbd_owner_ops = {
+	.state = rbd_owner_state,
+	.acquire = rbd_owner_acquire,
+	.listen = rbd_owner_listen,
+	.owner_group = rbd_owner_group,
+};
+
+/* ---- set up / tear down (bdev_rbd.c) -------------------------------------- */
+
+int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
+{
+	struct rbd_lock *lk = calloc(1, sizeof(*lk));
+	if (!lk) {
+		snprintf(err, errlen, "%s: out of memory", rb->spec);
+		return -1;
+	}
+	lk->rb = rb;
+	pthread_mutex_init(&lk->mu, NULL);
+	pthread_cond_init(&lk->cv, NULL);
+	lk->gateways = 1;
+	lk->port_group = 1;
+	char host[64] = "localhost";
+	gethostname(host, sizeof(host) - 1);
+	snprintf(lk->gw_id, sizeof(lk->gw_id), "%s/1", host);
+	atomic_init(&lk->state, BDEV_OWNER_STANDBY);
+	atomic_init(&lk->gen, 0);
+	atomic_init(&lk->owner_group, 0);
+	atomic_init(&lk->owner_gen, 0);
+	uint64_t g;
+	uint32_t tpg;
+	char id[RBD_GW_ID_MAX];
+	if (read_owner(lk, &g, &tpg, id, sizeof(id)) == 0) {
+		atomic_store(&lk->owner_group, tpg);
+		atomic_store(&lk->owner_gen, g);
+	}
+	rb->lock = lk;
+	int r = pthread_create(&lk->thr, NULL, lock_thread, lk);
+	if (r) {
+		snprintf(err, errlen, "%s: cannot start the lock thread: %s", rb->spec, strerror(r));
+		rb->lock = NULL;
+		pthread_cond_destroy(&lk->cv);
+		pthread_mutex_destroy(&lk->mu);
+		free(lk);
+		return -1;
+	}
+	lk->thr_started = true;
+	return 0;
+}
+
+void rbd_lock_stop(struct rbd_bdev *rb)
+{
+	struct rbd_lock *lk = rb->lock;
+	if (!lk)
+		return;
+	pthread_mutex_lock(&lk->mu);
+	lk->stopping = true;
+	lk->fn = NULL;
+	pthread_cond_signal(&lk->cv);
+	pthread_mutex_unlock(&lk->mu);
+	if (lk->thr_started)
+		pthread_join(lk->thr, NULL);
+	/* a clean stop hands the lock over without anyone being blocklisted */
+	if (atomic_load(&lk->state) == BDEV_OWNER_OWNED) {
+		int r = rbd_lock_release(rb->image);
+		if (r < 0)
+			log_warn("%s: releasing the image's lock failed: %s", rb->spec, strerror(-r));
+	}
+	pthread_cond_destroy(&lk->cv);
+	pthread_mutex_destroy(&lk->mu);
+	free(lk);
+	rb->lock = NULL;
+}
+
+int bdev_rbd_set_gateway(struct bdev *dev, unsigned gateways, uint32_t port_group, const char *gateway_id)
+{
+	if (!dev || dev->ops->owner != &bdev_rbd_owner_ops || !lock_of(dev))
+		return -1;
+	struct rbd_lock *lk = lock_of(dev);
+	lk->gateways = gateways ? gateways : 1;
+	lk->port_group = port_group ? port_group : 1;
+	if (gateway_id && *gateway_id) {
+		snprintf(lk->gw_id, sizeof(lk->gw_id), "%s", gateway_id);
+	} else {
+		char host[64] = "localhost";
+		gethostname(host, sizeof(host) - 1);
+		snprintf(lk->gw_id, sizeof(lk->gw_id), "%s/%u", host, lk->port_group);
+	}
+	return 0;
+}

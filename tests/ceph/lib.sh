@@ -1,0 +1,54 @@
+# tests/ceph/lib.sh - source after tests/lib.sh and tc_tmpdir: one Ceph
+# cluster for the calling test, torn down at exit.
+#
+#   rbd_cluster_up        starts a cluster in $T/ceph (NO_MGR=1 unless the
+#                         caller set NO_MGR=0; CEPHX as the caller set it),
+#                         loads its env (CEPH_CONF, CEPH_POOL, ...) and
+#                         exports CEPH_CONF for the ceph/rbd/qemu tools.
+#                         A missing Ceph install fails the test: CI has it.
+#   rbd_conf_lun NAME IMAGE [EXTRA KEYS...] -> a [lun NAME] section on
+#                         rbd:$CEPH_POOL/IMAGE
+# At exit: the processes in RBD_KILL_PIDS and the daemon (if any) are
+# killed first, then the cluster stopped, then the scratch directory removed.
+CEPH_DIR=
+RBD_KILL_PIDS= # helper processes of the test, killed first at exit
+
+_rbd_cleanup() {
+	local p
+	for p in $RBD_KILL_PIDS; do
+		kill -KILL "$p" 2>/dev/null
+	done
+	if [ -n "$TC_PID" ] && kill -0 "$TC_PID" 2>/dev/null; then
+		kill -KILL "$TC_PID" 2>/dev/null
+		wait "$TC_PID" 2>/dev/null
+	fi
+	TC_PID=
+	[ -n "$CEPH_DIR" ] && bash "$TC_ROOT/tests/ceph/cluster.sh" down "$CEPH_DIR"
+	_tc_cleanup
+}
+
+rbd_cluster_up() {
+	local b
+	for b in ceph-mon ceph-osd rbd; do
+		command -v "$b" >/dev/null ||
+			fail "$b not installed: apt-get install ceph-mon ceph-osd ceph-mgr ceph-common (tools/debian-packages.txt)"
+	done
+	CEPH_DIR=$T/ceph
+	trap _rbd_cleanup EXIT
+	local t0=$SECONDS
+	NO_MGR=${NO_MGR:-1} bash "$TC_ROOT/tests/ceph/cluster.sh" up "$CEPH_DIR" >"$T/ceph-up.log" 2>&1 ||
+		fail "the Ceph cluster did not come up: $(tail -5 "$T/ceph-up.log")"
+	# shellcheck disable=SC1091
+	. "$CEPH_DIR/env"
+	export CEPH_CONF
+	pass "Ceph cluster up in $((SECONDS - t0)) s (mon port $CEPH_MON_PORT)"
+}
+
+rbd_conf_lun() {
+	local name=$1 image=$2
+	shift 2
+	printf '\n[lun %s]\nbacking = rbd:%s/%s\nceph_conf = %s\nblock_size = 512\n' \
+		"$name" "$CEPH_POOL" "$image" "$CEPH_CONF"
+	local kv
+	for kv in "$@"; do echo "$kv"; done
+}

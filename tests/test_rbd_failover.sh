@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# tests/test_rbd_failover.sh - two gateways export one RBD image with
+# implicit ALUA; a gateway killed with -9 is taken over by the other when a
+# host sends it I/O, and no gateway ever serves data older than the last
+# acknowledged write, even from a warm NVMe cache.
+#
+# Gateways A (port group 1) and B (port group 2) are two tiercached on
+# 127.0.0.1 with their own ports, state dirs and cache legs (write-through),
+# in front of the same image on a throwaway Ceph cluster. The client is
+# tests/tools/alua_io.c (libiscsi), which retries UNIT ATTENTION and NOT
+# READY / ASYMMETRIC ACCESS STATE TRANSITION as a host's multipath does.
+#
+#   round 1: write X through A; RTPG through A and B: group 1 active/optimized,
+#            group 2 active/non-optimized; status JSON names owner 1; kill -9 A;
+#            write Y through B (NOT READY transition first, then GOOD; RTPG:
+#            group 2 active/optimized); restart A, read through A: Y.
+#   round 2: the same with A's cache warm on the region (X read through A
+#            until cached): after the takeover by B and A's restart, A drops
+#            its copies on its gain and reads Y.
+#   round 3: a single gateway (gateways = 1) with a write-back cache takes the
+#            lock at start; after kill -9 and a restart it keeps its cache.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+. "$TC_ROOT/tests/ceph/lib.sh"
+
+[ -x "$TC_BIN" ] || fail "build/tiercached is missing; run make"
+cc -std=gnu11 -O2 -Wall -Wextra -o "$T/alua_io" "$TC_ROOT/tests/tools/alua_io.c" -liscsi 2>"$T/cc.log" ||
+	skip "cannot build tests/tools/alua_io.c against libiscsi: $(head -1 "$T/cc.log")"
+IO=$T/alua_io
+CTL=$TC_ROOT/build/tierctl
+
+rbd_cluster_up
+rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/shared" ||
+	fail "cannot create the RBD image"
+pass "RBD image $CEPH_POOL/shared created (exclusive-lock)"
+
+IQN=iqn.2026-11.io.tiercache:shared
+declare -A PORT PID
+PORT[A]=$(tc_free_port)
+PORT[B]=$(tc_free_port)
+PID[A]=
+PID[B]=
+PID[C]=
+
+gw_cleanup() {
+	local g
+	for g in A B C; do
+		if [ -n "${PID[$g]}" ] && kill -0 "${PID[$g]}" 2>/dev/null; then
+			kill -KILL "${PID[$g]}" 2>/dev/null
+			wait "${PID[$g]}" 2>/dev/null
+		fi
+	done
+	_rbd_cleanup
+}
+trap gw_cleanup EXIT
+
+gw_conf() { # NAME PORT_GROUP
+	local g=$1
+	mkdir -p "$T/$g/state"
+	cat <<CONF
+[daemon]
+state_dir = $T/$g/state
+control_socket = $T/$g/state/control.sock
+log_level = info
+workers = 2
+
+[portal]
+listen = 127.0.0.1:${PORT[$g]}
+port_group = $2
+
+[target $IQN]
+lun0 = shared
+$(rbd_conf_lun shared shared "serial = SHAREDRBD0001" "gateways = 2" "cache = nvme")
+
+[cache nvme]
+legs = $T/$g/leg0 $T/$g/leg1
+size = 64M
+extent = 64K
+mode = write-through
+admit_hits = 1
+seq_cutoff = 0
+CONF
+}
+gw_conf A 1 >"$T/A.conf"
+gw_conf B 2 >"$T/B.conf"
+
+gw_start() { # NAME
+	local g=$1 i
+	"$TC_BIN" -c "$T/$g.conf" >>"$T/$g.log" 2>&1 &
+	PID[$g]=$!
+	for ((i = 0; i < 300; i++)); do
+		(exec 3<>"/dev/tcp/127.0.0.1/${PORT[$g]}") 2>/dev/null && return 0
+		kill -0 "${PID[$g]}" 2>/dev/null || { tail -20 "$T/$g.log" >&2; fail "gateway $g exited at start"; }
+		sleep 0.1
+	done
+	fail "gateway $g did not start listening"
+}
+
+gw_kill9() {
+	kill -KILL "${PID[$1]}" 2>/dev/null
+	wait "${PID[$1]}" 2>/dev/null
+	PID[$1]=
+}
+
+gw_term() { # NAME: SIGTERM, must exit 0 within 30 s
+	local g=$1 i rc
+	kill -TERM "${PID[$g]}" 2>/dev/null
+	for ((i = 0; i < 300; i++)); do
+		kill -0 "${PID[$g]}" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -0 "${PID[$g]}" 2>/dev/null && fail "gateway $g did not stop within 30 s of SIGTERM"
+	wait "${PID[$g]}"
+	rc=$?
+	PID[$g]=
+	[ "$rc" = 0 ] || fail "gateway $g exited with status $rc after SIGTERM"
+}
+
+url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
+
+# RTPG through gateway G until it prints the expected group states (the
+# other gateway's owner is polled about every second).
+expect_rtpg() { # GATEWAY EXPECTED WHAT
+	local out i
+	for ((i = 0; i < 20; i++)); do
+		out=$("$IO" rtpg "$(url "$1")" 2>&1 | awk '{printf "%s %s;", $1, $2}')
+		[ "$out" = "$2" ] && { pass "$3 ($out)"; return 0; }
+		sleep 0.5
+	done
+	fail "$3: expected '$2', got '$out'"
+}
+
+# the ownership object of tierctl status --json for gateway G: "state owner alua"
+status_of() {
+	"$CTL" -s "$T/$1/state/control.sock" --json status 2>/dev/null | python3 -c '
+import json, sys
+o = json.load(sys.stdin)["luns"][0].get("ownership", {})
+print(o.get("state"), o.get("owner_port_group"), o.get("alua_state"))'
+}
+
+io() { # write|read GATEWAY LBA BLOCKS BYTE -> prints the client's counters
+	"$IO" "$1" "$(url "$2")" "$3" "$4" "$5" 90
+}
+
+gw_start A
+gw_start B
+pass "gateways A (port group 1, port ${PORT[A]}) and B (port group 2, port ${PORT[B]}) up"
+
+# ---------------------------------------------------------------- round 1
+out=$(io write A 0 16 0xa1) || fail "write X through A: $out"
+pass "write X through A ($out)"
+expect_rtpg A "1 AO;2 ANO;" "RTPG through A: A's group active/optimized, B's non-optimized"
+expect_rtpg B "1 AO;2 ANO;" "RTPG through B: the same view"
+st=$(status_of A)
+expect_eq "$st" "owned 1 active/optimized" "status of A: owns the image"
+st=$(status_of B)
+expect_eq "$st" "standby 1 active/non-optimized" "status of B: standby, owner port group 1"
+if out=$("$CTL" -s "$T/B/state/control.sock" mode shared write-back 2>&1); then
+	fail "tierctl mode write-back was accepted on a LUN two gateways export: $out"
+fi
+case $out in
+*"2 gateways"*) pass "tierctl mode write-back refused on the shared LUN ($out)" ;;
+*) fail "tierctl mode write-back refusal does not say why: $out" ;;
+esac
+
+gw_kill9 A
+pass "gateway A killed with -9 (its lock stays behind)"
+t0=$SECONDS
+out=$(io write B 0 16 0xb2) || fail "write Y through B after A died: $out"
+case $out in
+*transition=0*) fail "write Y through B succeeded without a transition: $out" ;;
+esac
+pass "write Y through B: NOT READY (transition) first, then GOOD, in $((SECONDS - t0)) s ($out)"
+expect_rtpg B "1 ANO;2 AO;" "RTPG through B: B's group active/optimized now"
+st=$(status_of B)
+expect_eq "$st" "owned 2 active/optimized" "status of B: owns the image"
+
+gw_start A
+out=$(io read A 0 16 0xb2) || fail "read through the restarted A did not return Y: $out"
+pass "read through the restarted A returns Y, never X ($out)"
+
+# ---------------------------------------------------------------- round 2
+# A took the image back (breaking B's lock: B is blocklisted); B still stops
+# cleanly, and a fresh start gives it a new cluster handle
+for ((i = 0; i < 20; i++)); do
+	st=$(status_of B)
+	[ "$st" = "lost 0 unavailable" ] && break
+	sleep 0.25
+done
+expect_eq "$st" "lost 0 unavailable" "status of the fenced B within 5 s: lost (blocklisted), owner unknown to it"
+gw_term B
+pass "the fenced gateway B stops cleanly on SIGTERM"
+gw_start B
+out=$(io write A 1024 16 0xc3) || fail "write X2 through A: $out"
+for i in 1 2 3 4; do
+	out=$(io read A 1024 16 0xc3) || fail "read X2 through A: $out"
+done
+hits=$("$CTL" -s "$T/A/state/control.sock" --json status | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["caches"][0]
+print(c.get("read_hits", c.get("counters", {}).get("read_hits", 0)))' 2>/dev/null)
+case $hits in
+'' | 0) fail "A's cache never served the region (read_hits = '$hits')" ;;
+esac
+pass "X2 written and read through A until cached (read hits $hits)"
+
+gw_kill9 A
+out=$(io write B 1024 16 0xd4) || fail "write Y2 through B after A died: $out"
+pass "write Y2 through B after A's death ($out)"
+gw_start A
+out=$(io read A 1024 16 0xd4) || fail "A served its stale cached copy after the takeover: $out"
+pass "the restarted A, cache warm with X2, reads Y2 ($out)"
+grep -q "cached extent(s) dropped" "$T/A.log" || fail "A's log does not say it dropped its cached copies"
+pass "A dropped its cached copies on its gain: $(grep -o '[0-9]* cached extent(s) dropped' "$T/A.log" | tail -1)"
+
+# ---------------------------------------------------------------- round 3
+# One gateway alone (gateways = 1) with a write-back cache: it takes the
+# lock at start and keeps it; after kill -9 and a restart nobody else owned
+# the image in between, so its cache (dirty data included) stays.
+gw_kill9 A
+gw_kill9 B
+rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/solo" || fail "cannot create rbd/solo"
+PORT[C]=$(tc_free_port)
+PID[C]=
+mkdir -p "$T/C/state"
+cat >"$T/C.conf" <<CONF
+[daemon]
+state_dir = $T/C/state
+control_socket = $T/C/state/control.sock
+workers = 2
+
+[portal]
+listen = 127.0.0.1:${PORT[C]}
+
+[target $IQN]
+lun0 = solo
+$(rbd_conf_lun solo solo "cache = wb")
+
+[cache wb]
+legs = $T/C/leg0 $T/C/leg1
+size = 64M
+extent = 64K
+mode = write-back
+admit_hits = 1
+seq_cutoff = 0
+CONF
+gw_start C
+st=$(status_of C)
+expect_eq "$st" "owned 1 active/optimized" "a single-gateway LUN owns its image from the start"
+out=$(io write C 0 16 0xe5) || fail "write through the single gateway: $out"
+case $out in
+*transition=0*) ;;
+*) fail "a single gateway should never answer NOT READY transition: $out" ;;
+esac
+pass "write-back write through the single gateway, no transition ($out)"
+gw_kill9 C
+gw_start C
+grep -q "nobody else owned .* since generation 1; the cache stays" "$T/C.log" ||
+	fail "the restarted single gateway did not keep its cache: $(grep 'cache lun solo' "$T/C.log" | tail -2)"
+pass "after kill -9 and a restart the single gateway keeps its cache (generation 1 was its own)"
+out=$(io read C 0 16 0xe5) || fail "read after the warm restart: $out"
+pass "the data written before kill -9 reads back ($out)"
+
+gw_term C
+locks=$(rbd lock ls "$CEPH_POOL/solo" 2>&1)
+[ -z "$locks" ] || fail "the lock of rbd/solo is still held after a clean stop: $locks"
+pass "a clean stop releases the image's lock"
+
+for g in A B C; do
+	if [ -n "${PID[$g]}" ]; then
+		kill -KILL "${PID[$g]}" 2>/dev/null
+		wait "${PID[$g]}" 2>/dev/null
+		PID[$g]=
+	fi
+done
+echo "all checks passed"

@@ -167,13 +167,25 @@ const struct cmd_desc *scsi_cmd_table(size_t *n)
 
 /* Index of the first table entry per opcode, +1 (0 = unsupported). */
 static uint8_t op_first[256];
+/* Per entry: the reserved bits of CDB bytes 0..15 (the complement of the
+ * usage mask over bytes 1..cdb_len-1, vendor bits of the control byte
+ * allowed), so dispatch checks a CDB with two 64-bit ANDs. */
+static uint64_t cdb_reserved[sizeof(cmd_table) / sizeof(cmd_table[0])][2];
 static pthread_once_t op_once = PTHREAD_ONCE_INIT;
 
 static void op_index_build(void)
 {
 	size_t n = sizeof(cmd_table) / sizeof(cmd_table[0]);
-	for (size_t i = n; i-- > 0;)
-		op_first[cmd_table[i].opcode] = (uint8_t)(i + 1);
+	for (size_t i = n; i-- > 0;) {
+		const struct cmd_desc *d = &cmd_table[i];
+		uint8_t rsv[16] = { 0 };
+		op_first[d->opcode] = (uint8_t)(i + 1);
+		for (unsigned b = 1; b < d->cdb_len && b < 16; b++)
+			rsv[b] = (uint8_t)~(d->usage[b] | (b == d->cdb_len - 1u ? 0xc0 : 0));
+		if (d->cdb_len > 16)
+			rsv[0] = 0xff; /* longer CDBs: always the byte loop */
+		memcpy(cdb_reserved[i], rsv, sizeof(rsv));
+	}
 }
 
 /* Find the descriptor; *bad_sa set when the opcode exists but not the SA. */
@@ -845,6 +857,13 @@ size_t scsi_data_out(struct scsi_cmd *cmd, size_t off, void *dst, size_t len)
  * ignored. Returns false after failing the command. */
 static bool cdb_reserved_ok(struct scsi_cmd *cmd, const struct cmd_desc *d)
 {
+	const uint64_t *rsv = cdb_reserved[d - cmd_table];
+	uint64_t lo, hi;
+
+	memcpy(&lo, cmd->cdb, 8);
+	memcpy(&hi, cmd->cdb + 8, 8);
+	if (!(lo & rsv[0]) && !(hi & rsv[1]))
+		return true; /* the usual case; else find the first bad bit */
 	for (unsigned i = 1; i < d->cdb_len; i++) {
 		uint8_t allowed = d->usage[i];
 		if (i == (unsigned)d->cdb_len - 1)

@@ -1,11 +1,18 @@
 /*
  * worker.c - per-core event loops: epoll for sockets, io_uring for block I/O.
  *
- * The loop: epoll_wait (bounded so ticks run), dispatch ready handlers,
- * drain the io_uring completion queue when its eventfd fires, run posted
- * calls, then submit every SQE queued during the iteration in one
- * io_uring_submit. Completions of block I/O are therefore processed on the
- * same thread that submitted them.
+ * The loop: epoll_wait (bounded so ticks run), dispatch ready handlers
+ * (sockets, posted calls, the io_uring eventfd), then until nothing is left:
+ * submit every SQE queued during the iteration in one io_uring_submit,
+ * handle the completions already posted (page-cache hits complete inside
+ * the submit: no second wait, no eventfd round trip), and run the batch-end
+ * calls (connections write their queued responses, one writev each).
+ * Completions of block I/O are therefore processed on the same thread that
+ * submitted them.
+ *
+ * The completion eventfd is watched edge-triggered and never read: the
+ * kernel wakes epoll on every signal, and the completion queue itself says
+ * what is there, so reading the counter would be one syscall for nothing.
  */
 #include "worker.h"
 
@@ -28,6 +35,7 @@
 
 #define RING_ENTRIES 1024
 #define MAX_EVENTS 128
+#define BATCH_ROUNDS 8 /* submit / complete / batch-end rounds per iteration */
 
 struct post_node {
 	struct cds_wfcq_node node;
@@ -46,6 +54,7 @@ struct worker {
 	struct cds_wfcq_head post_head;
 	struct cds_wfcq_tail post_tail;
 	struct worker_tick ticks; /* list head */
+	struct worker_batch_end *batch_head, *batch_tail; /* worker_at_batch_end */
 	void **deferred;          /* worker_defer_free, freed after each iteration */
 	unsigned ndeferred, deferred_cap;
 	uint64_t next_tick_ms;
@@ -86,13 +95,11 @@ static void drain_eventfd(int fd)
 	(void)r;
 }
 
-static void on_ring_event(struct ev_handler *h, uint32_t events)
+/* Handle every completion posted so far. */
+static void reap(struct worker *w)
 {
-	struct worker *w = (struct worker *)((char *)h - offsetof(struct worker, ring_ev));
 	struct io_uring_cqe *cqe;
 
-	(void)events;
-	drain_eventfd(h->fd);
 	while (io_uring_peek_cqe(&w->ring, &cqe) == 0) {
 		struct io_op *op = io_uring_cqe_get_data(cqe);
 		int res = cqe->res;
@@ -101,6 +108,55 @@ static void on_ring_event(struct ev_handler *h, uint32_t events)
 		if (op)
 			op->done(op, res);
 	}
+}
+
+/* Edge-triggered: the counter is never read (see the top of the file). */
+static void on_ring_event(struct ev_handler *h, uint32_t events)
+{
+	(void)events;
+	reap((struct worker *)((char *)h - offsetof(struct worker, ring_ev)));
+}
+
+void worker_at_batch_end(struct worker_batch_end *b)
+{
+	struct worker *w = self;
+
+	if (b->queued)
+		return;
+	b->queued = true;
+	b->next = NULL;
+	if (w->batch_tail)
+		w->batch_tail->next = b;
+	else
+		w->batch_head = b;
+	w->batch_tail = b;
+}
+
+/* Run the calls queued so far; those they queue wait for the next round. */
+static void run_batch_end(struct worker *w)
+{
+	struct worker_batch_end *b = w->batch_head;
+
+	w->batch_head = w->batch_tail = NULL;
+	while (b) {
+		struct worker_batch_end *next = b->next;
+		b->queued = false;
+		b->fn(b);
+		b = next;
+	}
+}
+
+/* Submit, handle what completed, let connections write: until quiet. */
+static void finish_iteration(struct worker *w)
+{
+	for (int round = 0; round < BATCH_ROUNDS; round++) {
+		worker_flush();
+		reap(w);
+		if (!w->batch_head)
+			break;
+		run_batch_end(w);
+	}
+	worker_flush();
 }
 
 static void run_posts(struct worker *w)
@@ -276,13 +332,15 @@ static void *worker_main(void *arg)
 	rcu_register_thread();
 	snprintf(name, sizeof(name), "tc-worker%u", w->idx);
 	pthread_setname_np(pthread_self(), name);
-	worker_watch(&w->ring_ev, EPOLLIN);
+	worker_watch(&w->ring_ev, EPOLLIN | EPOLLET);
 	worker_watch(&w->post_ev, EPOLLIN);
 	w->next_tick_ms = now_ms() + 1000;
 
 	while (!atomic_load(&w->stop)) {
 		uint64_t now = now_ms();
 		int timeout = w->next_tick_ms > now ? (int)(w->next_tick_ms - now) : 0;
+		if (w->batch_head)
+			timeout = 0; /* batch-end work left over from the last rounds */
 		int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
 		for (int i = 0; i < n; i++) {
 			struct ev_handler *h = evs[i].data.ptr;
@@ -293,10 +351,13 @@ static void *worker_main(void *arg)
 			w->next_tick_ms = now + 1000;
 			run_ticks(w);
 		}
-		worker_flush();
+		finish_iteration(w);
 		run_deferred(w);
 	}
 	run_posts(w);
+	finish_iteration(w);
+	for (int i = 0; i < 64 && w->batch_head; i++)
+		run_batch_end(w);
 	worker_flush();
 	run_exit_hooks();
 	run_deferred(w);

@@ -16,7 +16,14 @@
  *  - io_op callbacks and tick callbacks run on the worker's thread.
  *
  * Submission is batched: SQEs taken with worker_sqe() are submitted to the
- * kernel once per loop iteration (or earlier if the ring fills up).
+ * kernel once per loop iteration (or earlier if the ring fills up), and the
+ * completions the kernel posted meanwhile (page-cache hits complete inside
+ * the submit) are handled right after it, without another wait.
+ *
+ * Batch ends: work that gains from seeing the whole batch (a connection
+ * writing every response of the iteration with one writev) queues a
+ * struct worker_batch_end; its fn runs once after the iteration's events
+ * and completions are handled and before the worker waits again.
  */
 #ifndef TC_WORKER_H
 #define TC_WORKER_H
@@ -40,6 +47,13 @@ struct ev_handler {
  */
 struct io_op {
 	void (*done)(struct io_op *op, int res);
+};
+
+/* A call queued with worker_at_batch_end (embed it; zero-initialize it). */
+struct worker_batch_end {
+	void (*fn)(struct worker_batch_end *b);
+	struct worker_batch_end *next;
+	bool queued;
 };
 
 /* A callback run about once a second on a worker (idle pings, timeouts). */
@@ -92,6 +106,14 @@ void worker_flush(void);
  * owner left there). On a thread that is not a worker: free(p) now.
  */
 void worker_defer_free(void *p);
+
+/*
+ * Run b->fn(b) once at the end of the current loop iteration (worker thread
+ * only); queuing it again before it ran is a no-op. fn may queue it again:
+ * it then runs in the next round (the worker does not sleep meanwhile).
+ * The owner must keep b alive until fn ran.
+ */
+void worker_at_batch_end(struct worker_batch_end *b);
 
 void worker_tick_add(struct worker_tick *t);
 void worker_tick_del(struct worker_tick *t);

@@ -2,7 +2,18 @@
  * conn.c - one iSCSI connection: its socket, its PDU receive state
  * machine and its transmit queue.
  *
- * Receive (level-triggered EPOLLIN, non-blocking socket):
+ * Receive (level-triggered EPOLLIN, non-blocking socket): one read takes
+ * up to RX_STAGE_SIZE bytes into the connection's stage, as many PDUs as
+ * the initiator sent (a QD32 burst is one read, not 32 or 64); PDUs are
+ * then parsed out of the stage. A data segment of RX_DIRECT_MIN bytes or
+ * more that is not in the stage yet is read straight into its buffer
+ * (readv, with the stage as the last element for what follows), so big
+ * transfers are not copied; small ones are copied once from the stage,
+ * which costs less than the read it saves. After a PDU with a big data
+ * segment the stage asks for one header only (rx_want), so the next big
+ * segment is not pulled into the stage either: one readv per PDU, no copy.
+ * A read that comes back short means the socket is empty: the next one
+ * waits for epoll.
  *   RX_BHS   48 bytes of Basic Header Segment
  *   RX_AHS   TotalAHSLength words of AHS, then the header digest if
  *            negotiated (checked: a bad header digest drops the connection,
@@ -10,10 +21,9 @@
  *   RX_DATA  the data segment, its padding and the data digest. Where the
  *            segment goes is decided from the header before a byte of it
  *            is read: a SCSI Command's immediate data and a Data-Out's
- *            payload land directly in the command's pooled buffer at the
- *            right offset (cmd.c sets up rx_iov); anything else lands in
- *            the connection's rx_buf; data of a refused PDU is read into a
- *            sink and dropped.
+ *            payload land in the command's pooled buffer at the right
+ *            offset (cmd.c sets up rx_iov); anything else lands in the
+ *            connection's rx_buf; data of a refused PDU is skipped.
  * Then the complete PDU is dispatched by opcode to login.c, cmd.c,
  * tmf.c, text.c, logout.c, nop.c or reject.c.
  *
@@ -22,9 +32,14 @@
  * and reading stops while more than ISCSI_TX_HIGH_WATER bytes wait.
  *
  * Lifetime: entry points (socket events, ticks, backstore completions,
- * posted calls) bracket their work with conn_enter/conn_leave; the last
- * leave flushes the transmit queue and frees a closed connection once the
- * backstore has returned every command it holds.
+ * posted calls) bracket their work with conn_enter/conn_leave. On a worker
+ * the outermost leave does not write at once: it queues the connection's
+ * batch end (worker_at_batch_end), which holds one in_handler count and
+ * runs once the worker has handled the iteration's events and completions,
+ * so every response of the iteration goes out in one writev. The batch end
+ * (or, off the workers, the leave itself) flushes the transmit queue,
+ * resumes parsing PDUs left in the stage, and frees a closed connection
+ * once the backstore has returned every command it holds.
  *
  * Threading: all of it on the connection's worker thread.
  */
@@ -42,11 +57,12 @@
 #include <unistd.h>
 
 #define RX_PDUS_PER_EVENT 64
-#define TX_IOV_MAX 64
+#define RX_STAGE_SIZE 65536
+#define RX_DIRECT_MIN 16384
+#define TX_IOV_MAX 256
 #define LOGIN_TIMEOUT_MS 30000
 
 static __thread struct iscsi_conn *conn_list;
-static __thread uint8_t rx_sink[65536];
 
 uint32_t iscsi_crc32c(const void *buf, size_t len, uint32_t crc)
 {
@@ -79,14 +95,14 @@ void iscsi_conn_update_watch(struct iscsi_conn *c)
 		worker_rewatch(&c->ev, cur_events(c));
 }
 
-static void conn_leave(struct iscsi_conn *c)
+static size_t rx_staged(const struct iscsi_conn *c) { return c->rx_stage_len - c->rx_stage_pos; }
+static void rx_run(struct iscsi_conn *c);
+
+/* The outermost leave's work. */
+static void conn_leave_now(struct iscsi_conn *c)
 {
-	if (c->in_handler > 1) {
-		c->in_handler--;
-		return;
-	}
-	/* Outermost: still counted while flushing, so a close triggered by a
-	 * written PDU (close_after) cannot free the connection under us. */
+	/* Still counted while flushing, so a close triggered by a written PDU
+	 * (close_after) cannot free the connection under us. */
 	if (c->state != CONN_CLOSING) {
 		iscsi_conn_flush(c);
 		if (c->draining && c->state != CONN_CLOSING && !c->closing_after_tx &&
@@ -97,6 +113,37 @@ static void conn_leave(struct iscsi_conn *c)
 	}
 	c->in_handler = 0;
 	iscsi_conn_maybe_free(c);
+}
+
+static void conn_batch_end(struct worker_batch_end *b)
+{
+	struct iscsi_conn *c = (struct iscsi_conn *)((char *)b - offsetof(struct iscsi_conn, batch));
+
+	if (c->in_handler > 1) { /* not expected: batch ends run outside handlers */
+		c->in_handler--;
+		return;
+	}
+	conn_leave_now(c);
+	/* PDUs left in the stage (the per-event limit, or reading paused for
+	 * transmit backpressure): epoll will not report them, parse them now. */
+	if (c->state != CONN_CLOSING && c->reading && !c->closing_after_tx && rx_staged(c))
+		rx_run(c);
+}
+
+static void conn_leave(struct iscsi_conn *c)
+{
+	if (c->in_handler > 1) {
+		c->in_handler--;
+		return;
+	}
+	if (c->state != CONN_CLOSING && worker_self()) {
+		/* the count passes to the batch end (not queued yet: it would hold
+		 * a count of its own, and in_handler would be above 1) */
+		c->batch.fn = conn_batch_end;
+		worker_at_batch_end(&c->batch);
+		return;
+	}
+	conn_leave_now(c);
 }
 
 /* ---- transmit ---- */
@@ -239,25 +286,33 @@ static int tx_iov(struct iscsi_tx *tx, struct iovec *iov, int n, int max)
 	return n;
 }
 
+static void wait_writable(struct iscsi_conn *c)
+{
+	if (!c->writing) {
+		c->writing = true;
+		if (worker_self())
+			worker_rewatch(&c->ev, cur_events(c));
+	}
+}
+
 void iscsi_conn_flush(struct iscsi_conn *c)
 {
 	struct iovec iov[TX_IOV_MAX];
 
 	while (c->tx_head && c->state != CONN_CLOSING) {
 		int n = 0;
+		size_t want = 0;
 		for (struct iscsi_tx *tx = c->tx_head; tx && n < TX_IOV_MAX - (ISCSI_TX_DATA_IOV + 2);
 		     tx = tx->next)
 			n = tx_iov(tx, iov, n, TX_IOV_MAX);
+		for (int i = 0; i < n; i++)
+			want += iov[i].iov_len;
 		ssize_t w = writev(c->ev.fd, iov, n);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				if (!c->writing) {
-					c->writing = true;
-					if (worker_self())
-						worker_rewatch(&c->ev, cur_events(c));
-				}
+				wait_writable(c);
 				return;
 			}
 			iscsi_conn_close(c, strerror(errno));
@@ -281,6 +336,12 @@ void iscsi_conn_flush(struct iscsi_conn *c)
 			tx_done(c, tx);
 			if (c->state == CONN_CLOSING)
 				return;
+		}
+		if ((size_t)w < want) {
+			/* the socket buffer is full: another writev now would only
+			 * say EAGAIN; wait for room */
+			wait_writable(c);
+			return;
 		}
 	}
 	if (c->writing && c->state != CONN_CLOSING) {
@@ -330,6 +391,8 @@ static void dispatch_pdu(struct iscsi_conn *c, bool digest_ok);
 /* A whole PDU is in: dispatch it, then get ready for the next header. */
 static void pdu_complete(struct iscsi_conn *c, bool digest_ok)
 {
+	/* the next PDU is likely alike: big segments go direct (see the top) */
+	c->rx_want = c->rx_dsl >= RX_DIRECT_MIN ? ISCSI_BHS_LEN : RX_STAGE_SIZE;
 	dispatch_pdu(c, digest_ok);
 	c->rx_pdus++;
 	if (c->state != CONN_CLOSING)
@@ -467,79 +530,155 @@ static void dispatch_pdu(struct iscsi_conn *c, bool digest_ok)
 	}
 }
 
-/* Read once into the current phase's buffers. 1: progress, 0: would block, -1: closed. */
-static int rx_step(struct iscsi_conn *c)
+/* A failed or empty read: 0 would block, -1 closed. */
+static int rx_error(struct iscsi_conn *c, ssize_t r)
 {
-	ssize_t r;
-
-	if (c->rx_phase != RX_DATA) {
-		r = read(c->ev.fd, c->rx_hdr + c->rx_got, c->rx_hdr_len - c->rx_got);
-	} else if (c->rx_discard && c->rx_left > c->rx_trailer_len) {
-		size_t want = c->rx_left - c->rx_trailer_len;
-		if (want > sizeof(rx_sink))
-			want = sizeof(rx_sink);
-		r = read(c->ev.fd, rx_sink, want);
-	} else {
-		r = readv(c->ev.fd, c->rx_iov + c->rx_iovidx, c->rx_iovcnt - c->rx_iovidx);
-	}
 	if (r == 0) {
 		iscsi_conn_close(c, "peer closed the connection");
 		return -1;
 	}
-	if (r < 0) {
-		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-			return 0;
-		iscsi_conn_close(c, strerror(errno));
-		return -1;
+	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+		c->rx_dry = true;
+		return 0;
 	}
+	iscsi_conn_close(c, strerror(errno));
+	return -1;
+}
+
+/*
+ * n data-phase bytes arrived: from src (the stage), copied into the data
+ * iovecs, or already in them (src NULL, a direct read). While a refused
+ * PDU's data is skipped only the trailer goes to the iovecs. Returns the
+ * bytes used (at most rx_left).
+ */
+static size_t rx_data_bytes(struct iscsi_conn *c, const uint8_t *src, size_t n)
+{
+	size_t used = 0;
+
+	if (n > c->rx_left)
+		n = c->rx_left;
+	if (c->rx_discard && c->rx_left > c->rx_trailer_len) {
+		size_t skip = c->rx_left - c->rx_trailer_len;
+		used = skip < n ? skip : n;
+		c->rx_left -= used;
+	}
+	while (used < n && c->rx_iovidx < c->rx_iovcnt) {
+		struct iovec *v = &c->rx_iov[c->rx_iovidx];
+		size_t k = n - used < v->iov_len ? n - used : v->iov_len;
+		if (src)
+			memcpy(v->iov_base, src + used, k);
+		v->iov_base = (char *)v->iov_base + k;
+		v->iov_len -= k;
+		if (v->iov_len == 0)
+			c->rx_iovidx++;
+		used += k;
+		c->rx_left -= k;
+	}
+	if (used < n) { /* iovecs shorter than the segment: cannot happen; skip */
+		c->rx_left -= n - used;
+		used = n;
+	}
+	return used;
+}
+
+/* Header bytes were added at rx_hdr + rx_got (n of them). */
+static void rx_hdr_bytes(struct iscsi_conn *c, size_t n)
+{
+	c->rx_got += (uint32_t)n;
 	if (c->rx_phase == RX_BHS) {
-		c->rx_got += (uint32_t)r;
 		if (c->rx_got < ISCSI_BHS_LEN)
-			return 1;
+			return;
 		if (c->state == CONN_LOGIN && bhs_opcode(c->rx_hdr) != ISCSI_OP_LOGIN_REQ) {
 			log_warn("iSCSI %s: opcode 0x%02x before login completed; dropping the connection",
 				 c->peer, bhs_opcode(c->rx_hdr));
 			iscsi_conn_close(c, "PDU before login");
-			return -1;
+			return;
 		}
 		uint32_t ahs = (uint32_t)c->rx_hdr[4] * 4;
 		bool hd = c->state == CONN_FULL_FEATURE && c->params.header_digest;
 		c->rx_hdr_len = ISCSI_BHS_LEN + ahs + (hd ? ISCSI_DIGEST_LEN : 0);
 		if (c->rx_hdr_len > ISCSI_BHS_LEN) {
 			c->rx_phase = RX_AHS;
-			return 1;
+			return;
 		}
 		header_done(c);
-		return 1;
+		return;
 	}
-	if (c->rx_phase == RX_AHS) {
-		c->rx_got += (uint32_t)r;
-		if (c->rx_got == c->rx_hdr_len)
-			header_done(c);
-		return 1;
-	}
-	/* RX_DATA */
-	c->rx_left -= (size_t)r;
-	if (!(c->rx_discard && c->rx_left + (size_t)r > c->rx_trailer_len)) {
-		size_t adv = (size_t)r;
-		while (adv && c->rx_iovidx < c->rx_iovcnt) {
-			struct iovec *v = &c->rx_iov[c->rx_iovidx];
-			if (adv < v->iov_len) {
-				v->iov_base = (char *)v->iov_base + adv;
-				v->iov_len -= adv;
-				adv = 0;
-			} else {
-				adv -= v->iov_len;
-				c->rx_iovidx++;
-			}
+	if (c->rx_got == c->rx_hdr_len)
+		header_done(c);
+}
+
+/*
+ * Refill the empty stage from the socket: 1 progress, 0 would block (or
+ * the last read said the socket is empty), -1 closed. A long data segment
+ * still to come is read straight into its iovecs.
+ */
+static int rx_fill(struct iscsi_conn *c)
+{
+	ssize_t r;
+
+	if (c->rx_dry)
+		return 0;
+	c->rx_stage_pos = c->rx_stage_len = 0;
+	if (c->rx_phase == RX_DATA && !c->rx_discard && c->rx_left >= RX_DIRECT_MIN) {
+		struct iovec v[ISCSI_CMD_MAX_BUFS + 3];
+		int n = 0;
+		size_t direct = 0;
+		for (int i = c->rx_iovidx; i < c->rx_iovcnt; i++) {
+			v[n++] = c->rx_iov[i];
+			direct += c->rx_iov[i].iov_len;
 		}
+		v[n].iov_base = c->rx_stage;
+		v[n++].iov_len = ISCSI_BHS_LEN; /* the next header, if it is there */
+		r = readv(c->ev.fd, v, n);
+		if (r <= 0)
+			return rx_error(c, r);
+		c->rx_dry = (size_t)r < direct + ISCSI_BHS_LEN;
+		if ((size_t)r > direct)
+			c->rx_stage_len = (uint32_t)((size_t)r - direct);
+		else
+			direct = (size_t)r;
+		rx_data_bytes(c, NULL, direct);
+		if (c->rx_left == 0)
+			pdu_complete(c, data_digest_ok(c, c->rx_view, c->rx_viewcnt));
+		return 1;
 	}
+	/* a short data segment (or one being skipped) and what follows, or a
+	 * header after a big segment (rx_want) */
+	size_t want = c->rx_phase == RX_DATA ? RX_STAGE_SIZE : c->rx_want;
+	r = read(c->ev.fd, c->rx_stage, want);
+	if (r <= 0)
+		return rx_error(c, r);
+	c->rx_dry = (size_t)r < want;
+	c->rx_stage_len = (uint32_t)r;
+	return 1;
+}
+
+/* Move the PDU in progress along with the bytes at hand. 1: progress,
+ * 0: nothing to read, -1: closed. */
+static int rx_step(struct iscsi_conn *c)
+{
+	if (!rx_staged(c))
+		return rx_fill(c); /* the caller's loop checks the state first */
+	const uint8_t *src = c->rx_stage + c->rx_stage_pos;
+	size_t avail = rx_staged(c);
+
+	if (c->rx_phase != RX_DATA) {
+		size_t n = c->rx_hdr_len - c->rx_got;
+		if (n > avail)
+			n = avail;
+		memcpy(c->rx_hdr + c->rx_got, src, n);
+		c->rx_stage_pos += (uint32_t)n;
+		rx_hdr_bytes(c, n);
+		return 1;
+	}
+	c->rx_stage_pos += (uint32_t)rx_data_bytes(c, src, avail);
 	if (c->rx_left == 0)
 		pdu_complete(c, data_digest_ok(c, c->rx_view, c->rx_viewcnt));
 	return 1;
 }
 
-void iscsi_conn_on_readable(struct iscsi_conn *c)
+static void rx_run(struct iscsi_conn *c)
 {
 	unsigned start = c->rx_pdus;
 
@@ -553,6 +692,12 @@ void iscsi_conn_on_readable(struct iscsi_conn *c)
 			break;
 	}
 	conn_leave(c);
+}
+
+void iscsi_conn_on_readable(struct iscsi_conn *c)
+{
+	c->rx_dry = false; /* the socket has something (or the caller says so) */
+	rx_run(c);
 }
 
 static void on_event(struct ev_handler *h, uint32_t events)
@@ -590,13 +735,20 @@ struct iscsi_conn *iscsi_conn_new(int fd)
 		return NULL;
 	c->ev.fd = fd;
 	c->ev.on_event = on_event;
+	c->rx_stage = malloc(RX_STAGE_SIZE);
+	if (!c->rx_stage) {
+		free(c);
+		return NULL;
+	}
 	c->state = CONN_LOGIN;
+	c->rx_want = RX_STAGE_SIZE;
 	c->statsn = 1;
 	c->last_rx_ms = now_ms();
 	iscsi_params_default(&c->params);
 	rx_reset(c);
 	snprintf(c->peer, sizeof(c->peer), "fd %d", fd);
 	if (iscsi_login_init(c) < 0) {
+		free(c->rx_stage);
 		free(c);
 		return NULL;
 	}
@@ -604,6 +756,7 @@ struct iscsi_conn *iscsi_conn_new(int fd)
 	if (worker_self()) {
 		if (worker_watch(&c->ev, EPOLLIN) < 0) {
 			iscsi_login_free(c);
+			free(c->rx_stage);
 			free(c);
 			return NULL;
 		}
@@ -673,6 +826,7 @@ void iscsi_conn_maybe_free(struct iscsi_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	free(c->rx_buf);
+	free(c->rx_stage);
 	free(c->text_acc);
 	free(c->text_out);
 	c->ev.on_event = on_dead_event;

@@ -8,8 +8,10 @@
  * (struct iscsi_cmd: the SCSI command handed to the backstore, the
  * per-command R2T/Data-In state and an embedded transmit slot), so the
  * per-command path never calls malloc: data buffers come from bufpool,
- * Data-Out is received straight into them, and Data-In is written from
- * them with writev.
+ * Data-Out lands in them (straight from the socket when it is long; short
+ * segments are copied once from the connection's receive stage, which
+ * saves a read per PDU), and Data-In is written from them with writev,
+ * every response of a loop iteration in one call (conn.c).
  *
  * Transmit model: a connection has a FIFO of struct iscsi_tx. A control
  * PDU (login/text/NOP-In/TMF/logout/reject/async response) is a malloc'd
@@ -179,11 +181,17 @@ struct iscsi_conn {
 	bool reading;                    /* EPOLLIN watched */
 	bool writing;                    /* EPOLLOUT watched */
 	unsigned in_handler;              /* nesting depth of entry points */
+	struct worker_batch_end batch;   /* queued: holds one in_handler count */
 	uint64_t last_rx_ms;
 	uint32_t ping_ttt;               /* outstanding target ping, 0 = none */
 	uint64_t ping_sent_ms;
 	struct worker_tick tick;
-	/* receive */
+	/* receive: the socket is read into rx_stage (many PDUs per read); a
+	 * long data segment is read straight into its buffer */
+	uint8_t *rx_stage;
+	uint32_t rx_stage_pos, rx_stage_len;
+	uint32_t rx_want;                /* bytes to ask for when refilling it */
+	bool rx_dry;                     /* the last read came up short */
 	enum iscsi_rx_phase rx_phase;
 	uint8_t rx_hdr[ISCSI_BHS_LEN + ISCSI_AHS_MAX + ISCSI_DIGEST_LEN];
 	uint32_t rx_hdr_len;             /* BHS + AHS + digest expected */

@@ -170,6 +170,9 @@ echo "   tiercached: O_DIRECT backing (no page cache), write_cache = $WRITE_CACH
 img=$T/plain.img
 bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom >"$img"
+# What the O_DIRECT side reaches: the device under the file, not memory.
+fsdev=$(df -PT "$img" 2>/dev/null | awk 'NR == 2 { print $2 " on " $1 }')
+echo "   both on the same file, $fsdev: tgtd's I/O is served from RAM once the file is cached, tiercached's goes to that device."
 
 if command -v tgtd >/dev/null && command -v tgtadm >/dev/null; then
 	port=$(tc_free_port)

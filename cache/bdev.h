@@ -176,6 +176,11 @@ static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *a
  */
 struct bdev *bdev_file_open(const char *path, uint64_t size, uint32_t block_size,
 			    bool create, char *err, size_t errlen);
+/* The same with flags: BDEV_FILE_BUFFERED = through the page cache (no
+ * O_DIRECT); durability still follows BDEV_F_FUA and BDEV_FLUSH. */
+#define BDEV_FILE_BUFFERED 0x1
+struct bdev *bdev_file_open_flags(const char *path, uint64_t size, uint32_t block_size, bool create,
+				  unsigned flags, char *err, size_t errlen);
 
 /*
  * RBD images (cache/bdev_rbd.c, through librbd): backing = rbd:POOL/IMAGE.

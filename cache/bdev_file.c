@@ -3,7 +3,11 @@
  *
  * The file is opened with O_DIRECT when the filesystem allows it, so the
  * page cache neither doubles memory nor hides a lost write; writes flagged
- * BDEV_F_FUA carry RWF_DSYNC and are durable when they complete. UNMAP
+ * BDEV_F_FUA carry RWF_DSYNC and are durable when they complete. With
+ * BDEV_FILE_BUFFERED (an uncached LUN's backing_io = buffered) it goes
+ * through the page cache instead: the same flags keep the same promise
+ * (RWF_DSYNC for FUA and write cache off, fdatasync for FLUSH, whose error
+ * also reports a failed background write-back). UNMAP
  * punches holes (files stay sparse, thin provisioning is real) and
  * WRITE_ZEROES uses FALLOC_FL_ZERO_RANGE. Short transfers are resumed until
  * the whole range is done.
@@ -197,6 +201,12 @@ int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 struct bdev *bdev_file_open(const char *path, uint64_t size, uint32_t block_size,
 			    bool create, char *err, size_t errlen)
 {
+	return bdev_file_open_flags(path, size, block_size, create, 0, err, errlen);
+}
+
+struct bdev *bdev_file_open_flags(const char *path, uint64_t size, uint32_t block_size, bool create,
+				  unsigned flags_in, char *err, size_t errlen)
+{
 	struct stat st;
 	int flags = O_RDWR | O_CLOEXEC;
 	int fd;
@@ -235,9 +245,9 @@ struct bdev *bdev_file_open(const char *path, uint64_t size, uint32_t block_size
 		snprintf(err, errlen, "%s is neither a regular file nor a block device", path);
 		return NULL;
 	}
-	fd = open(path, flags | O_DIRECT);
-	if (fd < 0 && errno == EINVAL)
-		fd = open(path, flags); /* filesystem without O_DIRECT (tmpfs) */
+	fd = (flags_in & BDEV_FILE_BUFFERED) ? -1 : open(path, flags | O_DIRECT);
+	if (fd < 0 && ((flags_in & BDEV_FILE_BUFFERED) || errno == EINVAL))
+		fd = open(path, flags); /* asked for, or a filesystem without O_DIRECT (tmpfs) */
 	if (fd < 0) {
 		snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
 		return NULL;

@@ -603,6 +603,14 @@ static int handle_lun(struct parse_state *ps, const char *key, const char *val)
 			l->write_cache = b;
 		else
 			l->read_only = b;
+	} else if (!strcmp(key, "backing_io")) {
+		if (strcmp(val, "direct") && strcmp(val, "buffered")) {
+			fail_at(ps, ps->line, "[lun %s] backing_io = %s: use direct (O_DIRECT, the default) or "
+				"buffered (through the page cache)", l->name, val);
+			return 0;
+		}
+		l->backing_buffered = !strcmp(val, "buffered");
+		l->backing_io_line = ps->line;
 	} else if (!strcmp(key, "cache")) {
 		if (!*val) {
 			fail_at(ps, ps->line, "[lun %s] cache is empty; name a [cache NAME] section", l->name);
@@ -651,7 +659,7 @@ static int handle_lun(struct parse_state *ps, const char *key, const char *val)
 	} else {
 		fail_at(ps, ps->line,
 			"[lun %s] has no key \"%s\"; known keys: backing, size, block_size, serial, write_cache, "
-			"read_only, cache, ceph_conf, ceph_user, ceph_timeout, gateways", l->name, key);
+			"read_only, backing_io, cache, ceph_conf, ceph_user, ceph_timeout, gateways", l->name, key);
 		return 0;
 	}
 	return 1;
@@ -849,6 +857,14 @@ static int validate(struct parse_state *ps)
 		if (l->size % l->block_size) {
 			fail_at(ps, l->line, "[lun %s] size %llu is not a multiple of block_size %u; round it",
 				l->name, (unsigned long long)l->size, l->block_size);
+			return -1;
+		}
+		if (l->backing_buffered && (l->cache || !strncmp(l->backing, "rbd:", 4))) {
+			fail_at(ps, l->backing_io_line, "[lun %s] backing_io = buffered is for a file or block "
+				"device without a cache set: %s; remove the line", l->name,
+				l->cache ? "the cache set is the fast copy, and the page cache under it would only "
+					   "double the memory and hide the backing store's errors from the cleaner"
+					 : "librbd does its own caching");
 			return -1;
 		}
 		if (!strncmp(l->backing, "rbd:", 4)) {

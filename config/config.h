@@ -45,6 +45,8 @@ struct cfg_lun {
 	char *serial;         /* "auto" or up to 32 printable ASCII chars */
 	bool write_cache;     /* initial WCE bit (default off: durable on status) */
 	bool read_only;
+	bool backing_buffered; /* backing_io = buffered: a file through the page cache */
+	int backing_io_line;
 	char *cache;          /* [cache NAME] in front of it, or NULL */
 	struct cfg_cache *cache_set; /* resolved after parsing */
 	int cache_line;

@@ -309,7 +309,10 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		.conf = l->ceph_conf, .user = l->ceph_user, .op_timeout_s = l->ceph_timeout,
 	};
 	bool is_rbd = bdev_backing_is_rbd(l->backing);
-	struct bdev *dev = bdev_open_backing(l->backing, &rbd, l->size, l->block_size, true, err, sizeof(err));
+	struct bdev *dev = l->backing_buffered
+		? bdev_file_open_flags(l->backing, l->size, l->block_size, true, BDEV_FILE_BUFFERED, err,
+				       sizeof(err))
+		: bdev_open_backing(l->backing, &rbd, l->size, l->block_size, true, err, sizeof(err));
 	if (!dev) {
 		log_err("%s:%d: [lun %s]: %s", cfg->path, l->line, l->name, err);
 		return -1;
@@ -363,8 +366,9 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 	}
 	/* an image resized under us: new READ CAPACITY, CAPACITY DATA HAS CHANGED */
 	bdev_set_resize_listener(dev, lun_capacity_changed, *lu_out);
-	log_info("lun %s: %s, %llu bytes, %u-byte blocks, serial %s, write cache %s", l->name, l->backing,
-		 (unsigned long long)dev->size, l->block_size, serial, l->write_cache ? "on" : "off");
+	log_info("lun %s: %s%s, %llu bytes, %u-byte blocks, serial %s, write cache %s", l->name, l->backing,
+		 l->backing_buffered ? " (buffered)" : "", (unsigned long long)dev->size, l->block_size, serial,
+		 l->write_cache ? "on" : "off");
 	return 0;
 }
 

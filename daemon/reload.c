@@ -233,6 +233,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		LUN_FIELD(ol->write_cache != nl->write_cache, "write_cache")
 		LUN_FIELD(ol->read_only != nl->read_only, "read_only")
 		LUN_FIELD(!str_eq(ol->cache, nl->cache), "cache")
+		LUN_FIELD(ol->backing_buffered != nl->backing_buffered, "backing_io")
 		LUN_FIELD(!str_eq(ol->ceph_conf, nl->ceph_conf), "ceph_conf")
 		LUN_FIELD(!str_eq(ol->ceph_user, nl->ceph_user), "ceph_user")
 		LUN_FIELD(ol->ceph_timeout != nl->ceph_timeout, "ceph_timeout")
@@ -244,6 +245,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 			    !dup_into(&nl->ceph_user, ol->ceph_user))
 				return -1;
 			nl->ceph_timeout = ol->ceph_timeout;
+			nl->backing_buffered = ol->backing_buffered;
 			nl->gateways = ol->gateways;
 			nl->size = ol->size;
 			nl->block_size = ol->block_size;

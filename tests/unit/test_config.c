@@ -122,6 +122,12 @@ static const struct bad_case bad[] = {
 	{ "[lun a]\nbacking = rbd:p/i\nceph_user = client.\n", "bad.conf:3: [lun a] ceph_user = client.: give a cephx user name" },
 	{ "[lun a]\nbacking = rbd:p/i\nceph_conf = \n", "bad.conf:3: [lun a] ceph_conf = : give the path of a ceph.conf" },
 	{ "[lun a]\nbacking = rbd:p/i\n[lun b]\nbacking = rbd:p/i\n", "uses backing rbd:p/i, which [lun a]" },
+	{ "[lun a]\nbacking = /x\nsize = 1G\nbacking_io = cached\n",
+	  "bad.conf:4: [lun a] backing_io = cached: use direct (O_DIRECT, the default) or buffered" },
+	{ "[lun a]\nbacking = rbd:p/i\nbacking_io = buffered\n",
+	  "bad.conf:3: [lun a] backing_io = buffered is for a file or block device without a cache set: librbd" },
+	{ "[cache c]\nlegs = /l0 /l1\n[lun a]\nbacking = /x\nsize = 1G\nbacking_io = buffered\ncache = c\n",
+	  "bad.conf:6: [lun a] backing_io = buffered is for a file or block device without a cache set: the cache set" },
 };
 
 static void test_bad(void)
@@ -214,6 +220,22 @@ static void test_cache_sections(void)
 	config_free(cfg);
 }
 
+static void test_backing_io(void)
+{
+	struct config *cfg = NULL;
+	char err[512] = "";
+	const char *text = "[lun b]\nbacking = /b\nsize = 1G\nbacking_io = buffered\n"
+			   "[lun d]\nbacking = /d\nsize = 1G\nbacking_io = direct\n"
+			   "[lun n]\nbacking = /n\nsize = 1G\n";
+	int r = config_parse_string(text, "io.conf", &cfg, err, sizeof(err));
+	CHECK(r == 0, "backing_io parses (%s)", err);
+	if (r)
+		return;
+	CHECK(config_find_lun(cfg, "b")->backing_buffered && !config_find_lun(cfg, "d")->backing_buffered &&
+	      !config_find_lun(cfg, "n")->backing_buffered, "backing_io: buffered, direct, and direct by default");
+	config_free(cfg);
+}
+
 static void test_rbd_lun(void)
 {
 	struct config *cfg = NULL;
@@ -239,6 +261,7 @@ static void test_rbd_lun(void)
 
 int main(void)
 {
+	test_backing_io();
 	test_rbd_lun();
 	test_good();
 	test_cache_sections();

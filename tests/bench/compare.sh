@@ -84,7 +84,7 @@ run_row() {
 # The plain-file workloads, same arguments for both targets.
 plain_rows() {
 	local cfg=$1 url=$2
-	printf '  %-12s ' "$cfg"
+	printf '  %-20s ' "$cfg"
 	run_row "$cfg" 4k-randread-qd32 "$url" -w 4k-randread -t 1 -q 32 -T "$SECS"
 	run_row "$cfg" 4k-randwrite-qd32 "$url" -w 4k-randwrite -t 1 -q 32 -T "$SECS"
 	run_row "$cfg" 4k-randread-qd1 "$url" -w 4k-randread -t 1 -q 1 -T "$SECS"
@@ -166,7 +166,8 @@ echo "== plain file ($SIZE, pre-written with random data): tgtd (rdwr) vs tierca
 # tiercached durable-on-status instead.
 if [ "${TB_WCE:-1}" = 1 ]; then WRITE_CACHE=yes; else WRITE_CACHE=no; fi
 echo "   tgtd: rdwr store through the page cache, write cache on (its default)."
-echo "   tiercached: O_DIRECT backing (no page cache), write_cache = $WRITE_CACHE (TB_WCE=${TB_WCE:-1})."
+echo "   tiercached: O_DIRECT backing (no page cache), write_cache = $WRITE_CACHE (TB_WCE=${TB_WCE:-1});"
+echo "   tiercached-buffered: the same LUN with backing_io = buffered (page cache, as tgtd)."
 img=$T/plain.img
 bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom >"$img"
@@ -201,6 +202,12 @@ port=$(tc_free_port)
 conf "$port" "$img" >"$T/plain.conf"
 start_tiercached "$T/plain.conf"
 plain_rows tiercached "iscsi://127.0.0.1:$port/$IQN/0"
+stop_tiercached
+# the same LUN through the page cache, as tgtd's rdwr store (backing_io = buffered)
+port=$(tc_free_port)
+{ conf "$port" "$img"; echo "backing_io = buffered"; } >"$T/plain-buffered.conf"
+start_tiercached "$T/plain-buffered.conf"
+plain_rows tiercached-buffered "iscsi://127.0.0.1:$port/$IQN/0"
 stop_tiercached
 WRITE_CACHE=no
 
@@ -297,15 +304,16 @@ metrics = [("IOPS", lambda r: r["iops"], num), ("MB/s", lambda r: r["mb_per_s"],
            ("p99 lat", lambda r: r["latency_us"]["p99"], lat), ("p99.9 lat", lambda r: r["latency_us"]["p99_9"], lat),
            ("max lat", lambda r: r["latency_us"]["max"], lat), ("stddev", lambda r: r["latency_us"]["stddev"], lat)]
 print("tiercached vs tgtd, plain file (ratio = tiercached / tgtd: above 1 is better for IOPS and MB/s,")
-print("below 1 is better for latency)")
-fmt = "%-28s %-10s %12s %12s %10s"
-print(fmt % ("workload", "figure", "tgtd", "tiercached", "ratio"))
+print("below 1 is better for latency); direct = O_DIRECT, buffered = backing_io = buffered (page cache, as tgtd)")
+fmt = "%-28s %-10s %12s %12s %8s %12s %8s"
+print(fmt % ("workload", "figure", "tgtd", "direct", "ratio", "buffered", "ratio"))
 for key, title in rows:
-    a, b = load("tgtd", key), load("tiercached", key)
+    a, b, c = load("tgtd", key), load("tiercached", key), load("tiercached-buffered", key)
     for i, (mname, get, f) in enumerate(metrics):
         va = get(a[0]) if a else None
         vb = get(b[0]) if b else None
-        print(fmt % (title if i == 0 else "", mname, f(va), f(vb), ratio(vb, va)))
+        vc = get(c[0]) if c else None
+        print(fmt % (title if i == 0 else "", mname, f(va), f(vb), ratio(vb, va), f(vc), ratio(vc, va)))
 
 def sweep_summary(cfg):
     runs = load(cfg, "sweep")
@@ -322,7 +330,7 @@ print()
 print("8K 70/30 sweep (%s .. %s): throughput floor vs its own peak, worst p99.9" % (
       (load("tiercached", "sweep") or load("tgtd", "sweep") or [{"load": "?"}])[0]["load"],
       (load("tiercached", "sweep") or load("tgtd", "sweep") or [{"load": "?"}])[-1]["load"]))
-for cfg in ("tgtd", "tiercached", "cache-off", "write-through", "write-back"):
+for cfg in ("tgtd", "tiercached", "tiercached-buffered", "cache-off", "write-through", "write-back"):
     s = sweep_summary(cfg)
     if not s: continue
     first, last, peak, low, worst, after = s
@@ -379,15 +387,17 @@ def goal(text, value, ok, shown):
 def rat(cfg_a, cfg_b, row, get):
     a, b = fig(cfg_a, row, get), fig(cfg_b, row, get)
     return None if a is None or not b else a / b
-for row, what in (("4k-randread-qd32", "4K random read QD32"), ("4k-randwrite-qd32", "4K random write QD32")):
-    r = rat("tiercached", "tgtd", row, iops)
-    goal("%s IOPS >= 2x tgtd" % what, r, r is not None and r >= 2, "%.2fx" % r if r else "-")
-for row, what in (("4k-randread-qd1", "4K random read QD1"), ("4k-randwrite-qd1", "4K random write QD1")):
-    r = rat("tiercached", "tgtd", row, avg)
-    goal("%s avg latency <= 0.6x tgtd" % what, r, r is not None and r <= 0.6, "%.2fx" % r if r else "-")
-for row, what in (("128k-seqread", "128K sequential read"), ("128k-seqwrite", "128K sequential write")):
-    r = rat("tiercached", "tgtd", row, mbs)
-    goal("%s MB/s >= 1.5x tgtd" % what, r, r is not None and r >= 1.5, "%.2fx" % r if r else "-")
+for cfg, tag in (("tiercached", "direct"), ("tiercached-buffered", "buffered")):
+    for row, what in (("4k-randread-qd32", "4K random read QD32"), ("4k-randwrite-qd32", "4K random write QD32")):
+        r = rat(cfg, "tgtd", row, iops)
+        goal("%s: %s IOPS >= 2x tgtd" % (tag, what), r, r is not None and r >= 2, "%.2fx" % r if r else "-")
+    for row, what in (("4k-randread-qd1", "4K random read QD1"), ("4k-randwrite-qd1", "4K random write QD1")):
+        r = rat(cfg, "tgtd", row, avg)
+        goal("%s: %s avg latency <= 0.6x tgtd" % (tag, what), r, r is not None and r <= 0.6,
+             "%.2fx" % r if r else "-")
+    for row, what in (("128k-seqread", "128K sequential read"), ("128k-seqwrite", "128K sequential write")):
+        r = rat(cfg, "tgtd", row, mbs)
+        goal("%s: %s MB/s >= 1.5x tgtd" % (tag, what), r, r is not None and r >= 1.5, "%.2fx" % r if r else "-")
 best = None
 for mode in ("write-through", "write-back"):
     r = rat(mode, "cache-off", "4k-randread", iops)
@@ -396,7 +406,7 @@ goal("HDD: cached hot-set 4K read >= 50x uncached", best and best[0], best is no
      "%.1fx (%s)" % best if best else "-")
 r = rat("write-back", "cache-off", "4k-randwrite", iops)
 goal("HDD: write-back 4K random write >= 50x uncached", r, r is not None and r >= 50, "%.1fx" % r if r else "-")
-for cfg in ("tiercached", "write-back"):
+for cfg in ("tiercached", "tiercached-buffered", "write-back"):
     s = sweep_summary(cfg)
     if s:
         first, last, peak, low, worst, after = s
@@ -417,7 +427,7 @@ PY
 charts=()
 for part in plain hdd; do
 	docs=()
-	if [ $part = plain ]; then cfgs="tgtd tiercached"; else cfgs="cache-off write-through write-back"; fi
+	if [ $part = plain ]; then cfgs="tgtd tiercached tiercached-buffered"; else cfgs="cache-off write-through write-back"; fi
 	for c in $cfgs; do
 		for f in "$OUT/$c"/*.json; do
 			[ -f "$f" ] && docs+=(--from "$f")

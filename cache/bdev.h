@@ -108,7 +108,8 @@ enum bdev_owner_state {
 	BDEV_OWNER_STANDBY = 0, /* another gateway, or nobody, holds the lock */
 	BDEV_OWNER_TRANSITION,  /* taking the lock right now */
 	BDEV_OWNER_OWNED,       /* we hold it: serve I/O */
-	BDEV_OWNER_LOST,        /* cannot reach the cluster: fail I/O */
+	BDEV_OWNER_LOST,        /* cannot reach the cluster, or fenced and
+				 * reconnecting: fail I/O */
 };
 
 struct bdev_owner_change {

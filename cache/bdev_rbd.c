@@ -30,6 +30,11 @@
  * few seconds without a successful I/O it also probes the OSDs (a stat of
  * the image's id object) to keep the connection state of `tierctl status`
  * current.
+ *
+ * A fenced client (blocklisted after another gateway broke our lock) stays
+ * fenced: bdev_rbd_lock.c notices and calls rbd_reopen, which connects a
+ * fresh client (a new address, so the blocklist entry does not match it)
+ * and swaps it in under the handoff described in bdev_rbd.h.
  */
 #include "bdev_rbd.h"
 
@@ -155,10 +160,13 @@ static void note_result(struct rbd_bdev *rb, int res)
 			atomic_store(&rb->conn, BDEV_RBD_CONNECTED);
 			log_info("rbd %s: cluster reachable again", rb->spec);
 		}
-	} else if (err_is_conn_loss(res) &&
-		   atomic_exchange(&rb->conn, BDEV_RBD_LOST) != BDEV_RBD_LOST) {
-		log_err("rbd %s: lost the Ceph cluster (%s); I/O fails with BUSY until it is back", rb->spec,
-			strerror(-res));
+	} else if (err_is_conn_loss(res)) {
+		/* blocklisted: the lock thread reconnects with a fresh client */
+		if (res == -ESHUTDOWN && !atomic_load_explicit(&rb->fenced, memory_order_relaxed))
+			atomic_store(&rb->fenced, true);
+		if (atomic_exchange(&rb->conn, BDEV_RBD_LOST) != BDEV_RBD_LOST)
+			log_err("rbd %s: lost the Ceph cluster (%s); I/O fails with BUSY until it is back",
+				rb->spec, strerror(-res));
 	}
 }
 
@@ -189,11 +197,19 @@ static void complete_later(struct bdev_req *req, int res)
 		req->io.done(&req->io, res);
 }
 
+/* done() of a request that entered the handles: it leaves them here */
 static void rbd_finish(struct io_op *op, int res)
 {
 	struct bdev_req *req = (struct bdev_req *)((char *)op - offsetof(struct bdev_req, io));
 	struct rbd_bdev *rb = rbd_bdev_of(req->dev);
-	atomic_fetch_sub_explicit(&rb->inflight, 1, memory_order_relaxed);
+	rbd_handles_exit(rb);
+	req->done(req, res);
+}
+
+/* done() of a request turned away while the handles were being replaced */
+static void rbd_finish_outside(struct io_op *op, int res)
+{
+	struct bdev_req *req = (struct bdev_req *)((char *)op - offsetof(struct bdev_req, io));
 	req->done(req, res);
 }
 
@@ -234,8 +250,13 @@ static void rbd_submit(struct bdev *dev, struct bdev_req *req)
 	rbd_completion_t c;
 	int r;
 
-	atomic_fetch_add_explicit(&rb->inflight, 1, memory_order_relaxed);
 	req->done_bytes = (uintptr_t)chan_self();
+	if (!rbd_handles_enter(rb)) {
+		/* the client is being replaced (fenced): BUSY, the host retries */
+		req->io.done = rbd_finish_outside;
+		complete_later(req, -ENOTCONN);
+		return;
+	}
 	req->io.done = rbd_finish;
 	if (req->op == BDEV_FLUSH) {
 		rbd_issue_flush(req);
@@ -295,6 +316,7 @@ static void rbd_header_changed(void *arg)
 	pthread_mutex_unlock(&rb->poll_lock);
 }
 
+/* Poller thread, inside the handles. */
 static void rbd_check_size(struct rbd_bdev *rb)
 {
 	uint64_t sz;
@@ -354,11 +376,14 @@ static void *rbd_poller(void *arg)
 		pthread_mutex_unlock(&rb->poll_lock);
 		if (atomic_load(&rb->stopping))
 			break;
+		if (!rbd_handles_enter(rb))
+			continue; /* being replaced: the swap kicks us again */
 		rbd_check_size(rb);
 		/* probe when idle, or while lost (to notice the way back) */
 		uint64_t last = atomic_load_explicit(&rb->last_ok_ms, memory_order_relaxed);
 		if (++ticks % 5 == 0 && now_ms() - last > 5000)
 			rbd_probe(rb);
+		rbd_handles_exit(rb);
 	}
 	return NULL;
 }
@@ -373,6 +398,263 @@ static void rbd_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint
 }
 
 /* ---- open / close ------------------------------------------------------- */
+
+/* One cluster connection with the image open on it. */
+struct rbd_handles {
+	rados_t cluster;
+	rados_ioctx_t ioctx;
+	rbd_image_t image;
+};
+
+static void handles_close(struct rbd_handles *h)
+{
+	if (h->image)
+		rbd_close(h->image);
+	if (h->ioctx)
+		rados_ioctx_destroy(h->ioctx);
+	if (h->cluster)
+		rados_shutdown(h->cluster);
+	h->image = NULL;
+	h->ioctx = NULL;
+	h->cluster = NULL;
+}
+
+static int conf_set(struct rbd_bdev *rb, rados_t cl, const char *key, const char *val, char *err,
+		    size_t errlen)
+{
+	int r = rados_conf_set(cl, key, val);
+	if (r < 0)
+		snprintf(err, errlen, "rbd %s: cannot set %s = %s: %s", rb->spec, key, val, strerror(-r));
+	return r;
+}
+
+/*
+ * The nth fresh client of this process (nth > 0) gets its own admin socket:
+ * the configured path (usually $name.$pid.asok, the same for every client
+ * of the process) with ".nth" before ".asok", since the client it replaces
+ * still holds that path while the new one connects.
+ */
+static void admin_socket_suffix(rados_t cl, unsigned nth)
+{
+	char cur[4096], path[4096 + 16];
+	if (rados_conf_get(cl, "admin_socket", cur, sizeof(cur)) < 0 || !cur[0])
+		return;
+	size_t l = strlen(cur);
+	bool ext = l > 5 && !strcmp(cur + l - 5, ".asok");
+	snprintf(path, sizeof(path), "%.*s.%u%s", (int)(ext ? l - 5 : l), cur, nth, ext ? ".asok" : "");
+	rados_conf_set(cl, "admin_socket", path);
+}
+
+/*
+ * Connect a new client as rb's user with rb's configuration (the nth since
+ * open, 0 at open), open the pool and the image: 0 with *h and the image's
+ * size in *size, or -errno with a sentence in err and *h all NULL.
+ */
+static int handles_open(struct rbd_bdev *rb, unsigned nth, struct rbd_handles *h, uint64_t *size,
+			char *err, size_t errlen)
+{
+	memset(h, 0, sizeof(*h));
+	int r = rados_create(&h->cluster, rb->user);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot create a Ceph client for client.%s: %s", rb->spec, rb->user,
+			 strerror(-r));
+		h->cluster = NULL;
+		return r;
+	}
+	r = rados_conf_read_file(h->cluster, rb->conf_path);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot parse the Ceph configuration %s: %s", rb->spec,
+			 rb->conf_path, strerror(-r));
+		goto fail;
+	}
+	if (nth)
+		admin_socket_suffix(h->cluster, nth);
+	char t[16];
+	snprintf(t, sizeof(t), "%u", rb->op_timeout_s);
+	/* durability: no write-back cache in librbd; a lost cluster: errors, not hangs */
+	if ((r = conf_set(rb, h->cluster, "rbd_cache", "false", err, errlen)) < 0 ||
+	    (r = conf_set(rb, h->cluster, "rados_osd_op_timeout", t, err, errlen)) < 0 ||
+	    (r = conf_set(rb, h->cluster, "rados_mon_op_timeout", t, err, errlen)) < 0 ||
+	    (r = conf_set(rb, h->cluster, "client_mount_timeout", t, err, errlen)) < 0 ||
+	    /* UNMAP must really zero partial objects (reads after it return zeroes) */
+	    (r = conf_set(rb, h->cluster, "rbd_skip_partial_discard", "false", err, errlen)) < 0)
+		goto fail;
+	r = rados_connect(h->cluster);
+	if (r < 0) {
+		snprintf(err, errlen,
+			 "%s: cannot connect to the Ceph cluster of %s as client.%s: %s; check that the "
+			 "monitors in its mon host are up and the keyring it names is readable",
+			 rb->spec, rb->conf_path, rb->user, strerror(-r));
+		goto fail;
+	}
+	r = rados_ioctx_create(h->cluster, rb->pool, &h->ioctx);
+	if (r < 0) {
+		h->ioctx = NULL;
+		snprintf(err, errlen, "%s: cannot open pool %s: %s%s", rb->spec, rb->pool, strerror(-r),
+			 r == -ENOENT ? "; create it with `ceph osd pool create` and `rbd pool init`" : "");
+		goto fail;
+	}
+	r = rbd_open(h->ioctx, rb->image_name, &h->image, NULL);
+	if (r < 0) {
+		h->image = NULL;
+		snprintf(err, errlen, "%s: cannot open image %s in pool %s: %s%s", rb->spec, rb->image_name,
+			 rb->pool, strerror(-r),
+			 r == -ENOENT ? "; create it with `rbd create --size SIZE POOL/IMAGE`" : "");
+		goto fail;
+	}
+	r = rbd_get_size(h->image, size);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot read the image size: %s", rb->spec, strerror(-r));
+		goto fail;
+	}
+	return 0;
+fail:
+	handles_close(h);
+	return r;
+}
+
+/*
+ * Run fn(arg) on a thread of its own and wait at most wait_s for it: true
+ * when it finished. A run the cluster does not let finish (some of librbd's
+ * and librados' teardown waits without a timeout) is abandoned: it ends, or
+ * not, in the background, and fn owns arg either way.
+ */
+struct bounded_run {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done, abandoned;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+static void bounded_run_free(struct bounded_run *br)
+{
+	pthread_cond_destroy(&br->cond);
+	pthread_mutex_destroy(&br->lock);
+	free(br);
+}
+
+static void *bounded_run_thread(void *p)
+{
+	struct bounded_run *br = p;
+	br->fn(br->arg);
+	pthread_mutex_lock(&br->lock);
+	br->done = true;
+	bool abandoned = br->abandoned;
+	pthread_cond_signal(&br->cond);
+	pthread_mutex_unlock(&br->lock);
+	if (abandoned)
+		bounded_run_free(br);
+	return NULL;
+}
+
+static bool run_bounded(void (*fn)(void *arg), void *arg, unsigned wait_s)
+{
+	struct bounded_run *br = calloc(1, sizeof(*br));
+	pthread_t th;
+
+	if (!br) {
+		fn(arg);
+		return true;
+	}
+	pthread_mutex_init(&br->lock, NULL);
+	pthread_cond_init(&br->cond, NULL);
+	br->fn = fn;
+	br->arg = arg;
+	if (pthread_create(&th, NULL, bounded_run_thread, br)) {
+		bounded_run_free(br);
+		fn(arg);
+		return true;
+	}
+	pthread_detach(th);
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += wait_s;
+	pthread_mutex_lock(&br->lock);
+	while (!br->done)
+		if (pthread_cond_timedwait(&br->cond, &br->lock, &ts) == ETIMEDOUT)
+			break;
+	bool done = br->done;
+	if (!done)
+		br->abandoned = true;
+	pthread_mutex_unlock(&br->lock);
+	if (done)
+		bounded_run_free(br);
+	return done;
+}
+
+static void handles_close_free(void *arg)
+{
+	struct rbd_handles *h = arg;
+	handles_close(h);
+	free(h);
+}
+
+int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen)
+{
+	struct rbd_handles nh;
+	uint64_t size;
+	int r = handles_open(rb, rb->reopens + 1, &nh, &size, err, errlen);
+	if (r < 0)
+		return r;
+	struct rbd_handles *old = malloc(sizeof(*old));
+	if (!old) {
+		handles_close(&nh);
+		snprintf(err, errlen, "%s: out of memory", rb->spec);
+		return -ENOMEM;
+	}
+
+	/* the handoff: nobody enters from here; wait for those inside to leave
+	 * (requests on a fenced client fail fast; a lost cluster's within the
+	 * operation timeout) */
+	atomic_store(&rb->swapping, true);
+	uint64_t t0 = now_ms(), said = t0;
+	while (atomic_load(&rb->inflight) != 0) {
+		if (cancelled && cancelled(arg)) {
+			atomic_store(&rb->swapping, false);
+			handles_close(&nh);
+			free(old);
+			snprintf(err, errlen, "%s: reconnect cancelled", rb->spec);
+			return -ECANCELED;
+		}
+		if (now_ms() - said >= 10000) {
+			said = now_ms();
+			log_warn("%s: %u request(s) still on the fenced client after %llu s; waiting", rb->spec,
+				 atomic_load(&rb->inflight), (unsigned long long)(said - t0) / 1000);
+		}
+		usleep(2000);
+	}
+	if (rb->watching) {
+		rbd_update_unwatch(rb->image, rb->watch_handle);
+		rb->watching = false;
+	}
+	old->cluster = rb->cluster;
+	old->ioctx = rb->ioctx;
+	old->image = rb->image;
+	rb->cluster = nh.cluster;
+	rb->ioctx = nh.ioctx;
+	rb->image = nh.image;
+	rb->reopens++;
+	atomic_store(&rb->fenced, false);
+	atomic_store(&rb->last_ok_ms, now_ms());
+	if (atomic_exchange(&rb->conn, BDEV_RBD_CONNECTED) != BDEV_RBD_CONNECTED)
+		log_info("rbd %s: cluster reachable again (fresh client)", rb->spec);
+	atomic_store(&rb->swapping, false); /* publishes the new handles to those who enter */
+
+	r = rbd_update_watch(rb->image, &rb->watch_handle, rbd_header_changed, rb);
+	if (r == 0)
+		rb->watching = true;
+	else
+		log_warn("%s: cannot watch the image header (%s); size changes are polled", rb->spec,
+			 strerror(-r));
+	rbd_header_changed(rb); /* the poller looks at the size on the new handle now */
+
+	unsigned wait_s = rb->op_timeout_s + 5;
+	if (!run_bounded(handles_close_free, old, wait_s))
+		log_warn("%s: the fenced client did not close within %u s; left behind", rb->spec, wait_s);
+	(void)size;
+	return 0;
+}
 
 static void rbd_teardown(struct rbd_bdev *rb)
 {
@@ -413,80 +695,30 @@ static void rbd_teardown(struct rbd_bdev *rb)
  * timeout: a daemon stopping or a LUN removed while Ceph is down does not
  * hang; the abandoned teardown finishes (or not) in the background.
  */
-struct close_wait {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done, abandoned;
-	struct rbd_bdev *rb;
-};
-
-static void rbd_close_sync(struct rbd_bdev *rb)
+static void rbd_close_sync(void *arg)
 {
-	if (rb->image) {
+	struct rbd_bdev *rb = arg;
+	/* Only an owner has writes to flush (a standby's flush would ask the
+	 * owner for the lock and fail with EROFS). The lock thread may be
+	 * replacing the handles right now: enter them. */
+	bool owned = !rb->lock || bdev_rbd_owner_ops.state(&rb->dev, NULL) == BDEV_OWNER_OWNED;
+	if (owned && rb->image && rbd_handles_enter(rb)) {
 		int r = rbd_flush(rb->image);
+		rbd_handles_exit(rb);
 		if (r < 0)
 			log_warn("rbd %s: final flush failed: %s", rb->spec, strerror(-r));
 	}
 	rbd_teardown(rb);
 }
 
-static void close_wait_free(struct close_wait *cw)
-{
-	pthread_cond_destroy(&cw->cond);
-	pthread_mutex_destroy(&cw->lock);
-	free(cw);
-}
-
-static void *rbd_close_thread(void *arg)
-{
-	struct close_wait *cw = arg;
-	rbd_close_sync(cw->rb);
-	pthread_mutex_lock(&cw->lock);
-	cw->done = true;
-	bool abandoned = cw->abandoned;
-	pthread_cond_signal(&cw->cond);
-	pthread_mutex_unlock(&cw->lock);
-	if (abandoned)
-		close_wait_free(cw);
-	return NULL;
-}
-
 static void rbd_close_dev(struct bdev *dev)
 {
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
-	struct close_wait *cw = calloc(1, sizeof(*cw));
-	pthread_t th;
 	char spec[sizeof(rb->spec)];
 	unsigned wait_s = 2 * rb->op_timeout_s + 5;
 
 	snprintf(spec, sizeof(spec), "%s", rb->spec);
-	if (!cw) {
-		rbd_close_sync(rb);
-		return;
-	}
-	pthread_mutex_init(&cw->lock, NULL);
-	pthread_cond_init(&cw->cond, NULL);
-	cw->rb = rb;
-	if (pthread_create(&th, NULL, rbd_close_thread, cw)) {
-		close_wait_free(cw);
-		rbd_close_sync(rb);
-		return;
-	}
-	pthread_detach(th);
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += wait_s;
-	pthread_mutex_lock(&cw->lock);
-	while (!cw->done)
-		if (pthread_cond_timedwait(&cw->cond, &cw->lock, &ts) == ETIMEDOUT)
-			break;
-	bool done = cw->done;
-	if (!done)
-		cw->abandoned = true;
-	pthread_mutex_unlock(&cw->lock);
-	if (done)
-		close_wait_free(cw);
-	else
+	if (!run_bounded(rbd_close_sync, rb, wait_s))
 		log_err("%s: the cluster did not let the image close within %u s; giving up on it "
 			"(every acknowledged write is already on the OSDs)", spec, wait_s);
 }
@@ -550,14 +782,6 @@ const char *bdev_rbd_conn_name(enum bdev_rbd_conn c)
 	return c == BDEV_RBD_CONNECTED ? "connected" : "lost";
 }
 
-static int conf_set(struct rbd_bdev *rb, const char *key, const char *val, char *err, size_t errlen)
-{
-	int r = rados_conf_set(rb->cluster, key, val);
-	if (r < 0)
-		snprintf(err, errlen, "rbd %s: cannot set %s = %s: %s", rb->spec, key, val, strerror(-r));
-	return r;
-}
-
 struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, uint64_t size,
 			   uint32_t block_size, char *err, size_t errlen)
 {
@@ -598,59 +822,17 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	atomic_init(&rb->last_ok_ms, 0);
 	atomic_init(&rb->inflight, 0);
 	atomic_init(&rb->stopping, false);
+	atomic_init(&rb->swapping, false);
+	atomic_init(&rb->fenced, false);
 
-	int r = rados_create(&rb->cluster, user);
-	if (r < 0) {
-		snprintf(err, errlen, "%s: cannot create a Ceph client for client.%s: %s", rb->spec, user,
-			 strerror(-r));
-		rb->cluster = NULL;
-		goto fail;
-	}
-	r = rados_conf_read_file(rb->cluster, conf);
-	if (r < 0) {
-		snprintf(err, errlen, "%s: cannot parse the Ceph configuration %s: %s", rb->spec, conf,
-			 strerror(-r));
-		goto fail;
-	}
-	char t[16];
-	snprintf(t, sizeof(t), "%u", tmo);
-	/* durability: no write-back cache in librbd; a lost cluster: errors, not hangs */
-	if (conf_set(rb, "rbd_cache", "false", err, errlen) < 0 ||
-	    conf_set(rb, "rados_osd_op_timeout", t, err, errlen) < 0 ||
-	    conf_set(rb, "rados_mon_op_timeout", t, err, errlen) < 0 ||
-	    conf_set(rb, "client_mount_timeout", t, err, errlen) < 0 ||
-	    /* UNMAP must really zero partial objects (reads after it return zeroes) */
-	    conf_set(rb, "rbd_skip_partial_discard", "false", err, errlen) < 0)
-		goto fail;
-	r = rados_connect(rb->cluster);
-	if (r < 0) {
-		snprintf(err, errlen,
-			 "%s: cannot connect to the Ceph cluster of %s as client.%s: %s; check that the "
-			 "monitors in its mon host are up and the keyring it names is readable",
-			 rb->spec, conf, user, strerror(-r));
-		goto fail;
-	}
-	r = rados_ioctx_create(rb->cluster, rb->pool, &rb->ioctx);
-	if (r < 0) {
-		rb->ioctx = NULL;
-		snprintf(err, errlen, "%s: cannot open pool %s: %s%s", rb->spec, rb->pool, strerror(-r),
-			 r == -ENOENT ? "; create it with `ceph osd pool create` and `rbd pool init`" : "");
-		goto fail;
-	}
-	r = rbd_open(rb->ioctx, rb->image_name, &rb->image, NULL);
-	if (r < 0) {
-		rb->image = NULL;
-		snprintf(err, errlen, "%s: cannot open image %s in pool %s: %s%s", rb->spec, rb->image_name,
-			 rb->pool, strerror(-r),
-			 r == -ENOENT ? "; create it with `rbd create --size SIZE POOL/IMAGE`" : "");
-		goto fail;
-	}
+	struct rbd_handles h;
+	int r;
 	uint64_t isize;
-	r = rbd_get_size(rb->image, &isize);
-	if (r < 0) {
-		snprintf(err, errlen, "%s: cannot read the image size: %s", rb->spec, strerror(-r));
+	if (handles_open(rb, 0, &h, &isize, err, errlen) < 0)
 		goto fail;
-	}
+	rb->cluster = h.cluster;
+	rb->ioctx = h.ioctx;
+	rb->image = h.image;
 	if (size && size != isize) {
 		snprintf(err, errlen,
 			 "%s: size = %llu but the image holds %llu bytes; leave size out (the image's size "

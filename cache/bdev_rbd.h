@@ -10,9 +10,23 @@
  * its state behind rb->lock and is called from bdev_rbd_open once the image is
  * open and sized (and from close before the image is closed).
  *
- * Threading: the fields set at open (cluster, ioctx, image, names, opts) are
- * read-only afterwards. conn is written by librbd's threads and the size
- * poller, read by anyone (atomics).
+ * Threading: the names and opts set at open are read-only afterwards. conn
+ * is written by librbd's threads and the size poller, read by anyone
+ * (atomics).
+ *
+ * Handle handoff: the handles (cluster, ioctx, image) are replaced as a unit
+ * when the lock thread finds this gateway's client fenced (blocklisted):
+ * rbd_reopen connects a fresh client, opens the image on it, then swaps.
+ * Every user other than the lock thread (the I/O path, the poller, the
+ * final flush) brackets its use with rbd_handles_enter / rbd_handles_exit:
+ * enter increments inflight, then reads swapping (both seq_cst) and backs
+ * out when it is set; the swapper sets swapping, waits for inflight to
+ * reach 0, swaps the pointers and clears swapping. Either the user sees the
+ * flag or the swapper sees the user's increment (seq_cst total order), so
+ * no handle is ever closed under a user. A request holds its increment from
+ * submit to done() (a FUA write's flush uses the same image as its write).
+ * The lock thread (and the main thread's take at the first listen, under
+ * the lock's own mutex) uses the handles directly: the swap runs on it.
  */
 #ifndef TC_BDEV_RBD_H
 #define TC_BDEV_RBD_H
@@ -30,9 +44,14 @@ struct rbd_lock; /* bdev_rbd_lock.c */
 
 struct rbd_bdev {
 	struct bdev dev;            /* first: a struct bdev * is a struct rbd_bdev * */
+	/* the handles: see "Handle handoff" above */
 	rados_t cluster;
 	rados_ioctx_t ioctx;
 	rbd_image_t image;
+	atomic_uint inflight;       /* users inside the handles (requests until done()) */
+	atomic_bool swapping;       /* rbd_reopen is replacing them: stay out */
+	atomic_bool fenced;         /* a call returned -ESHUTDOWN: we are blocklisted */
+	unsigned reopens;           /* fresh clients since open (the lock thread's) */
 	char pool[RBD_NAME_MAX];
 	char image_name[RBD_NAME_MAX];
 	char spec[2 * RBD_NAME_MAX + 8]; /* "rbd:POOL/IMAGE", dev.name points here */
@@ -42,7 +61,6 @@ struct rbd_bdev {
 
 	_Atomic int conn;           /* enum bdev_rbd_conn (bdev.h) */
 	atomic_uint_fast64_t last_ok_ms; /* now_ms() of the last successful completion */
-	atomic_uint inflight;       /* requests handed to librbd, not yet done */
 
 	/* image size tracking (rbd_update_watch + a poll as a fallback) */
 	uint64_t watch_handle;
@@ -61,6 +79,32 @@ struct rbd_bdev {
 	/* bdev_rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;
 };
+
+/* Enter the handles (false: they are being replaced, do not touch them). */
+static inline bool rbd_handles_enter(struct rbd_bdev *rb)
+{
+	atomic_fetch_add(&rb->inflight, 1);
+	if (atomic_load(&rb->swapping)) {
+		atomic_fetch_sub(&rb->inflight, 1);
+		return false;
+	}
+	return true;
+}
+
+static inline void rbd_handles_exit(struct rbd_bdev *rb)
+{
+	atomic_fetch_sub(&rb->inflight, 1);
+}
+
+/*
+ * bdev_rbd.c, for the lock thread only: connect a fresh client, open the
+ * image on it, wait for the users of the current handles to leave (giving
+ * up with -ECANCELED when cancelled(arg) turns true meanwhile), move the
+ * update watch over, swap, and close the old handles (bounded: a close the
+ * cluster does not let finish is abandoned). 0, or -errno with a sentence in
+ * err; on failure the current handles stay.
+ */
+int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen);
 
 /* bdev_rbd_lock.c: start the lock thread once the image is open and sized
  * (0, or -1 with a sentence in err); stop it (releasing a held lock) before

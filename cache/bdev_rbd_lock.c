@@ -27,12 +27,27 @@
  * timeout) later. Hosts send I/O to one gateway at a time (the optimized
  * group), so this matters only to a host still using the old path.
  *
- * A blocklisted handle stays unusable: this gateway reports LOST for the
- * image until it is restarted (a fresh rados handle); reopening in place is
- * not done yet.
+ * A fenced gateway recovers by itself. When the lock thread finds its
+ * client blocklisted (a call returns -ESHUTDOWN, librados' EBLOCKLISTED; or
+ * the lock we held was broken, which librbd's break does by blocklisting
+ * the holder; or the data path saw -ESHUTDOWN), it reports LOST (media
+ * commands get NOT READY, LU not accessible) and ignores acquire(), then
+ * bdev_rbd.c's rbd_reopen connects a fresh client (a new address: the
+ * blocklist entry names the old one), opens the image on it and hands the
+ * I/O path over to it once the requests still on the old client finished
+ * (bdev_rbd.h "Handle handoff"). Then the owner key is read again and the
+ * state goes back to STANDBY: ALUA active/non-optimized, and a host's I/O
+ * takes the image over as before (a gain on the new client, with the cache
+ * volume's usual drop unless the generation says nobody else owned it). A
+ * failed reconnect (cluster down) is retried with a backoff of 1 s doubling
+ * up to 30 s, LOST meanwhile.
  *
- * Locking: lk->mu guards the request flags and the listener; the state,
- * generation and owner group are atomics read lock-free by any thread.
+ * Locking: lk->mu guards the request flags, the reconnect schedule and the
+ * listener; lk->op_mu serializes the blocking librbd calls on the handles
+ * (the lock thread's, and the main thread's take at the first listen) with
+ * the swap of the handles, which the lock thread does under it. Order:
+ * op_mu before mu. The state, generation and owner group are atomics read
+ * lock-free by any thread.
  */
 #include "bdev_rbd.h"
 
@@ -47,6 +62,8 @@
 #include <unistd.h>
 
 #define RBD_LOCK_POLL_MS 1000
+#define RBD_RECONNECT_MIN_MS 1000
+#define RBD_RECONNECT_MAX_MS 30000
 #define RBD_OWNER_KEY "tiercache.owner"
 #define RBD_GW_ID_MAX 128
 
@@ -56,8 +73,12 @@ struct rbd_lock {
 	bool thr_started;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
+	pthread_mutex_t op_mu;      /* librbd calls on the handles vs their swap */
 	bool want_acquire;          /* under mu */
 	bool stopping;              /* under mu */
+	bool reconnecting;          /* under mu: fenced, a fresh client is due */
+	uint64_t next_try_ms;       /* under mu: now_ms() of the next reconnect */
+	unsigned backoff_ms;        /* under mu: the delay after the next failure */
 	void (*fn)(void *arg, const struct bdev_owner_change *c); /* under mu */
 	void *arg;
 	/* configuration (bdev_rbd_set_gateway, before listen) */
@@ -144,8 +165,41 @@ static void set_state(struct rbd_lock *lk, enum bdev_owner_state st, bool announ
 }
 
 /*
+ * Our client is fenced (any thread, op_mu held or not): LOST, acquire()
+ * ignored, and the lock thread connects a fresh client (try_reconnect).
+ */
+static void fence_noticed(struct rbd_lock *lk, const char *why)
+{
+	pthread_mutex_lock(&lk->mu);
+	bool first = !lk->reconnecting;
+	if (first) {
+		lk->reconnecting = true;
+		lk->next_try_ms = 0;
+		lk->backoff_ms = RBD_RECONNECT_MIN_MS;
+	}
+	lk->want_acquire = false;
+	pthread_cond_signal(&lk->cv);
+	pthread_mutex_unlock(&lk->mu);
+	if (!first)
+		return;
+	log_err("%s: this gateway's Ceph client is fenced (%s); the LUN is unavailable here until a "
+		"fresh client is connected", lk->rb->spec, why);
+	atomic_store(&lk->owner_group, 0);
+	set_state(lk, BDEV_OWNER_LOST, true);
+}
+
+/* A librbd call of take_lock failed with r: fenced, LOST or STANDBY. */
+static void take_failed(struct rbd_lock *lk, int r)
+{
+	if (r == -ESHUTDOWN)
+		fence_noticed(lk, "blocklisted");
+	else
+		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+}
+
+/*
  * Take the lock (lock thread, or main thread at the first listen of a
- * single-gateway LUN). The state reads TRANSITION throughout.
+ * single-gateway LUN; op_mu held). The state reads TRANSITION throughout.
  */
 static void take_lock(struct rbd_lock *lk)
 {
@@ -156,7 +210,7 @@ static void take_lock(struct rbd_lock *lk)
 	atomic_store(&lk->state, BDEV_OWNER_TRANSITION);
 	if (r < 0) {
 		log_err("%s: cannot query the image's lock: %s", rb->spec, strerror(-r));
-		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+		take_failed(lk, r);
 		return;
 	}
 	if (!owner) {
@@ -179,7 +233,7 @@ static void take_lock(struct rbd_lock *lk)
 		if (r < 0) {
 			log_err("%s: cannot take the image's exclusive lock: %s%s", rb->spec, strerror(-r),
 				r == -EINVAL ? "; enable it with `rbd feature enable POOL/IMAGE exclusive-lock`" : "");
-			set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+			take_failed(lk, r);
 			return;
 		}
 	}
@@ -199,7 +253,7 @@ static void take_lock(struct rbd_lock *lk)
 		log_err("%s: cannot record the owner generation in the image (%s); giving the lock back",
 			rb->spec, strerror(-r));
 		rbd_lock_release(rb->image);
-		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
+		take_failed(lk, r);
 		return;
 	}
 	atomic_store(&lk->gen, gen);
@@ -253,7 +307,7 @@ static int holder_is_us(struct rbd_bdev *rb)
 	return us;
 }
 
-/* One poll: still the owner? who owns it? (lock thread) */
+/* One poll: still the owner? who owns it? (lock thread, op_mu held) */
 static void poll_once(struct rbd_lock *lk)
 {
 	struct rbd_bdev *rb = lk->rb;
@@ -275,13 +329,23 @@ static void poll_once(struct rbd_lock *lk)
 				rb->spec, r < 0 ? strerror(-r) : !owner ? "another gateway broke it" : "cluster lost");
 			/* not us any more; who, the next read of the key tells (if it still can) */
 			atomic_store(&lk->owner_group, 0);
+			/* a broken lock means a blocklisted client: librbd's break blocklists
+			 * the holder (reconnecting a client that was not is harmless) */
+			if (r == -ESHUTDOWN || (r == 0 && !owner) || atomic_load(&rb->fenced)) {
+				fence_noticed(lk, r == -ESHUTDOWN ? "blocklisted" : !owner ? "lock broken"
+												: "I/O blocklisted");
+				return;
+			}
 			set_state(lk, r < 0 && err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
 		}
 	}
 	uint64_t g;
 	uint32_t tpg;
 	char id[RBD_GW_ID_MAX];
-	if (read_owner(lk, &g, &tpg, id, sizeof(id)) < 0)
+	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
+	if (r == -ESHUTDOWN)
+		fence_noticed(lk, "blocklisted");
+	if (r < 0)
 		return;
 	uint32_t old_tpg = atomic_exchange(&lk->owner_group, tpg);
 	uint64_t old_gen = atomic_exchange(&lk->owner_gen, g);
@@ -295,28 +359,105 @@ static void poll_once(struct rbd_lock *lk)
 	}
 }
 
+/* rbd_reopen's cancel test: the lock is stopping. */
+static bool lk_stopping(void *arg)
+{
+	struct rbd_lock *lk = arg;
+	pthread_mutex_lock(&lk->mu);
+	bool s = lk->stopping;
+	pthread_mutex_unlock(&lk->mu);
+	return s;
+}
+
+/* Fenced: connect a fresh client and go back to STANDBY (lock thread, op_mu held). */
+static void try_reconnect(struct rbd_lock *lk)
+{
+	struct rbd_bdev *rb = lk->rb;
+	char err[1024];
+	uint64_t g = 0;
+	uint32_t tpg = 0;
+	char id[RBD_GW_ID_MAX];
+
+	log_info("%s: connecting a fresh Ceph client", rb->spec);
+	int r = rbd_reopen(rb, lk_stopping, lk, err, sizeof(err));
+	if (r == 0) {
+		r = read_owner(lk, &g, &tpg, id, sizeof(id));
+		if (r == -ESHUTDOWN)
+			snprintf(err, sizeof(err), "%s: the fresh client is blocklisted too", rb->spec);
+		else
+			r = 0; /* a slow cluster: the polls read the owner later */
+	}
+	if (r == -ECANCELED)
+		return;
+	if (r < 0) {
+		pthread_mutex_lock(&lk->mu);
+		unsigned delay = lk->backoff_ms;
+		lk->next_try_ms = now_ms() + delay;
+		lk->backoff_ms = delay * 2 > RBD_RECONNECT_MAX_MS ? RBD_RECONNECT_MAX_MS : delay * 2;
+		pthread_mutex_unlock(&lk->mu);
+		log_warn("%s; the LUN stays unavailable on this gateway, next try in %u s", err,
+			 (delay + 999) / 1000);
+		return;
+	}
+	atomic_store(&lk->owner_gen, g);
+	atomic_store(&lk->owner_group, tpg);
+	log_info("%s: reconnected with a fresh Ceph client; standby again (the image's owner is port "
+		 "group %u)", rb->spec, tpg);
+	/* STANDBY first, then acquire() is heard again */
+	set_state(lk, BDEV_OWNER_STANDBY, true);
+	pthread_mutex_lock(&lk->mu);
+	lk->reconnecting = false;
+	lk->backoff_ms = RBD_RECONNECT_MIN_MS;
+	pthread_mutex_unlock(&lk->mu);
+}
+
 static void *lock_thread(void *arg)
 {
 	struct rbd_lock *lk = arg;
+	struct rbd_bdev *rb = lk->rb;
 
 	pthread_mutex_lock(&lk->mu);
 	while (!lk->stopping) {
-		if (lk->want_acquire) {
+		if (!lk->reconnecting && atomic_load(&rb->fenced)) {
+			/* the data path saw -ESHUTDOWN */
+			pthread_mutex_unlock(&lk->mu);
+			fence_noticed(lk, "blocklisted (I/O)");
+			pthread_mutex_lock(&lk->mu);
+			continue;
+		}
+		uint64_t wait_ms = RBD_LOCK_POLL_MS;
+		if (lk->reconnecting) {
+			uint64_t now = now_ms();
+			if (now >= lk->next_try_ms) {
+				pthread_mutex_unlock(&lk->mu);
+				pthread_mutex_lock(&lk->op_mu);
+				try_reconnect(lk);
+				pthread_mutex_unlock(&lk->op_mu);
+				pthread_mutex_lock(&lk->mu);
+				continue;
+			}
+			if (lk->next_try_ms - now < wait_ms)
+				wait_ms = lk->next_try_ms - now;
+		} else if (lk->want_acquire) {
 			lk->want_acquire = false;
 			pthread_mutex_unlock(&lk->mu);
+			pthread_mutex_lock(&lk->op_mu);
 			take_lock(lk);
+			pthread_mutex_unlock(&lk->op_mu);
 			pthread_mutex_lock(&lk->mu);
 			continue;
 		}
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += (long)RBD_LOCK_POLL_MS * 1000000L;
+		ts.tv_nsec += (long)wait_ms * 1000000L;
 		ts.tv_sec += ts.tv_nsec / 1000000000L;
 		ts.tv_nsec %= 1000000000L;
 		if (pthread_cond_timedwait(&lk->cv, &lk->mu, &ts) == ETIMEDOUT && !lk->stopping &&
-		    !lk->want_acquire) {
+		    !lk->want_acquire && !lk->reconnecting) {
 			pthread_mutex_unlock(&lk->mu);
+			pthread_mutex_lock(&lk->op_mu);
 			poll_once(lk);
+			pthread_mutex_unlock(&lk->op_mu);
 			pthread_mutex_lock(&lk->mu);
 		}
 	}
@@ -342,11 +483,13 @@ static void rbd_owner_acquire(struct bdev *dev)
 
 	if (st == BDEV_OWNER_OWNED || st == BDEV_OWNER_TRANSITION)
 		return;
-	if (!atomic_compare_exchange_strong(&lk->state, &st, BDEV_OWNER_TRANSITION))
-		return;
 	pthread_mutex_lock(&lk->mu);
-	lk->want_acquire = true;
-	pthread_cond_signal(&lk->cv);
+	/* fenced: nothing to take until the fresh client is in (LOST stays) */
+	if (!lk->reconnecting && !lk->stopping &&
+	    atomic_compare_exchange_strong(&lk->state, &st, BDEV_OWNER_TRANSITION)) {
+		lk->want_acquire = true;
+		pthread_cond_signal(&lk->cv);
+	}
 	pthread_mutex_unlock(&lk->mu);
 }
 
@@ -360,8 +503,11 @@ static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struc
 	lk->arg = arg;
 	pthread_mutex_unlock(&lk->mu);
 	/* a LUN only this gateway exports takes the lock now and keeps it */
-	if (lk->gateways <= 1 && atomic_load(&lk->state) == BDEV_OWNER_STANDBY)
+	if (lk->gateways <= 1 && atomic_load(&lk->state) == BDEV_OWNER_STANDBY) {
+		pthread_mutex_lock(&lk->op_mu);
 		take_lock(lk);
+		pthread_mutex_unlock(&lk->op_mu);
+	}
 }
 
 static uint32_t rbd_owner_group(struct bdev *dev)
@@ -388,6 +534,8 @@ int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 	lk->rb = rb;
 	pthread_mutex_init(&lk->mu, NULL);
 	pthread_cond_init(&lk->cv, NULL);
+	pthread_mutex_init(&lk->op_mu, NULL);
+	lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	lk->gateways = 1;
 	lk->port_group = 1;
 	char host[64] = "localhost";
@@ -409,6 +557,7 @@ int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 	if (r) {
 		snprintf(err, errlen, "%s: cannot start the lock thread: %s", rb->spec, strerror(r));
 		rb->lock = NULL;
+		pthread_mutex_destroy(&lk->op_mu);
 		pthread_cond_destroy(&lk->cv);
 		pthread_mutex_destroy(&lk->mu);
 		free(lk);
@@ -436,6 +585,7 @@ void rbd_lock_stop(struct rbd_bdev *rb)
 		if (r < 0)
 			log_warn("%s: releasing the image's lock failed: %s", rb->spec, strerror(-r));
 	}
+	pthread_mutex_destroy(&lk->op_mu);
 	pthread_cond_destroy(&lk->cv);
 	pthread_mutex_destroy(&lk->mu);
 	free(lk);

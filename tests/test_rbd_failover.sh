@@ -14,9 +14,19 @@
 #            group 2 active/non-optimized; status JSON names owner 1; kill -9 A;
 #            write Y through B (NOT READY transition first, then GOOD; RTPG:
 #            group 2 active/optimized); restart A, read through A: Y.
+#   recovery: A's takeover fenced B (blocklisted); B, not restarted, connects
+#            a fresh Ceph client by itself and is standby again
+#            (active/non-optimized) within 15 s, and follows an `rbd
+#            resize` on its fresh client. A writes Z; kill -9 A; a
+#            write through B takes the image over (transition, then GOOD),
+#            a read through B returns what B wrote, and Z where B itself
+#            had written Y before (B's gain drops what it may have cached).
 #   round 2: the same with A's cache warm on the region (X read through A
-#            until cached): after the takeover by B and A's restart, A drops
-#            its copies on its gain and reads Y.
+#            until cached). A's restart fences B again while B's Ceph
+#            configuration is moved away: B stays lost, its reconnects fail
+#            and are retried with a backoff; with the file back it recovers
+#            by itself. Then the takeover by B and A's restart: A drops its
+#            copies on its gain and reads Y; B stops cleanly on SIGTERM.
 #   round 3: a single gateway (gateways = 1) with a write-back cache takes the
 #            lock at start; after kill -9 and a restart it keeps its cache.
 . "$(dirname "$0")/lib.sh"
@@ -179,19 +189,78 @@ gw_start A
 out=$(io read A 0 16 0xb2) || fail "read through the restarted A did not return Y: $out"
 pass "read through the restarted A returns Y, never X ($out)"
 
-# ---------------------------------------------------------------- round 2
-# A took the image back (breaking B's lock: B is blocklisted); B still stops
-# cleanly, and a fresh start gives it a new cluster handle
-for ((i = 0; i < 20; i++)); do
-	st=$(status_of B)
-	[ "$st" = "lost 0 unavailable" ] && break
-	sleep 0.25
+# ------------------------------------------------------------- recovery
+# A took the image back (breaking B's lock: B is blocklisted). B is not
+# restarted: it reports lost, connects a fresh client and is standby again.
+# wait_recovered GATEWAY FENCE_COUNT: the FENCE_COUNT-th fence of G's log
+# is followed by its recovery to standby within 15 s
+wait_recovered() {
+	local g=$1 n=$2 i st seen_lost=0 t0=$SECONDS
+	for ((i = 0; i < 150; i++)); do
+		[ "$(grep -c "Ceph client is fenced" "$T/$g.log")" -ge "$n" ] && break
+		sleep 0.1
+	done
+	[ "$(grep -c "Ceph client is fenced" "$T/$g.log")" -ge "$n" ] ||
+		fail "gateway $g never noticed it was fenced: $(grep -i 'lock\|fence' "$T/$g.log" | tail -3)"
+	for ((i = 0; i < 150; i++)); do
+		st=$(status_of "$g")
+		[ "$st" = "lost 0 unavailable" ] && seen_lost=1
+		[ "$(grep -c "reconnected with a fresh Ceph client" "$T/$g.log")" -ge "$n" ] &&
+			[ "$st" = "standby 1 active/non-optimized" ] && break
+		sleep 0.1
+	done
+	expect_eq "$st" "standby 1 active/non-optimized" \
+		"the fenced gateway $g is standby again by itself in $((SECONDS - t0)) s (lost seen: $seen_lost)"
+	pass "$g's log: $(grep "Ceph client is fenced" "$T/$g.log" | tail -1 | sed 's/.*: this/this/')"
+}
+wait_recovered B 1
+if [ -z "${PID[B]}" ] || ! kill -0 "${PID[B]}" 2>/dev/null; then fail "gateway B is not running"; fi
+expect_rtpg B "1 AO;2 ANO;" "RTPG through the recovered B: A's group active/optimized, B's non-optimized"
+# the size watch moved to the fresh image handle
+rbd resize --size 80M "$CEPH_POOL/shared" >/dev/null 2>&1 || fail "cannot resize rbd/shared"
+for ((i = 0; i < 50; i++)); do
+	grep -q "image resized from 67108864 to 83886080" "$T/B.log" && break
+	sleep 0.1
 done
-expect_eq "$st" "lost 0 unavailable" "status of the fenced B within 5 s: lost (blocklisted), owner unknown to it"
-gw_term B
-pass "the fenced gateway B stops cleanly on SIGTERM"
-gw_start B
-out=$(io write A 1024 16 0xc3) || fail "write X2 through A: $out"
+grep -q "image resized from 67108864 to 83886080" "$T/B.log" ||
+	fail "the recovered B did not see the image grow: $(grep -i resiz "$T/B.log" | tail -2)"
+pass "the recovered B follows the image size on its fresh client (64 MiB -> 80 MiB)"
+out=$(io write A 0 16 0xa9) || fail "write Z through A: $out"
+pass "write Z through A ($out)"
+gw_kill9 A
+pass "gateway A killed with -9"
+t0=$SECONDS
+out=$(io write B 512 16 0xb7) || fail "write W through the recovered B after A died: $out"
+case $out in
+*transition=0*) fail "write W through the recovered B succeeded without a transition: $out" ;;
+esac
+pass "write W through the recovered B: transition first, then GOOD, in $((SECONDS - t0)) s ($out)"
+st=$(status_of B)
+expect_eq "$st" "owned 2 active/optimized" "status of the recovered B: owns the image (fresh client)"
+out=$(io read B 512 16 0xb7) || fail "read W back through B: $out"
+pass "read through B returns W ($out)"
+out=$(io read B 0 16 0xa9) || fail "B served its own older Y instead of A's Z: $out"
+pass "read through B returns Z written by A, not its older Y ($out)"
+
+# ---------------------------------------------------------------- round 2
+# A's gain fences B again, this time while B cannot connect (its Ceph
+# configuration is gone): B stays lost, retrying with a backoff, and
+# recovers once the configuration is back.
+gw_start A
+mv "$CEPH_CONF" "$CEPH_CONF.away"
+conf_back() { [ -e "$CEPH_CONF.away" ] && mv "$CEPH_CONF.away" "$CEPH_CONF"; }
+out=$(io write A 1024 16 0xc3) || { conf_back; fail "write X2 through A: $out"; }
+for ((i = 0; i < 100; i++)); do
+	grep -q "next try in" "$T/B.log" && break
+	sleep 0.1
+done
+sleep 1.5 # a second try fails too
+st=$(status_of B)
+conf_back
+grep -q "next try in" "$T/B.log" ||
+	fail "B did not retry its reconnect: $(grep -i 'fresh\|fence' "$T/B.log" | tail -3)"
+expect_eq "$st" "lost 0 unavailable" "B stays lost while it cannot reconnect"
+pass "B's reconnects failed while the configuration was away: $(grep -c "next try in" "$T/B.log") tries, the last: $(grep "next try in" "$T/B.log" | tail -1 | sed 's/.*; the LUN/the LUN/')"
 for i in 1 2 3 4; do
 	out=$(io read A 1024 16 0xc3) || fail "read X2 through A: $out"
 done
@@ -204,6 +273,8 @@ case $hits in
 esac
 pass "X2 written and read through A until cached (read hits $hits)"
 
+# with its configuration back, B recovers from the second fence by itself
+wait_recovered B 2
 gw_kill9 A
 out=$(io write B 1024 16 0xd4) || fail "write Y2 through B after A died: $out"
 pass "write Y2 through B after A's death ($out)"
@@ -212,6 +283,9 @@ out=$(io read A 1024 16 0xd4) || fail "A served its stale cached copy after the 
 pass "the restarted A, cache warm with X2, reads Y2 ($out)"
 grep -q "cached extent(s) dropped" "$T/A.log" || fail "A's log does not say it dropped its cached copies"
 pass "A dropped its cached copies on its gain: $(grep -o '[0-9]* cached extent(s) dropped' "$T/A.log" | tail -1)"
+# B was fenced a third time by that gain; it stops cleanly whatever it is doing
+gw_term B
+pass "the fenced gateway B stops cleanly on SIGTERM"
 
 # ---------------------------------------------------------------- round 3
 # One gateway alone (gateways = 1) with a write-back cache: it takes the

@@ -126,6 +126,12 @@ static void xc_finish(struct xcopy_io *io, bool ok)
 	scsi_cmd_complete(cmd);
 }
 
+static bool xc_owned(struct scsi_lu *lu)
+{
+	uint64_t gen;
+	return !lu->owner || lu->owner->state(lu->dev, &gen) == BDEV_OWNER_OWNED;
+}
+
 static void xc_fail(struct xcopy_io *io, uint8_t key, uint16_t asc)
 {
 	scsi_fail(io->cmd, key, asc);
@@ -272,6 +278,14 @@ static void xc_next_segment(struct xcopy_io *io)
 		return;
 	}
 	xc_hold(io);
+	/* An LU over a shared backing store is read or written only while
+	 * this gateway owns it (lu.c checks the LU the command came to, not
+	 * the copy's targets); else the copy target is unreachable from here
+	 * and the host falls back to reads and writes on its own paths. */
+	if (!xc_owned(io->src) || !xc_owned(io->dst)) {
+		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
+		return;
+	}
 	if (pr_conflicts_lu(io->src, io->cmd->nexus, &xc_read_access) ||
 	    pr_conflicts_lu(io->dst, io->cmd->nexus, &xc_write_access)) {
 		io->cmd->status = SAM_STAT_RESERVATION_CONFLICT;

@@ -18,7 +18,8 @@
 # Knobs: TB_SECS (seconds per row), TB_SWEEP_SECS (per sweep point),
 # TB_PRECOND (seconds of preconditioning on the HDD), TB_SIZE (plain LUN),
 # TB_HDD_SIZE, TB_HOT (hot set on the HDD), TB_HDD_IOPS, TB_HDD_MBPS,
-# TB_OUT (directory to keep JSON results and the SVG chart in).
+# TB_OUT (directory to keep JSON results and the SVG chart in), TB_HDD=0 (skip
+# the emulated HDD part), TB_RBD=0 / TB_RBD=1 (skip / force the Ceph RBD part).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -222,7 +223,10 @@ hdd_rows() {
 		run_row "$cfg" 128k-seqread "$url" -w 128k-seqread -t 1 -q 8 -T "$SECS"
 		run_row "$cfg" 128k-seqwrite "$url" -w 128k-seqwrite -t 1 -q 8 -T "$SECS"
 	fi
-	run_row "$cfg" sweep "$url" -w sweep --size "$HOT" --loads "$SWEEP_LOADS" -T "$SWEEP_SECS"
+	# preconditioned like the random rows: the 128K rows before it stream
+	# over the whole LUN, so the sweep would otherwise start by re-warming
+	run_row "$cfg" sweep "$url" -w sweep --size "$HOT" --loads "$SWEEP_LOADS" -T "$SWEEP_SECS" \
+		--precondition "$PRECOND"
 	echo
 }
 
@@ -232,7 +236,10 @@ echo "   (reads and writes are capped separately, so a mix can use both caps; th
 echo "   commands, so 128K sequential is held to $HDD_IOPS x 128K = $((HDD_IOPS * 131072 / 1000000)) MB/s where real disks would"
 echo "   stream; write_cache = no: every write durable on status; random rows preconditioned ${PRECOND}s)"
 hdd_ok=1
-if [ "$(id -u)" != 0 ]; then
+if [ "${TB_HDD:-}" = 0 ]; then
+	echo "  skipped (TB_HDD=0)"
+	hdd_ok=
+elif [ "$(id -u)" != 0 ]; then
 	echo "  n/a (the emulated HDD needs root)"
 	hdd_ok=
 else

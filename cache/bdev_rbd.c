@@ -170,23 +170,8 @@ static void note_result(struct rbd_bdev *rb, int res)
 	}
 }
 
-static void rbd_aio_cb(rbd_completion_t c, void *arg)
-{
-	struct bdev_req *req = arg;
-	struct rbd_bdev *rb = rbd_bdev_of(req->dev);
-	ssize_t r = rbd_aio_get_return_value(c);
-	rbd_aio_release(c);
-	int res = r < 0 ? (int)r : 0;
-	note_result(rb, res);
-	struct rbd_chan *ch = (struct rbd_chan *)(uintptr_t)req->done_bytes;
-	req->done_bytes = (uint64_t)(int64_t)res;
-	if (ch)
-		chan_push(ch, req);
-	else
-		req->io.done(&req->io, res);
-}
-
-/* A request that failed before librbd took it: completes on the next loop. */
+/* Hand a finished request (res: 0 or -errno) back to the worker that
+ * submitted it, or run it here when it was submitted off the workers. */
 static void complete_later(struct bdev_req *req, int res)
 {
 	struct rbd_chan *ch = (struct rbd_chan *)(uintptr_t)req->done_bytes;
@@ -195,6 +180,17 @@ static void complete_later(struct bdev_req *req, int res)
 		chan_push(ch, req);
 	else
 		req->io.done(&req->io, res);
+}
+
+static void rbd_aio_cb(rbd_completion_t c, void *arg)
+{
+	struct bdev_req *req = arg;
+	struct rbd_bdev *rb = rbd_bdev_of(req->dev);
+	ssize_t r = rbd_aio_get_return_value(c);
+	rbd_aio_release(c);
+	int res = r < 0 ? (int)r : 0;
+	note_result(rb, res);
+	complete_later(req, res);
 }
 
 /* done() of a request that entered the handles: it leaves them here */

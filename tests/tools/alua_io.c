@@ -29,32 +29,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tc_iscsi.h"
+
 #define SECT 512
 
 static struct iscsi_context *connect_url(const char *url, int *lun)
 {
-	struct iscsi_context *c = iscsi_create_context("iqn.2026-11.io.tiercache:alua-io");
-	if (!c)
-		return NULL;
-	struct iscsi_url *u = iscsi_parse_full_url(c, url);
-	if (!u) {
-		fprintf(stderr, "bad URL %s: %s\n", url, iscsi_get_error(c));
-		iscsi_destroy_context(c);
-		return NULL;
-	}
-	iscsi_set_session_type(c, ISCSI_SESSION_NORMAL);
-	iscsi_set_header_digest(c, ISCSI_HEADER_DIGEST_NONE);
-	iscsi_set_targetname(c, u->target);
-	iscsi_set_timeout(c, 30);
-	*lun = u->lun;
-	if (iscsi_full_connect_sync(c, u->portal, u->lun) != 0) {
-		fprintf(stderr, "connect %s: %s\n", url, iscsi_get_error(c));
-		iscsi_destroy_url(u);
-		iscsi_destroy_context(c);
-		return NULL;
-	}
-	iscsi_destroy_url(u);
-	return c;
+	return tc_iscsi_connect(url, "iqn.2026-11.io.tiercache:alua-io", ISCSI_HEADER_DIGEST_NONE, 30, true, lun);
 }
 
 static double now_s(void)

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tc_iscsi.h"
+
 #define BLK 4096
 #define SECT 512
 
@@ -43,30 +45,9 @@ static uint64_t check_of(uint64_t lba, uint64_t seq)
 
 static struct iscsi_context *connect_url(const char *url, int *lun)
 {
-	struct iscsi_context *c = iscsi_create_context("iqn.2026-11.io.tiercache:stamp-io");
-	if (!c)
-		return NULL;
-	struct iscsi_url *u = iscsi_parse_full_url(c, url);
-	if (!u) {
-		fprintf(stderr, "bad url %s: %s\n", url, iscsi_get_error(c));
-		iscsi_destroy_context(c);
-		return NULL;
-	}
-	iscsi_set_targetname(c, u->target);
-	iscsi_set_session_type(c, ISCSI_SESSION_NORMAL);
-	iscsi_set_header_digest(c, ISCSI_HEADER_DIGEST_NONE_CRC32C);
 	/* a killed target must end the writer, not be reconnected to forever */
-	iscsi_set_noautoreconnect(c, 1);
-	iscsi_set_timeout(c, 10);
-	*lun = u->lun;
-	if (iscsi_full_connect_sync(c, u->portal, u->lun) != 0) {
-		fprintf(stderr, "connect %s: %s\n", url, iscsi_get_error(c));
-		iscsi_destroy_url(u);
-		iscsi_destroy_context(c);
-		return NULL;
-	}
-	iscsi_destroy_url(u);
-	return c;
+	return tc_iscsi_connect(url, "iqn.2026-11.io.tiercache:stamp-io", ISCSI_HEADER_DIGEST_NONE_CRC32C, 10, false,
+				lun);
 }
 
 static uint64_t rnd_state;

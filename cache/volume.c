@@ -1123,6 +1123,7 @@ static void vol_owner_changed(void *arg, const struct bdev_owner_change *c)
 		char *path = v->gen_path ? strdup(v->gen_path) : NULL;
 		pthread_mutex_unlock(&v->own_mu);
 		bool keep = c->prev_owner_us && c->prev_gen == recorded && recorded;
+		bool clean = true; /* no stale copy left: the generation may be recorded */
 		if (keep) {
 			atomic_store(&v->drop_failed, false);
 			log_info("cache lun %s: nobody else owned %s since generation %llu; the cache stays",
@@ -1132,6 +1133,7 @@ static void vol_owner_changed(void *arg, const struct bdev_owner_change *c)
 			int r = vol_drop_all(v, &slots, &dirty);
 			/* stale copies may remain: this gateway must not serve the image */
 			atomic_store(&v->drop_failed, r < 0);
+			clean = r >= 0;
 			if (r < 0)
 				log_err("cache lun %s: dropping the cached copies failed (%s); the LUN stays "
 					"unavailable on this gateway until a later takeover succeeds", v->name,
@@ -1145,16 +1147,21 @@ static void vol_owner_changed(void *arg, const struct bdev_owner_change *c)
 				 (unsigned long long)c->prev_gen, c->prev_owner_us ? ", this gateway" : "",
 				 (unsigned long long)recorded, (unsigned long long)slots);
 		}
-		if (path) {
+		/* After a failed drop the generation is not recorded (in memory or in
+		 * the file): a later gain, or a restart, must drop again rather than
+		 * take this one for a gain that left the cache clean. */
+		if (path && clean) {
 			int r = gen_store(path, c->gen);
 			if (r < 0)
 				log_err("cache lun %s: cannot keep the owner generation in %s: %s; the next "
 					"start drops this LUN's cache", v->name, path, strerror(-r));
-			free(path);
 		}
-		pthread_mutex_lock(&v->own_mu);
-		v->recorded_gen = c->gen;
-		pthread_mutex_unlock(&v->own_mu);
+		free(path);
+		if (clean) {
+			pthread_mutex_lock(&v->own_mu);
+			v->recorded_gen = c->gen;
+			pthread_mutex_unlock(&v->own_mu);
+		}
 	}
 	pthread_mutex_lock(&v->own_mu);
 	void (*fn)(void *, const struct bdev_owner_change *) = v->up_fn;

@@ -50,13 +50,30 @@ HDD_NAME=
 TGTD_PID="" TGTD_CTL=""
 errors=0
 
+# tgtd_start PORT LOG: a tgtd on 127.0.0.1:PORT with its own control port,
+# answering tgtadm; tgtd_stop takes it down (also at exit).
+tgtd_start() {
+	TGTD_CTL=$((10000 + $1 % 20000))
+	tgtd -f -C "$TGTD_CTL" --iscsi portal=127.0.0.1:"$1" >"$2" 2>&1 &
+	TGTD_PID=$!
+	local i
+	for ((i = 0; i < 50; i++)); do
+		tgtadm -C "$TGTD_CTL" --op show --mode target >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+}
+
+tgtd_stop() {
+	[ -n "$TGTD_PID" ] || return 0
+	tgtadm -C "$TGTD_CTL" --op delete --mode system >/dev/null 2>&1
+	sleep 0.2
+	kill -KILL "$TGTD_PID" 2>/dev/null
+	wait "$TGTD_PID" 2>/dev/null
+	TGTD_PID=
+}
+
 cleanup() {
-	if [ -n "$TGTD_PID" ]; then
-		tgtadm -C "$TGTD_CTL" --op delete --mode system >/dev/null 2>&1
-		sleep 0.2
-		kill -KILL "$TGTD_PID" 2>/dev/null
-		wait "$TGTD_PID" 2>/dev/null
-	fi
+	tgtd_stop
 	if [ -n "$TC_PID" ] && kill -0 "$TC_PID" 2>/dev/null; then
 		kill -KILL "$TC_PID" 2>/dev/null
 		wait "$TC_PID" 2>/dev/null
@@ -178,23 +195,13 @@ echo "   both on the same file, $fsdev: tgtd's I/O is served from RAM once the f
 
 if command -v tgtd >/dev/null && command -v tgtadm >/dev/null; then
 	port=$(tc_free_port)
-	TGTD_CTL=$((10000 + port % 20000))
-	tgtd -f -C "$TGTD_CTL" --iscsi portal=127.0.0.1:"$port" >"$T/tgtd.log" 2>&1 &
-	TGTD_PID=$!
-	for ((i = 0; i < 50; i++)); do
-		tgtadm -C "$TGTD_CTL" --op show --mode target >/dev/null 2>&1 && break
-		sleep 0.1
-	done
+	tgtd_start "$port" "$T/tgtd.log"
 	tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" &&
 		tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$img" --bstype rdwr &&
 		tgtadm -C "$TGTD_CTL" --lld iscsi --op bind --mode target --tid 1 -I ALL ||
 		{ echo "compare: tgtd setup failed" >&2; cat "$T/tgtd.log" >&2; exit 2; }
 	plain_rows tgtd "iscsi://127.0.0.1:$port/$IQN/1"
-	tgtadm -C "$TGTD_CTL" --op delete --mode system >/dev/null 2>&1
-	sleep 0.2
-	kill -KILL "$TGTD_PID" 2>/dev/null
-	wait "$TGTD_PID" 2>/dev/null
-	TGTD_PID=
+	tgtd_stop
 else
 	echo "  tgtd: not installed (package tgt); its column stays empty"
 fi
@@ -501,13 +508,7 @@ rbd_section() {
 
 	if command -v tgtd >/dev/null && [ -e /usr/lib/tgt/backing-store/bs_rbd.so ]; then
 		tport=$(tc_free_port)
-		TGTD_CTL=$((10000 + tport % 20000))
-		tgtd -f -C "$TGTD_CTL" --iscsi portal=127.0.0.1:"$tport" >"$T/tgtd-rbd.log" 2>&1 &
-		TGTD_PID=$!
-		for ((i = 0; i < 50; i++)); do
-			tgtadm -C "$TGTD_CTL" --op show --mode target >/dev/null 2>&1 && break
-			sleep 0.1
-		done
+		tgtd_start "$tport" "$T/tgtd-rbd.log"
 		if tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" &&
 			tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 \
 				--bstype rbd -b "$spec" --bsopts "conf=$CEPH_CONF" &&
@@ -517,11 +518,7 @@ rbd_section() {
 			echo "  tgtd-rbd: setup failed: $(tail -n 3 "$T/tgtd-rbd.log" | tr '\n' ' ')"
 			errors=$((errors + 1))
 		fi
-		tgtadm -C "$TGTD_CTL" --op delete --mode system >/dev/null 2>&1
-		sleep 0.2
-		kill -KILL "$TGTD_PID" 2>/dev/null
-		wait "$TGTD_PID" 2>/dev/null
-		TGTD_PID=
+		tgtd_stop
 	else
 		echo "  tgtd-rbd: n/a (packages tgt and tgt-rbd)"
 	fi

@@ -90,9 +90,9 @@ tc_stop() {
 	[ "$rc" = 0 ] || fail "daemon exited with status $rc after SIGTERM"
 }
 
-# A minimal config: one target, one LUN of SIZE on a sparse file in $T.
-# usage: tc_basic_conf PORT [SIZE] [BLOCK_SIZE] > file
-tc_basic_conf() {
+# The [daemon] and [portal] sections of a test's config: state in $T/state,
+# the portal on 127.0.0.1:PORT.   usage: tc_conf_head PORT
+tc_conf_head() {
 	cat <<CONF
 [daemon]
 state_dir = $T/state
@@ -101,6 +101,14 @@ log_level = info
 
 [portal]
 listen = 127.0.0.1:$1
+CONF
+}
+
+# A minimal config: one target, one LUN of SIZE on a sparse file in $T.
+# usage: tc_basic_conf PORT [SIZE] [BLOCK_SIZE] > file
+tc_basic_conf() {
+	tc_conf_head "$1"
+	cat <<CONF
 
 [target iqn.2026-11.io.tiercache:test]
 lun0 = disk0

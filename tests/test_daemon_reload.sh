@@ -36,14 +36,8 @@ block_size = 512"
 write_conf() {
 	local with1=$1 with2=$2 with3=${3:-0}
 	{
+		tc_conf_head "$port"
 		cat <<CONF
-[daemon]
-state_dir = $T/state
-control_socket = $T/state/control.sock
-log_level = info
-
-[portal]
-listen = 127.0.0.1:$port
 
 [target $iqn]
 lun0 = disk0

@@ -27,14 +27,8 @@ iqn=iqn.2026-11.io.tiercache:test
 url=iscsi://127.0.0.1:$port/$iqn/0
 direct="rbd:$CEPH_POOL/$img:conf=$CEPH_CONF:id=$CEPH_USER"
 {
+	tc_conf_head "$port"
 	cat <<CONF
-[daemon]
-state_dir = $T/state
-control_socket = $T/state/control.sock
-log_level = info
-
-[portal]
-listen = 127.0.0.1:$port
 
 [target $iqn]
 lun0 = disk0

@@ -17,14 +17,8 @@ rbd create --size 64M "$CEPH_POOL/cached" || fail "rbd create cached"
 port=$(tc_free_port)
 iqn=iqn.2026-11.io.tiercache:test
 {
+	tc_conf_head "$port"
 	cat <<CONF
-[daemon]
-state_dir = $T/state
-control_socket = $T/state/control.sock
-log_level = info
-
-[portal]
-listen = 127.0.0.1:$port
 
 [target $iqn]
 lun0 = plain

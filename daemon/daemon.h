@@ -14,6 +14,7 @@
 struct bdev;
 struct cache_set;
 struct cfg_lun;
+struct cfg_target;
 struct config;
 struct scsi_lu;
 struct scsi_target;
@@ -54,6 +55,10 @@ struct daemon {
  */
 int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct cache_set **sets,
 		    char serial[33], struct scsi_lu **lu_out, struct bdev **vol_out);
+
+/* The portal's view of [target] t served by the SCSI target s (the strings
+ * stay t's: t must outlive the portal's use of the result). */
+struct iscsi_target_cfg daemon_portal_target(const struct cfg_target *t, struct scsi_target *s);
 
 /* log_level = error | warning | info | debug, as a level (info if unknown). */
 enum log_level daemon_parse_level(const char *s);

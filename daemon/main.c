@@ -213,6 +213,20 @@ static int mkdir_p(const char *path)
 }
 
 
+struct iscsi_target_cfg daemon_portal_target(const struct cfg_target *t, struct scsi_target *s)
+{
+	return (struct iscsi_target_cfg){
+		.iqn = t->iqn,
+		.scsi = s,
+		.allow = (const char *const *)t->allow,
+		.nallow = t->nallow,
+		.chap_user = t->chap_user,
+		.chap_secret = t->chap_secret,
+		.mutual_user = t->mutual_user,
+		.mutual_secret = t->mutual_secret,
+	};
+}
+
 enum log_level daemon_parse_level(const char *s)
 {
 	if (!strcmp(s, "error"))
@@ -409,16 +423,7 @@ static int build_targets(struct daemon *d)
 			int idx = (int)(t->luns[j].lu - cfg->luns);
 			scsi_target_map(d->targets[i], t->luns[j].lun, d->lus[idx]);
 		}
-		d->portal_targets[i] = (struct iscsi_target_cfg){
-			.iqn = t->iqn,
-			.scsi = d->targets[i],
-			.allow = (const char *const *)t->allow,
-			.nallow = t->nallow,
-			.chap_user = t->chap_user,
-			.chap_secret = t->chap_secret,
-			.mutual_user = t->mutual_user,
-			.mutual_secret = t->mutual_secret,
-		};
+		d->portal_targets[i] = daemon_portal_target(t, d->targets[i]);
 		log_info("target %s: %d LUN(s), %s, %s", t->iqn, t->nluns,
 			 t->nallow ? "initiators restricted by allow" : "any initiator",
 			 t->mutual_user ? "mutual CHAP" : t->chap_user ? "CHAP" : "no CHAP");

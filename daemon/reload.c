@@ -406,16 +406,7 @@ void daemon_reload(struct daemon *d)
 					goto abort;
 				}
 		}
-		ptargets[j] = (struct iscsi_target_cfg){
-			.iqn = t->iqn,
-			.scsi = targets[j],
-			.allow = (const char *const *)t->allow,
-			.nallow = t->nallow,
-			.chap_user = t->chap_user,
-			.chap_secret = t->chap_secret,
-			.mutual_user = t->mutual_user,
-			.mutual_secret = t->mutual_secret,
-		};
+		ptargets[j] = daemon_portal_target(t, targets[j]);
 	}
 	*pc = *d->pc;
 	pc->targets = ptargets;

@@ -45,7 +45,9 @@
 #define SB_HAS_BM      0x20u  /* per-block bitmaps are authoritative */
 #define SB_CANCEL      0x40u  /* a write met the fill: drop it */
 #define SB_DESTAGING   0x80u  /* the cleaner is writing it to the backing store */
-#define SB_WGEN_SHIFT  8
+#define SB_TOPUP       0x100u /* a top-up (fill of the invalid blocks of a READY slot) runs */
+#define SB_TOPUP_WR    0x200u /* ... and is writing the legs: writers park (cache_slot_wait) */
+#define SB_WGEN_SHIFT  10
 #define SB_WGEN_ONE    (1u << SB_WGEN_SHIFT) /* bumped at each write start */
 
 /* slot.users: readers in the low half, writers in the high half */
@@ -218,11 +220,12 @@ struct cache_vol;
 
 /*
  * A writer that must not pass a destage in progress (volume.c,
- * backing_then_invalidate) parks here until the cleaner clears
- * SB_DESTAGING on its slot; fn(arg) is then posted to worker w.
+ * backing_then_invalidate) or a top-up writing the legs parks here until
+ * SB_DESTAGING / SB_TOPUP_WR of its slot is cleared; fn(arg) is then
+ * posted to worker w, which starts the write over.
  */
-struct destage_wait {
-	struct destage_wait *next;
+struct slot_wait {
+	struct slot_wait *next;
 	uint32_t slot;
 	struct worker *w;
 	void (*fn)(void *arg);
@@ -261,12 +264,12 @@ struct cache_set {
 	_Atomic uint32_t bypass[1024];
 	/* statistics */
 	_Atomic uint64_t st_read_hits, st_read_misses, st_read_partial, st_write_hits, st_write_misses;
-	_Atomic uint64_t st_promotions, st_evictions, st_destaged_bytes, st_lost_ios;
+	_Atomic uint64_t st_promotions, st_topups, st_evictions, st_destaged_bytes, st_lost_ios;
 	_Atomic uint64_t dirty_blocks;  /* approximate: blocks marked dirty */
 	/* lost dirty data (both legs gone), as met by reads: cache_lost_note */
-	/* writers waiting for a destage to end: cache_destage_wait */
+	/* writers waiting for a destage or top-up to end: cache_slot_wait */
 	pthread_mutex_t dwait_lock;
-	struct destage_wait *dwait;
+	struct slot_wait *dwait;
 	pthread_mutex_t lost_lock;    /* the three fields below; never held across I/O */
 	struct lost_range {
 		uint32_t bid;
@@ -327,13 +330,14 @@ static inline void ckpt_mark(struct cache_set *cs, uint32_t s)
 void cache_record(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count,
 		  struct jwait *w);
 /*
- * Worker thread, slot s's lock held and SB_DESTAGING seen set on it: park w
- * (w->fn, w->arg filled) until the destage ends; w->fn then runs on the
- * calling worker. cache_destage_ended: the cleaner, after clearing
- * SB_DESTAGING under the slot lock, releases the slot's waiters.
+ * Worker thread, slot s's lock held and SB_DESTAGING or SB_TOPUP_WR seen
+ * set on it: park w (w->fn, w->arg filled) until the bit is cleared; w->fn
+ * then runs on the calling worker. cache_slot_wake: whoever cleared the
+ * bit under the slot lock releases the slot's waiters (all of them: a
+ * waiter woken early finds the other bit still set and parks again).
  */
-void cache_destage_wait(struct cache_set *cs, uint32_t s, struct destage_wait *w);
-void cache_destage_ended(struct cache_set *cs, uint32_t s);
+void cache_slot_wait(struct cache_set *cs, uint32_t s, struct slot_wait *w);
+void cache_slot_wake(struct cache_set *cs, uint32_t s);
 /* Same, with the slot lock already held by the caller (who unlocks). */
 void cache_record_locked(struct cache_set *cs, uint32_t s, uint64_t key, int op, uint32_t first,
 			 uint32_t count, struct jwait *w);

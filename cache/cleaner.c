@@ -93,7 +93,7 @@ static void op_end(struct destage *d)
 	pump(c);
 }
 
-void cache_destage_wait(struct cache_set *cs, uint32_t s, struct destage_wait *w)
+void cache_slot_wait(struct cache_set *cs, uint32_t s, struct slot_wait *w)
 {
 	w->slot = s;
 	w->w = worker_self();
@@ -104,16 +104,16 @@ void cache_destage_wait(struct cache_set *cs, uint32_t s, struct destage_wait *w
 }
 
 /*
- * Worker 0, SB_DESTAGING of slot s cleared: hand its waiters back to their
- * workers. A waiter parked under the slot lock while the bit was set, so
- * it is on the list by now.
+ * SB_DESTAGING (worker 0) or SB_TOPUP_WR (any worker) of slot s cleared:
+ * hand its waiters back to their workers. A waiter parked under the slot
+ * lock while the bit was set, so it is on the list by now.
  */
-void cache_destage_ended(struct cache_set *cs, uint32_t s)
+void cache_slot_wake(struct cache_set *cs, uint32_t s)
 {
-	struct destage_wait *list = NULL;
+	struct slot_wait *list = NULL;
 	pthread_mutex_lock(&cs->dwait_lock);
-	for (struct destage_wait **pp = &cs->dwait; *pp;) {
-		struct destage_wait *w = *pp;
+	for (struct slot_wait **pp = &cs->dwait; *pp;) {
+		struct slot_wait *w = *pp;
 		if (w->slot == s) {
 			*pp = w->next;
 			w->next = list;
@@ -124,7 +124,7 @@ void cache_destage_ended(struct cache_set *cs, uint32_t s)
 	}
 	pthread_mutex_unlock(&cs->dwait_lock);
 	while (list) {
-		struct destage_wait *w = list;
+		struct slot_wait *w = list;
 		list = w->next;
 		if (worker_post(w->w, w->fn, w->arg) < 0)
 			w->fn(w->arg); /* out of memory: run it here rather than lose a write */
@@ -137,7 +137,7 @@ static void clear_destaging(struct cache_set *cs, uint32_t s)
 	slot_lock(sl);
 	atomic_fetch_and(&sl->bits, ~SB_DESTAGING);
 	slot_unlock(sl);
-	cache_destage_ended(cs, s);
+	cache_slot_wake(cs, s);
 }
 
 static void recorded(struct jwait *w, int err)
@@ -196,7 +196,7 @@ static void step(struct bdev_req *req, int err)
 			cache_record_locked(cs, d->slot, d->key, JOP_CLEAN, d->first[i], d->count[i], &d->jw[i].jw);
 	atomic_fetch_and(&sl->bits, ~SB_DESTAGING);
 	slot_unlock(sl);
-	cache_destage_ended(cs, d->slot);
+	cache_slot_wake(cs, d->slot);
 	if (!same) {
 		op_end(d);
 		return;

@@ -1545,6 +1545,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	uint64_t reads = st->read_hits + st->read_misses + st->read_partial;
 	st->hit_ratio = reads ? (double)st->read_hits / (double)reads : 0.0;
 	st->promotions = atomic_load(&cs->st_promotions);
+	st->topups = atomic_load(&cs->st_topups);
 	st->evictions = atomic_load(&cs->st_evictions);
 	st->destaged_bytes = atomic_load(&cs->st_destaged_bytes);
 	uint64_t busy;

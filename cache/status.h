@@ -40,6 +40,7 @@ struct cache_set_status {
 	uint64_t write_hits, write_misses;
 	double hit_ratio;            /* read hits / reads */
 	uint64_t promotions, evictions, destaged_bytes;
+	uint64_t topups;             /* fills of the invalid blocks of resident extents */
 	uint64_t cleaner_rate_bps;   /* current destage rate target */
 	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
 	/* Dirty data found lost (both legs gone) by the reads that met it:

@@ -89,7 +89,7 @@ struct piece {
 	int stage;
 	struct jwait jw;
 	struct bdev_req sub;    /* single-sub stages */
-	struct destage_wait dwait; /* parked behind a destage (backing_then_invalidate) */
+	struct slot_wait dwait; /* parked behind a destage (backing_then_invalidate) */
 	struct iovec iov_inline[8];
 	struct iovec *iov;
 	int iovcnt;
@@ -127,10 +127,34 @@ struct fill {
 	struct jwait jw;
 };
 
+#define TOPUP_RUNS 16
+
+/* A top-up: the invalid blocks of a READY slot, read from the backing store. */
+struct topup {
+	struct topup *next_free;
+	struct cache_vol *v;
+	uint32_t slot;
+	uint64_t key;
+	uint32_t wgen0;
+	uint32_t span_first;            /* the backing read: [span_first, last run's end) */
+	uint32_t nruns;
+	uint32_t first[TOPUP_RUNS], count[TOPUP_RUNS];
+	uint8_t *buf;
+	int pending;
+	int err;
+	struct iovec iov[TOPUP_RUNS];
+	struct bdev_req req[TOPUP_RUNS];
+	struct tjw {
+		struct jwait jw;
+		struct topup *t;
+	} jw[TOPUP_RUNS];
+};
+
 static __thread struct piece *piece_free;
 static __thread struct vsub *vsub_free;
 static __thread struct vreq *vreq_free;
 static __thread struct fill *fill_free;
+static __thread struct topup *topup_free;
 
 #define POOL_GET(head, type)                                                  \
 	({                                                                    \
@@ -161,6 +185,7 @@ void volume_thread_release(void)
 	POOL_RELEASE(vsub_free);
 	POOL_RELEASE(vreq_free);
 	POOL_RELEASE(fill_free);
+	POOL_RELEASE(topup_free);
 }
 
 const char *cache_mode_name(enum cache_mode m)
@@ -440,6 +465,216 @@ static void fill_start(struct cache_vol *v, uint64_t key)
 	bdev_submit(v->backing, &f->req);
 }
 
+/* ---- top-ups ------------------------------------------------------------------
+ *
+ * A write miss admitted in write-back makes its extent resident with only
+ * the written blocks valid; a later read of the rest would be a partial
+ * hit served from the backing store every time, since fills only start
+ * for extents that are not resident. A partial hit therefore starts a
+ * top-up: the invalid blocks (up to TOPUP_RUNS runs) are read from the
+ * backing store in one request, written to the legs run by run, and
+ * recorded VALID. Valid blocks are never written, so dirty data is safe;
+ * what must not happen is a top-up making stale data valid:
+ *
+ *  - at most one top-up per slot (SB_TOPUP); it holds a reader pin, so
+ *    the slot is not evicted under it;
+ *  - any write that starts after it (writers bump the slot's write
+ *    generation when they pin, before anything else) makes it give up when
+ *    its backing read completes; a write to the backing store that started
+ *    before it and bypassed the cache is seen on the bypass counter;
+ *  - it starts only while no writer holds a pin (one may be writing
+ *    blocks that still read invalid);
+ *  - while its leg writes are in flight (SB_TOPUP_WR) writers park
+ *    (cache_slot_wait) instead of writing the same blocks concurrently; it
+ *    records before releasing them, so their records follow its own;
+ *  - an invalidation of the volume's copies (ownership gain) cancels it
+ *    (SB_CANCEL on a READY slot means exactly that).
+ */
+
+static void topup_free_ctx(struct topup *t)
+{
+	struct cache_set *cs = t->v->cs;
+	atomic_fetch_sub(&cs->slots[t->slot].users, SU_READER);
+	if (t->buf)
+		buf_put(t->buf, cs->lay.extent_size);
+	POOL_PUT(topup_free, t);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
+}
+
+/* Give up: clear the slot's top-up bits (the caller holds its lock), release parked writers. */
+static void topup_abandon_locked(struct topup *t)
+{
+	struct cache_set *cs = t->v->cs;
+	struct slot *sl = &cs->slots[t->slot];
+	bool was_writing = atomic_load(&sl->bits) & SB_TOPUP_WR;
+	atomic_fetch_and(&sl->bits, ~(SB_TOPUP | SB_TOPUP_WR | SB_CANCEL));
+	slot_unlock(sl);
+	if (was_writing)
+		cache_slot_wake(cs, t->slot);
+	topup_free_ctx(t);
+}
+
+static void topup_recorded(struct jwait *w, int err)
+{
+	struct topup *t = caa_container_of(w, struct tjw, jw)->t;
+	if (--t->pending)
+		return;
+	atomic_fetch_add(&t->v->cs->st_topups, 1);
+	topup_free_ctx(t);
+}
+
+static void topup_written(struct bdev_req *req, int err)
+{
+	struct topup *t = req->priv;
+	struct cache_set *cs = t->v->cs;
+	struct slot *sl = &cs->slots[t->slot];
+	if (err && !t->err)
+		t->err = err;
+	if (--t->pending)
+		return;
+	slot_lock(sl);
+	if (t->err || (atomic_load(&sl->bits) & SB_CANCEL)) {
+		topup_abandon_locked(t); /* the blocks stay invalid: what the legs hold does not matter */
+		return;
+	}
+	for (uint32_t i = 0; i < t->nruns; i++)
+		cache_record_locked(cs, t->slot, t->key, JOP_VALID, t->first[i], t->count[i], &t->jw[i].jw);
+	atomic_fetch_and(&sl->bits, ~(SB_TOPUP | SB_TOPUP_WR));
+	slot_unlock(sl);
+	cache_slot_wake(cs, t->slot);
+	t->pending = (int)t->nruns;
+	for (uint32_t i = 0; i < t->nruns; i++) {
+		t->jw[i].t = t;
+		t->jw[i].jw.done = topup_recorded;
+		journal_append(cs, &t->jw[i].jw);
+	}
+}
+
+static void topup_read(struct bdev_req *req, int err)
+{
+	struct topup *t = req->priv;
+	struct cache_set *cs = t->v->cs;
+	struct slot *sl = &cs->slots[t->slot];
+
+	/*
+	 * One read-modify-write: a writer's generation bump (also an RMW of
+	 * bits) is either before it, and seen here, or after it, and then
+	 * that writer sees SB_TOPUP_WR and parks.
+	 */
+	slot_lock(sl);
+	uint32_t bits = atomic_fetch_or(&sl->bits, SB_TOPUP_WR);
+	if (err || (bits >> SB_WGEN_SHIFT) != t->wgen0 || (bits & SB_CANCEL)) {
+		topup_abandon_locked(t);
+		return;
+	}
+	slot_unlock(sl);
+	t->pending = (int)t->nruns;
+	for (uint32_t i = 0; i < t->nruns; i++) {
+		uint64_t at = (uint64_t)t->first[i] * CACHE_SECTOR;
+		t->iov[i].iov_base = t->buf + (uint64_t)(t->first[i] - t->span_first) * CACHE_SECTOR;
+		t->iov[i].iov_len = (uint64_t)t->count[i] * CACHE_SECTOR;
+		t->req[i] = (struct bdev_req){
+			.op = BDEV_WRITE,
+			.flags = BDEV_F_FUA,
+			.offset = slot_leg_off(cs, t->slot) + at,
+			.len = t->iov[i].iov_len,
+			.iov = &t->iov[i],
+			.iovcnt = 1,
+			.done = topup_written,
+			.priv = t,
+		};
+		bdev_submit(&cs->mirror.dev, &t->req[i]);
+	}
+}
+
+/*
+ * Worker thread, the caller holds a pin on slot s (READY, key key): start a
+ * top-up of its invalid blocks unless one runs or a bypass write of the
+ * extent is in flight. Never sleeps; gives up quietly when out of memory.
+ */
+static void topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
+{
+	struct cache_set *cs = v->cs;
+	struct slot *sl = &cs->slots[s];
+	if (atomic_load_explicit(&sl->bits, memory_order_relaxed) & SB_TOPUP)
+		return;
+	uint64_t ext_off = key_ext(key) * cs->lay.extent_size;
+	uint64_t size = __atomic_load_n(&v->dev.size, __ATOMIC_RELAXED);
+	if (ext_off >= size)
+		return;
+	uint32_t blocks = cs->lay.bpe;
+	if (size - ext_off < cs->lay.extent_size)
+		blocks = (uint32_t)((size - ext_off) / CACHE_SECTOR);
+	struct topup *t = POOL_GET(topup_free, struct topup);
+	if (!t)
+		return;
+	t->buf = buf_get(cs->lay.extent_size);
+	if (!t->buf) {
+		POOL_PUT(topup_free, t);
+		return;
+	}
+	atomic_fetch_add(&sl->users, SU_READER); /* ours; the caller's pin keeps the slot meanwhile */
+	slot_lock(sl);
+	uint32_t bits = atomic_load(&sl->bits);
+	t->nruns = 0;
+	/*
+	 * No writer may hold a pin: one that pinned before bits was read may
+	 * still be writing blocks seen invalid here. Writers add to users, then
+	 * bump the generation; seeing no writer after reading bits means any
+	 * later one bumps a generation we did not read.
+	 */
+	if ((bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_TOPUP | SB_CANCEL)) &&
+	    !(atomic_load(&sl->users) >> 16) && atomic_load(&sl->key) == key) {
+		uint32_t at = 0;
+		while (at < blocks && t->nruns < TOPUP_RUNS) {
+			bool valid;
+			uint32_t n = slot_valid_run(cs, s, at, blocks - at, &valid);
+			if (!valid) {
+				t->first[t->nruns] = at;
+				t->count[t->nruns] = n;
+				t->nruns++;
+			}
+			at += n;
+		}
+	}
+	if (t->nruns) {
+		atomic_fetch_or(&sl->bits, SB_TOPUP);
+		t->wgen0 = bits >> SB_WGEN_SHIFT;
+	}
+	slot_unlock(sl);
+	/* after SB_TOPUP and the generation: a bypass write counted later pins and bumps it */
+	if (!t->nruns || atomic_load(&cs->bypass[bucket_of(key)])) {
+		if (t->nruns) {
+			slot_lock(sl);
+			atomic_fetch_and(&sl->bits, ~SB_TOPUP);
+			slot_unlock(sl);
+		}
+		atomic_fetch_sub(&sl->users, SU_READER);
+		buf_put(t->buf, cs->lay.extent_size);
+		POOL_PUT(topup_free, t);
+		return;
+	}
+	atomic_fetch_add(&cs->bg_inflight, 1);
+	t->v = v;
+	t->slot = s;
+	t->key = key;
+	t->err = 0;
+	t->span_first = t->first[0];
+	uint32_t span_end = t->first[t->nruns - 1] + t->count[t->nruns - 1];
+	t->iov[0].iov_base = t->buf;
+	t->iov[0].iov_len = (uint64_t)(span_end - t->span_first) * CACHE_SECTOR;
+	t->req[0] = (struct bdev_req){
+		.op = BDEV_READ,
+		.offset = ext_off + (uint64_t)t->span_first * CACHE_SECTOR,
+		.len = t->iov[0].iov_len,
+		.iov = &t->iov[0],
+		.iovcnt = 1,
+		.done = topup_read,
+		.priv = t,
+	};
+	bdev_submit(v->backing, &t->req[0]);
+}
+
 /* ---- reads ------------------------------------------------------------------ */
 
 static void read_sub_done(struct bdev_req *req, int err);
@@ -538,6 +773,8 @@ static void piece_read(struct piece *p)
 			left -= n;
 		}
 		atomic_fetch_add(whole ? &cs->st_read_hits : &cs->st_read_partial, 1);
+		if (!whole && mode != CACHE_PASS_THROUGH && !mirror_all_failed(&cs->mirror))
+			topup_start(v, p->slot, p->key);
 	} else {
 		atomic_fetch_add(&cs->st_read_misses, 1);
 		if (add_read_sub(p, false, p->first, p->count) < 0)
@@ -635,6 +872,34 @@ static void write_step(struct bdev_req *req, int err)
 }
 
 /*
+ * If any of the slot's bits in mask is set, park p (pin and bypass count
+ * dropped) until it is cleared, then start it over from the lookup on this
+ * worker; true if parked. The check under the slot lock pairs with the
+ * clearer's, which wakes after clearing.
+ */
+static bool park_while(struct piece *p, uint32_t mask)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	struct slot *sl = &cs->slots[p->slot];
+
+	slot_lock(sl);
+	bool busy = atomic_load(&sl->bits) & mask;
+	if (busy) {
+		p->dwait.fn = retry_piece;
+		p->dwait.arg = p;
+		cache_slot_wait(cs, p->slot, &p->dwait);
+	}
+	slot_unlock(sl);
+	if (!busy)
+		return false;
+	slot_unpin(cs, p);
+	bypass_put(cs, p);
+	slice_free(p->iov, p->iov_inline);
+	p->iov = NULL;
+	return true;
+}
+
+/*
  * Send the piece to the backing store, then invalidate its cached blocks
  * durably (write-around, pass-through, UNMAP, WRITE_ZEROES, and a
  * write-through write over dirty blocks). The writer pin held all along
@@ -646,30 +911,14 @@ static void write_step(struct bdev_req *req, int err)
  */
 static void backing_then_invalidate(struct piece *p)
 {
-	struct cache_set *cs = p->parent->v->cs;
-	struct slot *sl = &cs->slots[p->slot];
-
 	/*
 	 * Wait for a running destage to end, parked (not re-posted: a piece
 	 * that re-posts itself keeps its worker in run_posts, and when that is
 	 * worker 0 the destage's own completions never run). The retry starts
 	 * over from the lookup; it runs on this worker, after this returns.
 	 */
-	slot_lock(sl);
-	bool destaging = atomic_load(&sl->bits) & SB_DESTAGING;
-	if (destaging) {
-		p->dwait.fn = retry_piece;
-		p->dwait.arg = p;
-		cache_destage_wait(cs, p->slot, &p->dwait);
-	}
-	slot_unlock(sl);
-	if (destaging) {
-		slot_unpin(cs, p);
-		bypass_put(cs, p);
-		slice_free(p->iov, p->iov_inline);
-		p->iov = NULL;
+	if (park_while(p, SB_DESTAGING))
 		return;
-	}
 	p->stage = ST_BACKING_INVAL;
 	submit_sub(p, p->parent->v->backing, p->parent->up->op, p->parent->up->flags & BDEV_F_FUA, p->off);
 }
@@ -696,6 +945,10 @@ static void piece_write(struct piece *p)
 	rcu_read_unlock();
 	if (st == SB_FILLING && !cancel_fill(cs, p))
 		st = SB_FREE;
+	/* a top-up writing the legs: wait (the lock-free test pairs with topup_read's) */
+	if (st == SB_READY && (atomic_load(&cs->slots[p->slot].bits) & SB_TOPUP_WR) &&
+	    park_while(p, SB_TOPUP_WR))
+		return;
 
 	bool around = !is_write || mode == CACHE_WRITE_AROUND || mode == CACHE_PASS_THROUGH;
 	if (st == SB_READY &&
@@ -733,6 +986,8 @@ static void piece_write(struct piece *p)
 			/* someone else's slot for this extent, pinned for us */
 			p->slot = existing;
 			p->pin = SU_WRITER;
+			if ((atomic_load(&cs->slots[existing].bits) & SB_TOPUP_WR) && park_while(p, SB_TOPUP_WR))
+				return;
 			if ((atomic_load(&cs->slots[existing].bits) & SB_STATE_MASK) == SB_FILLING &&
 			    !cancel_fill(cs, p)) {
 				to_backing(p);
@@ -987,8 +1242,9 @@ static void inval_pass(void *arg)
 			slot_unlock(sl);
 			continue;
 		}
+		if (st == SB_FILLING || (st == SB_READY && (bits & SB_TOPUP)))
+			atomic_fetch_or(&sl->bits, SB_CANCEL); /* the fill or top-up is dropped */
 		if (st == SB_FILLING) {
-			atomic_fetch_or(&sl->bits, SB_CANCEL);
 			slot_unlock(sl);
 			continue;
 		}

@@ -217,6 +217,7 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "write_hits", st->write_hits },
 		{ "write_misses", st->write_misses },
 		{ "promotions", st->promotions },
+		{ "topups", st->topups },
 		{ "evictions", st->evictions },
 		{ "destaged_bytes", st->destaged_bytes },
 		{ "cleaner_rate_bps", st->cleaner_rate_bps },

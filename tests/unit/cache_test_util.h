@@ -6,7 +6,11 @@
  * worker (like io_uring would), and can
  *  - record every write and flush into a shared log (the power-cut test
  *    rebuilds device images from a prefix of it, OCF-style), and
- *  - fail every I/O after N operations (the leg-failure test).
+ *  - fail every I/O after N operations (the leg-failure test), and
+ *  - complete reads late (read_hops: the completion is re-posted that many
+ *    times), so requests submitted meanwhile overtake them, and writes
+ *    after a random 0..write_hops re-posts with the data landing only then,
+ *    so writes in flight together land in any order (race tests).
  * Durability model of the log: a write is durable at a cut if it was
  * submitted before the cut and is FUA, or a FLUSH of the same device was
  * submitted after it and before the cut. Everything else is dropped (the
@@ -87,19 +91,34 @@ struct mem_bdev {
 	_Atomic long ops;
 	_Atomic long fail_after;   /* -1: never */
 	_Atomic long errors;
+	_Atomic int read_hops;
+	_Atomic int write_hops;
+	_Atomic uint64_t hop_rnd;
 	char name[32];
 };
 
 struct mem_done {
 	struct bdev_req *req;
 	int err;
+	int hops;
+	struct mem_bdev *m;
+	uint8_t *wdata;         /* a late write's data, landing at completion */
 };
 
 static inline void mem_complete(void *arg)
 {
 	struct mem_done *d = arg;
+	if (d->hops > 0) {
+		d->hops--;
+		worker_post(worker_self(), mem_complete, d);
+		return;
+	}
 	struct bdev_req *req = d->req;
 	int err = d->err;
+	if (d->wdata) {
+		memcpy(d->m->data + req->offset, d->wdata, req->len);
+		free(d->wdata);
+	}
 	free(d);
 	req->done(req, err);
 }
@@ -112,7 +131,14 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 	long fa = atomic_load(&m->fail_after);
 	d->req = req;
 	d->err = 0;
-	if (fa >= 0 && n >= fa) {
+	d->hops = req->op == BDEV_READ ? atomic_load(&m->read_hops) : 0;
+	d->m = m;
+	d->wdata = NULL;
+	int wh = atomic_load(&m->write_hops);
+	if (wh > 0 && req->op == BDEV_WRITE) {
+		uint64_t x = atomic_fetch_add(&m->hop_rnd, 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+		d->hops = (int)((x >> 40) % (uint64_t)(wh + 1));
+	}	if (fa >= 0 && n >= fa) {
 		d->err = -EIO;
 		atomic_fetch_add(&m->errors, 1);
 	} else if (req->offset + req->len > dev->size) {
@@ -133,8 +159,12 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 				memcpy(tmp + k, req->iov[i].iov_base, req->iov[i].iov_len);
 				k += req->iov[i].iov_len;
 			}
-			memcpy(m->data + req->offset, tmp, req->len);
 			wlog_add(m->id, false, req->flags & BDEV_F_FUA, req->offset, req->len, tmp);
+			if (wh > 0) {
+				d->wdata = tmp; /* lands at completion */
+				break;
+			}
+			memcpy(m->data + req->offset, tmp, req->len);
 			free(tmp);
 			break;
 		}

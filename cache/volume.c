@@ -623,7 +623,9 @@ static void topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
 	 * bump the generation; seeing no writer after reading bits means any
 	 * later one bumps a generation we did not read.
 	 */
-	if ((bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_TOPUP | SB_CANCEL)) &&
+	/* Dirty without a bitmap (none could be allocated): which blocks are valid is not known. */
+	bool unknown = (bits & SB_DIRTY) && !(bits & (SB_HAS_BM | SB_FULL_VALID));
+	if ((bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_TOPUP | SB_CANCEL)) && !unknown &&
 	    !(atomic_load(&sl->users) >> 16) && atomic_load(&sl->key) == key) {
 		uint32_t at = 0;
 		while (at < blocks && t->nruns < TOPUP_RUNS) {
@@ -646,7 +648,7 @@ static void topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
 	if (!t->nruns || atomic_load(&cs->bypass[bucket_of(key)])) {
 		if (t->nruns) {
 			slot_lock(sl);
-			atomic_fetch_and(&sl->bits, ~SB_TOPUP);
+			atomic_fetch_and(&sl->bits, ~(SB_TOPUP | SB_CANCEL));
 			slot_unlock(sl);
 		}
 		atomic_fetch_sub(&sl->users, SU_READER);

@@ -335,6 +335,17 @@ static uint32_t pin_lookup(struct cache_set *cs, struct piece *p, bool writer)
 	if (writer)
 		atomic_fetch_add(&sl->bits, SB_WGEN_ONE);
 	uint32_t st = atomic_load(&sl->bits) & SB_STATE_MASK;
+	if (st == SB_RETIRED) {
+		/*
+		 * A reclaim may be between retiring the slot and seeing our pin;
+		 * then it puts the slot back to READY (under the slot lock) and
+		 * a writer that took RETIRED for a miss would leave the cached
+		 * copy stale. Its answer is final once we hold the lock.
+		 */
+		slot_lock(sl);
+		st = atomic_load(&sl->bits) & SB_STATE_MASK;
+		slot_unlock(sl);
+	}
 	if (atomic_load(&sl->key) != p->key || !(st == SB_READY || (writer && st == SB_FILLING))) {
 		atomic_fetch_sub(&sl->users, how);
 		return SB_FREE;
@@ -945,8 +956,8 @@ static void piece_write(struct piece *p)
 	rcu_read_lock();
 	uint32_t st = pin_lookup(cs, p, true);
 	rcu_read_unlock();
-	if (st == SB_FILLING && !cancel_fill(cs, p))
-		st = SB_FREE;
+	if (st == SB_FILLING)
+		st = cancel_fill(cs, p) ? SB_READY : SB_FREE; /* READY: the fill had finished */
 	/* a top-up writing the legs: wait (the lock-free test pairs with topup_read's) */
 	if (st == SB_READY && (atomic_load(&cs->slots[p->slot].bits) & SB_TOPUP_WR) &&
 	    park_while(p, SB_TOPUP_WR))

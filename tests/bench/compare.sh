@@ -18,8 +18,10 @@
 # Knobs: TB_SECS (seconds per row), TB_SWEEP_SECS (per sweep point),
 # TB_PRECOND (seconds of preconditioning on the HDD), TB_SIZE (plain LUN),
 # TB_HDD_SIZE, TB_HOT (hot set on the HDD), TB_HDD_IOPS, TB_HDD_MBPS,
-# TB_OUT (directory to keep JSON results and the SVG chart in), TB_HDD=0 (skip
-# the emulated HDD part), TB_RBD=0 / TB_RBD=1 (skip / force the Ceph RBD part).
+# TB_OUT (directory to keep JSON results and the SVG chart in), TB_PLAIN=0
+# (skip the plain-file part), TB_HDD=0 (skip the emulated HDD part),
+# TB_HDD_CONFIGS (which of "cache-off write-through write-back" to run),
+# TB_RBD=0 / TB_RBD=1 (skip / force the Ceph RBD part).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -193,7 +195,9 @@ head -c "$bytes" /dev/urandom >"$img"
 fsdev=$(df -PT "$img" 2>/dev/null | awk 'NR == 2 { print $2 " on " $1 }')
 echo "   both on the same file, $fsdev: tgtd's I/O is served from RAM once the file is cached, tiercached's goes to that device."
 
-if command -v tgtd >/dev/null && command -v tgtadm >/dev/null; then
+if [ "${TB_PLAIN:-}" = 0 ]; then
+	echo "  skipped (TB_PLAIN=0)"
+elif command -v tgtd >/dev/null && command -v tgtadm >/dev/null; then
 	port=$(tc_free_port)
 	tgtd_start "$port" "$T/tgtd.log"
 	tgtadm -C "$TGTD_CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" &&
@@ -206,17 +210,19 @@ else
 	echo "  tgtd: not installed (package tgt); its column stays empty"
 fi
 
-port=$(tc_free_port)
-conf "$port" "$img" >"$T/plain.conf"
-start_tiercached "$T/plain.conf"
-plain_rows tiercached "iscsi://127.0.0.1:$port/$IQN/0"
-stop_tiercached
-# the same LUN through the page cache, as tgtd's rdwr store (backing_io = buffered)
-port=$(tc_free_port)
-{ conf "$port" "$img"; echo "backing_io = buffered"; } >"$T/plain-buffered.conf"
-start_tiercached "$T/plain-buffered.conf"
-plain_rows tiercached-buffered "iscsi://127.0.0.1:$port/$IQN/0"
-stop_tiercached
+if [ "${TB_PLAIN:-}" != 0 ]; then
+	port=$(tc_free_port)
+	conf "$port" "$img" >"$T/plain.conf"
+	start_tiercached "$T/plain.conf"
+	plain_rows tiercached "iscsi://127.0.0.1:$port/$IQN/0"
+	stop_tiercached
+	# the same LUN through the page cache, as tgtd's rdwr store (backing_io = buffered)
+	port=$(tc_free_port)
+	{ conf "$port" "$img"; echo "backing_io = buffered"; } >"$T/plain-buffered.conf"
+	start_tiercached "$T/plain-buffered.conf"
+	plain_rows tiercached-buffered "iscsi://127.0.0.1:$port/$IQN/0"
+	stop_tiercached
+fi
 WRITE_CACHE=no
 
 # ---- part 2: emulated HDD, cache off and on ---------------------------------
@@ -259,15 +265,20 @@ fi
 cache_modes=()
 if [ -n "$hdd_ok" ]; then
 	. "$T/hdd.env"
+	configs=" ${TB_HDD_CONFIGS:-cache-off write-through write-back} "
 	port=$(tc_free_port)
-	conf "$port" "$HDD_DEV" >"$T/hdd-off.conf"
-	start_tiercached "$T/hdd-off.conf" "$HDD_NAME"
-	hdd_rows cache-off "iscsi://127.0.0.1:$port/$IQN/0"
-	stop_tiercached
+	if [[ $configs == *" cache-off "* ]]; then
+		conf "$port" "$HDD_DEV" >"$T/hdd-off.conf"
+		start_tiercached "$T/hdd-off.conf" "$HDD_NAME"
+		hdd_rows cache-off "iscsi://127.0.0.1:$port/$IQN/0"
+		stop_tiercached
+	fi
 
 	conf "$port" "$HDD_DEV" write-back >"$T/probe.conf"
 	if probe=$("$TC_BIN" --check -c "$T/probe.conf" 2>&1); then
-		cache_modes=(write-through write-back)
+		for mode in write-through write-back; do
+			[[ $configs == *" $mode "* ]] && cache_modes+=("$mode")
+		done
 	else
 		echo "  cache on: n/a (cache engine not available: $(echo "$probe" | head -n 1))"
 	fi
@@ -317,11 +328,14 @@ metrics = [("IOPS", lambda r: r["iops"], num), ("MB/s", lambda r: r["mb_per_s"],
            ("avg lat", lambda r: r["latency_us"]["avg"], lat), ("p50 lat", lambda r: r["latency_us"]["p50"], lat),
            ("p99 lat", lambda r: r["latency_us"]["p99"], lat), ("p99.9 lat", lambda r: r["latency_us"]["p99_9"], lat),
            ("max lat", lambda r: r["latency_us"]["max"], lat), ("stddev", lambda r: r["latency_us"]["stddev"], lat)]
-print("tiercached vs tgtd, plain file (ratio = tiercached / tgtd: above 1 is better for IOPS and MB/s,")
-print("below 1 is better for latency); direct = O_DIRECT, buffered = backing_io = buffered (page cache, as tgtd)")
+plain_ran = any(load(c, k) for c in ("tgtd", "tiercached", "tiercached-buffered") for k, _ in rows)
+if plain_ran:
+    print("tiercached vs tgtd, plain file (ratio = tiercached / tgtd: above 1 is better for IOPS and MB/s,")
+    print("below 1 is better for latency); direct = O_DIRECT, buffered = backing_io = buffered (page cache, as tgtd)")
 fmt = "%-28s %-10s %12s %12s %8s %12s %8s"
-print(fmt % ("workload", "figure", "tgtd", "direct", "ratio", "buffered", "ratio"))
-for key, title in rows:
+if plain_ran:
+    print(fmt % ("workload", "figure", "tgtd", "direct", "ratio", "buffered", "ratio"))
+for key, title in (rows if plain_ran else []):
     a, b, c = load("tgtd", key), load("tiercached", key), load("tiercached-buffered", key)
     for i, (mname, get, f) in enumerate(metrics):
         va = get(a[0]) if a else None

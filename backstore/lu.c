@@ -877,6 +877,15 @@ static bool cdb_reserved_ok(struct scsi_cmd *cmd, const struct cmd_desc *d)
 	return true;
 }
 
+void scsi_cmd_data_sent(struct scsi_cmd *cmd)
+{
+	struct scsi_lu *lu = cmd->data_fd_lu;
+	if (lu) {
+		cmd->data_fd_lu = NULL;
+		lu_inflight_add(lu, -1);
+	}
+}
+
 void scsi_cmd_submit(struct scsi_cmd *cmd)
 {
 	const struct cmd_desc *d;
@@ -888,6 +897,7 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->data_in_len = 0;
 	cmd->cdb_xfer_len = 0;
 	cmd->bs_priv = NULL;
+	cmd->data_fd_lu = NULL;
 	nl = scsi_cmd_nlu(cmd);
 	cmd->lu = nl ? nl->lu : NULL;
 	cmd->held_lu = cmd->lu;

@@ -384,6 +384,14 @@ static void read_done(struct sbc_io *io, int err)
 	io_finish(io);
 }
 
+/*
+ * Reads at least this long may go out with sendfile (scsi_cmd.fe_data_fd):
+ * below it, the two copies saved cost less than the extra system calls
+ * (a residency check, then a sendfile per command instead of one batched
+ * ring submission and one writev for many responses).
+ */
+#define SBC_SENDFILE_MIN (32u << 10)
+
 void sbc_read(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
@@ -413,6 +421,20 @@ void sbc_read(struct scsi_cmd *cmd)
 		return;
 	}
 	io->end = bytes;
+	if (cmd->fe_data_fd && bytes >= SBC_SENDFILE_MIN && cmd->read_len >= bytes && lu->dev->ops->cached_fd) {
+		/* all of it in the page cache: the front end sends it from there */
+		uint64_t fd_off;
+		int fd = lu->dev->ops->cached_fd(lu->dev, lba << lu->block_shift, bytes, &fd_off);
+		if (fd >= 0) {
+			cmd->data_fd = fd;
+			cmd->data_fd_off = fd_off;
+			cmd->data_in_len = (uint32_t)bytes;
+			cmd->data_fd_lu = cmd->held_lu; /* the hold lasts until the data is out */
+			cmd->held_lu = NULL;
+			cmd->done(cmd);
+			return;
+		}
+	}
 	if (cmd->read_len >= bytes) {
 		struct iovec *iov;
 		int cnt = iov_window(io, 0, bytes, &iov);

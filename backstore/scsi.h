@@ -83,6 +83,15 @@ struct scsi_cmd {
 	uint32_t read_len;
 	void (*done)(struct scsi_cmd *cmd);
 	void *fe_priv;            /* front end's */
+	/*
+	 * The front end can send Data-In straight from a file (sendfile):
+	 * then it sets data_fd = -1, and a READ whose data all sits in the
+	 * page cache of a buffered file LU may complete without reading,
+	 * leaving data_fd >= 0: the Data-In is data_in_len bytes of that file
+	 * from data_fd_off, and iov is untouched. Front ends that leave this
+	 * false never see data_fd set.
+	 */
+	bool fe_data_fd;
 
 	/* --- filled by the backstore before done() --- */
 	uint8_t status;           /* SAM_STAT_* */
@@ -91,6 +100,9 @@ struct scsi_cmd {
 	/* Bytes of Data-In produced (<= read_len). The front end computes
 	 * the residual from what the CDB asked for via data_len_cdb. */
 	uint32_t data_in_len;
+	int data_fd;              /* see fe_data_fd */
+	uint64_t data_fd_off;
+	struct scsi_lu *data_fd_lu; /* held until scsi_cmd_data_sent: the fd stays open */
 	/* Transfer length the CDB itself asks for in bytes (for residual
 	 * over/underflow against the iSCSI expected length); 0 = none. */
 	uint32_t cdb_xfer_len;
@@ -198,6 +210,14 @@ void scsi_nexus_close(struct scsi_nexus *nx);
 /* ---- commands ---- */
 
 void scsi_cmd_submit(struct scsi_cmd *cmd);
+/*
+ * A front end that got Data-In as data_fd calls this once the data has
+ * been written out or dropped (any later time on the same worker; more
+ * calls, or calls for other commands, do nothing): until then the LU
+ * counts the command as in flight, so a reload removing it waits and the
+ * file stays open.
+ */
+void scsi_cmd_data_sent(struct scsi_cmd *cmd);
 
 /* ---- task management (SAM-5), after the front end has dealt with its
  * own queued commands. Establishes the unit attentions the standard asks

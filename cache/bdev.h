@@ -81,6 +81,14 @@ struct bdev_ops {
 	 * I/O starts. See bdev_set_resize_listener.
 	 */
 	void (*set_resize_listener)(struct bdev *dev, void (*fn)(void *arg, uint64_t size), void *arg);
+	/*
+	 * A file read through the page cache (NULL otherwise): if every page
+	 * of [offset, offset + len) is in the page cache right now, return
+	 * the file descriptor and set *fd_off, so a front end can send the
+	 * data to a socket without reading it into a buffer (sendfile); else
+	 * -1: read it. Worker thread, never blocks.
+	 */
+	int (*cached_fd)(struct bdev *dev, uint64_t offset, uint64_t len, uint64_t *fd_off);
 };
 
 /*

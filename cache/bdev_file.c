@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 struct file_bdev {
@@ -236,10 +238,46 @@ static int64_t file_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 	return (int64_t)(end > offset ? end - offset : bs);
 }
 
+/*
+ * cachestat(2) (Linux 6.5): how many pages of a range are in the page
+ * cache. Declared here: Debian 12's headers predate it. Kernels without
+ * it say ENOSYS once and every read takes the ordinary path.
+ */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct tc_cachestat_range {
+	uint64_t off, len;
+};
+struct tc_cachestat {
+	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static _Atomic bool no_cachestat;
+
+static int file_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint64_t *fd_off)
+{
+	struct file_bdev *fb = (struct file_bdev *)dev;
+	if (!fb->buffered || !len || atomic_load_explicit(&no_cachestat, memory_order_relaxed))
+		return -1;
+	struct tc_cachestat_range r = { offset, len };
+	struct tc_cachestat cs;
+	if (syscall(__NR_cachestat, fb->fd, &r, &cs, 0) < 0) {
+		if (errno == ENOSYS)
+			atomic_store(&no_cachestat, true);
+		return -1;
+	}
+	uint64_t page = (uint64_t)getpagesize(), pages = (offset + len + page - 1) / page - offset / page;
+	if (cs.nr_cache < pages)
+		return -1;
+	*fd_off = offset;
+	return fb->fd;
+}
+
 static const struct bdev_ops file_ops = {
 	.submit = file_submit,
 	.close = file_close,
 	.lba_status = file_lba_status,
+	.cached_fd = file_cached_fd,
 };
 
 int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # backing_io: an uncached file LUN opened with O_DIRECT by default, through
 # the page cache with backing_io = buffered; both serve the same bytes to a
-# real initiator, and the buffered one keeps them across a restart.
+# real initiator, and the buffered one keeps them across a restart. Large
+# reads of page-cached data go out with sendfile, the rest as usual.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 command -v qemu-io >/dev/null || skip "qemu-io not installed"
@@ -52,6 +53,36 @@ head -c 8M /dev/urandom >"$T/rand.img"
 qemu-img convert -n -f raw -O raw "$T/rand.img" "$url" || fail "qemu-img convert to the LUN"
 cmp <(head -c 8M "$T/disk0.img") "$T/rand.img" || fail "the backing file does not hold what was written"
 pass "buffered: 8 MiB of random data is in the backing file once acknowledged (write cache off)"
+
+# Reads of 32K or more whose pages all sit in the page cache leave with
+# sendfile (file to socket, no copy through the daemon); the others are
+# read as usual. Both must return the same bytes; strace tells which ran.
+# readback NAME: read the 8 MiB back over iSCSI, print the daemon's sendfile count
+readback() {
+	local n=-1 sp=
+	if command -v strace >/dev/null; then
+		strace -f -qq -e trace=sendfile -o "$T/strace.$1" -p "$TC_PID" & sp=$!
+		sleep 0.5
+	fi
+	qemu-img convert -f raw -O raw "$url" "$T/$1.img" || fail "read back over iSCSI ($1)"
+	if [ -n "$sp" ]; then
+		sleep 0.2
+		kill "$sp"
+		wait "$sp" 2>/dev/null
+		n=$(grep -c '^[0-9]* *sendfile(' "$T/strace.$1")
+	fi
+	cmp <(head -c 8M "$T/$1.img") "$T/rand.img" || fail "read back ($1): not the data written"
+	echo "$n"
+}
+n=$(readback cached)
+[ "$n" != 0 ] || fail "page-cached reads: no sendfile ran"
+pass "buffered: page-cached data reads back correctly, sent from the page cache ($n sendfile calls)"
+python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$T/disk0.img"
+n=$(readback cold)
+[ "$n" = 0 ] || [ "$n" = -1 ] || fail "reads of data not in the page cache used sendfile ($n calls)"
+pass "buffered: data not in the page cache is read as usual and correct (sendfile calls: $n)"
 tc_stop
 tc_start "$T/direct.conf"
 qemu-img convert -f raw -O raw "$url" "$T/back.img" || fail "read after restart"
@@ -74,3 +105,23 @@ qemu-img convert -n -f raw -O raw -t writeback "$T/rand2.img" "$url" || fail "qe
 tc_stop
 cmp <(head -c 4M "$T/disk0.img") "$T/rand2.img" || fail "after a clean stop the backing file lacks what was written"
 pass "buffered, write cache on: 4 MiB in the backing file after a clean stop"
+
+# The read, write, verify, compare-and-write and unmap families of the
+# libiscsi conformance suite on a buffered LUN: the page cache, the inline
+# small writes and the sendfile reads answer as the O_DIRECT path does.
+if command -v iscsi-test-cu >/dev/null; then
+	tc_start "$T/wce.conf"
+	families=SCSI.Read6,SCSI.Read10,SCSI.Read12,SCSI.Read16,SCSI.Write10,SCSI.Write12,SCSI.Write16
+	families+=,SCSI.WriteVerify10,SCSI.WriteVerify16,SCSI.Verify10,SCSI.Verify16,SCSI.CompareAndWrite
+	families+=,SCSI.Unmap,SCSI.WriteSame10,SCSI.WriteSame16
+	timeout 600 iscsi-test-cu --dataloss -i iqn.2026-11.test:buf-a -I iqn.2026-11.test:buf-b -t "$families" \
+		"$url" >"$T/cu.log" 2>&1
+	kill -0 "$TC_PID" 2>/dev/null || fail "tiercached died during the suite"
+	sum=$(python3 "$TC_ROOT/tests/tools/cu_summary.py" "$T/cu.log" --names)
+	line=$(echo "$sum" | head -1)
+	total=$(echo "$line" | awk '{print $2}') failed=$(echo "$line" | awk '{print $6}')
+	[ -n "$total" ] && [ "$total" -ge 60 ] || fail "only '$total' conformance tests ran; see $T/cu.log"
+	[ "$failed" = 0 ] || fail "conformance failures on a buffered LUN: $sum"
+	pass "buffered: libiscsi read/write/verify/compare/unmap families: $line"
+	tc_stop
+fi

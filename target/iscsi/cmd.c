@@ -59,8 +59,10 @@ static uint8_t cdb_len_from_opcode(uint8_t op)
 	}
 }
 
+/* The command's data: its buffers, and the LU held while Data-In goes out from a file. */
 static void cmd_free_bufs(struct iscsi_cmd *cmd)
 {
+	scsi_cmd_data_sent(&cmd->sc);
 	for (int i = 0; i < cmd->nbufs; i++)
 		buf_put(cmd->bufs[i], cmd->buf_req[i]);
 	cmd->nbufs = 0;
@@ -143,6 +145,7 @@ static void send_r2t(struct iscsi_conn *c, struct iscsi_cmd *cmd, struct iscsi_r
 	be32_put(h->desired_len, slot->len);
 	cmd->tx.data_iovcnt = 0;
 	cmd->tx.data_len = 0;
+	cmd->tx.file_fd = -1;
 	cmd->tx.sent_cb = cmd_sent;
 	slot->sent = true;
 	iscsi_conn_send(c, &cmd->tx);
@@ -205,7 +208,14 @@ static void send_data_in(struct iscsi_conn *c, struct iscsi_cmd *cmd)
 		iscsi_conn_fill_sn(c, cmd->tx.hdr, false);
 		be32_put(h->statsn, 0);
 	}
-	cmd->tx.data_iovcnt = cmd_map(cmd, cmd->datain_off, len, cmd->tx.data);
+	if (cmd->sc.data_fd >= 0) {
+		cmd->tx.data_iovcnt = 0;
+		cmd->tx.file_fd = cmd->sc.data_fd;
+		cmd->tx.file_off = cmd->sc.data_fd_off + cmd->datain_off;
+	} else {
+		cmd->tx.data_iovcnt = cmd_map(cmd, cmd->datain_off, len, cmd->tx.data);
+		cmd->tx.file_fd = -1;
+	}
 	cmd->tx.data_len = len;
 	cmd->datain_off += len;
 	cmd->tx.sent_cb = cmd_sent;
@@ -230,6 +240,7 @@ static void send_response(struct iscsi_conn *c, struct iscsi_cmd *cmd)
 	be32_put(h->residual, residual);
 	cmd->tx.data_iovcnt = 0;
 	cmd->tx.data_len = 0;
+	cmd->tx.file_fd = -1;
 	if (cmd->sc.sense_len) {
 		uint8_t sl = cmd->sc.sense_len > SCSI_SENSE_MAX ? SCSI_SENSE_MAX : cmd->sc.sense_len;
 		be16_put(cmd->rsp_data, sl);
@@ -426,6 +437,8 @@ void iscsi_cmd_rx_header(struct iscsi_conn *c, const uint8_t *bhs)
 	cmd->sc.write_len = cmd->sc.read_len = 0;
 	cmd->sc.done = cmd_done;
 	cmd->sc.fe_priv = cmd;
+	cmd->sc.fe_data_fd = !c->params.data_digest; /* a data digest needs the bytes here */
+	cmd->sc.data_fd = -1;
 	cmd->sc.status = SAM_STAT_GOOD;
 	cmd->sc.sense_len = 0;
 	cmd->sc.data_in_len = 0;

@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -154,6 +155,7 @@ struct iscsi_tx *iscsi_tx_new(size_t dlen)
 	if (!tx)
 		return NULL;
 	tx->kind = ISCSI_TX_CTRL;
+	tx->file_fd = -1;
 	tx->payload = (uint8_t *)(tx + 1);
 	if (dlen) {
 		tx->data[0].iov_base = tx->payload;
@@ -258,8 +260,12 @@ bool iscsi_conn_unqueue(struct iscsi_conn *c, struct iscsi_tx *tx)
 	return true;
 }
 
-/* Append the unsent part of tx to iov; returns the new count. */
-static int tx_iov(struct iscsi_tx *tx, struct iovec *iov, int n, int max)
+/*
+ * Append the unsent part of tx to iov; returns the new count. A data
+ * segment that comes from a file (file_fd) is not in memory: *stop is set
+ * when it is reached, and the caller sends it with sendfile.
+ */
+static int tx_iov(struct iscsi_tx *tx, struct iovec *iov, int n, int max, bool *stop)
 {
 	size_t skip = tx->sent;
 	struct iovec parts[ISCSI_TX_DATA_IOV + 2];
@@ -267,6 +273,12 @@ static int tx_iov(struct iscsi_tx *tx, struct iovec *iov, int n, int max)
 
 	parts[np].iov_base = tx->hdr;
 	parts[np++].iov_len = tx->hdr_len;
+	int file_part = -1;
+	if (tx->file_fd >= 0 && tx->data_len) {
+		file_part = np;
+		parts[np].iov_base = NULL;
+		parts[np++].iov_len = tx->data_len;
+	}
 	for (int i = 0; i < tx->data_iovcnt; i++)
 		parts[np++] = tx->data[i];
 	if (tx->trailer_len) {
@@ -277,6 +289,10 @@ static int tx_iov(struct iscsi_tx *tx, struct iovec *iov, int n, int max)
 		if (skip >= parts[i].iov_len) {
 			skip -= parts[i].iov_len;
 			continue;
+		}
+		if (i == file_part) {
+			*stop = true;
+			break;
 		}
 		iov[n].iov_base = (char *)parts[i].iov_base + skip;
 		iov[n].iov_len = parts[i].iov_len - skip;
@@ -295,19 +311,65 @@ static void wait_writable(struct iscsi_conn *c)
 	}
 }
 
+/* w bytes of the queue went out: retire the PDUs they finish. */
+static void tx_advance(struct iscsi_conn *c, size_t w)
+{
+	c->tx_queued_bytes -= w;
+	while (w && c->tx_head) {
+		struct iscsi_tx *tx = c->tx_head;
+		size_t rem = tx->total - tx->sent;
+		if (w < rem) {
+			tx->sent += w;
+			return;
+		}
+		w -= rem;
+		tx->sent = tx->total;
+		c->tx_head = tx->next;
+		if (!c->tx_head)
+			c->tx_tail = NULL;
+		tx_done(c, tx);
+		if (c->state == CONN_CLOSING)
+			return;
+	}
+}
+
+/* The head PDU is inside a data segment that comes from a file. */
+static bool head_in_file(const struct iscsi_conn *c)
+{
+	const struct iscsi_tx *tx = c->tx_head;
+	return tx->file_fd >= 0 && tx->sent >= tx->hdr_len && tx->sent < tx->hdr_len + tx->data_len;
+}
+
 void iscsi_conn_flush(struct iscsi_conn *c)
 {
 	struct iovec iov[TX_IOV_MAX];
 
 	while (c->tx_head && c->state != CONN_CLOSING) {
-		int n = 0;
 		size_t want = 0;
-		for (struct iscsi_tx *tx = c->tx_head; tx && n < TX_IOV_MAX - (ISCSI_TX_DATA_IOV + 2);
-		     tx = tx->next)
-			n = tx_iov(tx, iov, n, TX_IOV_MAX);
-		for (int i = 0; i < n; i++)
-			want += iov[i].iov_len;
-		ssize_t w = writev(c->ev.fd, iov, n);
+		ssize_t w;
+		if (head_in_file(c)) {
+			/* page cache to socket: no copy through our buffers */
+			struct iscsi_tx *tx = c->tx_head;
+			size_t done = tx->sent - tx->hdr_len;
+			off_t off = (off_t)(tx->file_off + done);
+			want = tx->data_len - done;
+			w = sendfile(c->ev.fd, tx->file_fd, &off, want);
+			if (w == 0) {
+				iscsi_conn_close(c, "LUN data ended early (file shorter than the LUN?)");
+				return;
+			}
+		} else {
+			int n = 0;
+			bool stop = false;
+			for (struct iscsi_tx *tx = c->tx_head;
+			     tx && !stop && n < TX_IOV_MAX - (ISCSI_TX_DATA_IOV + 2); tx = tx->next)
+				n = tx_iov(tx, iov, n, TX_IOV_MAX, &stop);
+			for (int i = 0; i < n; i++)
+				want += iov[i].iov_len;
+			/* MSG_MORE before a file segment: its header and data leave together */
+			struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+			w = sendmsg(c->ev.fd, &m, MSG_NOSIGNAL | (stop ? MSG_MORE : 0));
+		}
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -318,27 +380,11 @@ void iscsi_conn_flush(struct iscsi_conn *c)
 			iscsi_conn_close(c, strerror(errno));
 			return;
 		}
-		size_t left = (size_t)w;
-		c->tx_queued_bytes -= left;
-		while (left && c->tx_head) {
-			struct iscsi_tx *tx = c->tx_head;
-			size_t rem = tx->total - tx->sent;
-			if (left < rem) {
-				tx->sent += left;
-				left = 0;
-				break;
-			}
-			left -= rem;
-			tx->sent = tx->total;
-			c->tx_head = tx->next;
-			if (!c->tx_head)
-				c->tx_tail = NULL;
-			tx_done(c, tx);
-			if (c->state == CONN_CLOSING)
-				return;
-		}
+		tx_advance(c, (size_t)w);
+		if (c->state == CONN_CLOSING)
+			return;
 		if ((size_t)w < want) {
-			/* the socket buffer is full: another writev now would only
+			/* the socket buffer is full: another write now would only
 			 * say EAGAIN; wait for room */
 			wait_writable(c);
 			return;

@@ -66,6 +66,10 @@ struct iscsi_tx {
 	struct iovec data[ISCSI_TX_DATA_IOV];
 	int data_iovcnt;
 	uint32_t data_len;
+	/* >= 0: the data segment is data_len bytes of this file at file_off
+	 * (sendfile; never with a data digest), data_iovcnt is 0 */
+	int file_fd;
+	uint64_t file_off;
 	uint8_t trailer[3 + ISCSI_DIGEST_LEN]; /* pad + data digest */
 	uint32_t trailer_len;
 	size_t total, sent;

@@ -84,6 +84,7 @@ static int pool_init(struct iscsi_sess *s)
 		cmd->sess = s;
 		cmd->state = CMD_FREE;
 		cmd->tx.kind = ISCSI_TX_CMD;
+		cmd->tx.file_fd = -1;
 		cmd->next = s->free_list;
 		s->free_list = cmd;
 	}

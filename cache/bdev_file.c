@@ -14,6 +14,8 @@
  */
 #include "bdev.h"
 
+#include "../common/log.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -241,7 +243,8 @@ static int64_t file_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 /*
  * cachestat(2) (Linux 6.5): how many pages of a range are in the page
  * cache. Declared here: Debian 12's headers predate it. Kernels without
- * it say ENOSYS once and every read takes the ordinary path.
+ * it (ENOSYS), or a seccomp filter that refuses it (EPERM), are noted once
+ * and every read then takes the ordinary path.
  */
 #ifndef __NR_cachestat
 #define __NR_cachestat 451
@@ -262,8 +265,11 @@ static int file_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint6
 	struct tc_cachestat_range r = { offset, len };
 	struct tc_cachestat cs;
 	if (syscall(__NR_cachestat, fb->fd, &r, &cs, 0) < 0) {
-		if (errno == ENOSYS)
-			atomic_store(&no_cachestat, true);
+		/* not in this kernel, or refused by a seccomp filter (systemd's
+		 * SystemCallFilter before it knew the call): stop asking */
+		if ((errno == ENOSYS || errno == EPERM) && !atomic_exchange(&no_cachestat, true))
+			log_info("%s: cachestat(2) unavailable (%s): page-cached reads are copied as usual",
+				 fb->path, strerror(errno));
 		return -1;
 	}
 	uint64_t page = (uint64_t)getpagesize(), pages = (offset + len + page - 1) / page - offset / page;

@@ -27,9 +27,16 @@
  * Then the complete PDU is dispatched by opcode to login.c, cmd.c,
  * tmf.c, text.c, logout.c, nop.c or reject.c.
  *
- * Transmit: a FIFO of struct iscsi_tx written with writev, many PDUs per
- * call; EPOLLOUT is watched only while the kernel refuses more (backpressure),
- * and reading stops while more than ISCSI_TX_HIGH_WATER bytes wait.
+ * Transmit: a FIFO of struct iscsi_tx written with sendmsg, many PDUs per
+ * call, except that a data segment held in a file (a page-cached READ,
+ * iscsi_tx.file_fd) goes with sendfile: the call before it ends at its
+ * header, with MSG_MORE. The file's pages were all cached when the command
+ * completed; if they are evicted before the send, sendfile reads them on
+ * the worker (a stall, not an error), and a read error then closes the
+ * connection (the initiator retries; the data is then read the ordinary
+ * way). EPOLLOUT is watched only while the kernel refuses more
+ * (backpressure), and reading stops while more than ISCSI_TX_HIGH_WATER
+ * bytes wait.
  *
  * Lifetime: entry points (socket events, ticks, backstore completions,
  * posted calls) bracket their work with conn_enter/conn_leave. On a worker
@@ -211,7 +218,7 @@ void iscsi_conn_send(struct iscsi_conn *c, struct iscsi_tx *tx)
 		uint32_t pad = (4 - (tx->data_len & 3)) & 3;
 		memset(tx->trailer, 0, pad);
 		tx->trailer_len = pad;
-		if (c->params.data_digest) {
+		if (c->params.data_digest) { /* never with file_fd: cmd.c sets fe_data_fd only without */
 			uint32_t crc = ISCSI_CRC_INIT;
 			for (int i = 0; i < tx->data_iovcnt; i++)
 				crc = iscsi_crc32c(tx->data[i].iov_base, tx->data[i].iov_len, crc);

@@ -10,8 +10,10 @@
  * per-command path never calls malloc: data buffers come from bufpool,
  * Data-Out lands in them (straight from the socket when it is long; short
  * segments are copied once from the connection's receive stage, which
- * saves a read per PDU), and Data-In is written from them with writev,
- * every response of a loop iteration in one call (conn.c).
+ * saves a read per PDU), and Data-In is written from them with sendmsg,
+ * every response of a loop iteration in one call (conn.c), or, for a READ
+ * the backstore answered with a page-cached file range (scsi_cmd.data_fd),
+ * its header with sendmsg and its data with sendfile.
  *
  * Transmit model: a connection has a FIFO of struct iscsi_tx. A control
  * PDU (login/text/NOP-In/TMF/logout/reject/async response) is a malloc'd

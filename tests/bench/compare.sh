@@ -13,7 +13,7 @@
 # It is a benchmark: it prints and asserts nothing about speed. It exits
 # non-zero only when a run failed (a target error, a verify mismatch).
 #
-#   bash tests/bench/compare.sh            full (about 10 minutes)
+#   bash tests/bench/compare.sh            full (about 20 minutes without the RBD part)
 #   TB_QUICK=1 bash tests/bench/compare.sh  a few seconds per row (the smoke test)
 # Knobs: TB_SECS (seconds per row), TB_SWEEP_SECS (per sweep point),
 # TB_PRECOND (seconds of preconditioning on the HDD), TB_SIZE (plain LUN),
@@ -40,7 +40,7 @@ if [ -n "${TB_QUICK:-}" ]; then
 	SIZE=${TB_SIZE:-256M} HDD_SIZE=${TB_HDD_SIZE:-512M} HOT=${TB_HOT:-16M}
 	SWEEP_LOADS=2x2,4x8,16x16
 else
-	SECS=${TB_SECS:-10} SWEEP_SECS=${TB_SWEEP_SECS:-3} PRECOND=${TB_PRECOND:-20}
+	SECS=${TB_SECS:-10} SWEEP_SECS=${TB_SWEEP_SECS:-5} PRECOND=${TB_PRECOND:-20}
 	SIZE=${TB_SIZE:-1G} HDD_SIZE=${TB_HDD_SIZE:-4G} HOT=${TB_HOT:-64M}
 	SWEEP_LOADS=2x2,2x4,2x8,2x16,4x2,4x4,4x8,4x16,8x2,8x4,8x8,8x16,16x2,16x4,16x8,16x16
 fi

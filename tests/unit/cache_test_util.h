@@ -234,6 +234,15 @@ static inline void wlog_image(int id, const uint8_t *initial, uint64_t size, siz
 	pthread_mutex_unlock(&g_log.lock);
 }
 
+/* xorshift64: the tests' reproducible pseudo-random sequence, one state each */
+static inline uint64_t tc_xorshift(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
 /* ---- running I/O on a worker from the test thread ---- */
 
 struct tio {

@@ -20,13 +20,7 @@
 
 static uint8_t model[BACK_SIZE];
 static uint64_t rs = 0x1234567;
-static uint64_t rnd(void)
-{
-	rs ^= rs << 13;
-	rs ^= rs >> 7;
-	rs ^= rs << 17;
-	return rs;
-}
+static uint64_t rnd(void) { return tc_xorshift(&rs); }
 
 static struct cache_set_cfg cfg = {
 	.name = "lf",

@@ -72,13 +72,7 @@ static struct cache_set *open_set(struct mem_bdev **b, struct mem_bdev **l0, str
 }
 
 static uint64_t rnd_state = 88172645463325252ull;
-static uint64_t rnd(void)
-{
-	rnd_state ^= rnd_state << 13;
-	rnd_state ^= rnd_state >> 7;
-	rnd_state ^= rnd_state << 17;
-	return rnd_state;
-}
+static uint64_t rnd(void) { return tc_xorshift(&rnd_state); }
 
 static int verify_cut(size_t cut)
 {

@@ -37,13 +37,7 @@ static struct cache_set_cfg cfg = {
 };
 
 static uint64_t rnd_state = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void)
-{
-	rnd_state ^= rnd_state << 13;
-	rnd_state ^= rnd_state >> 7;
-	rnd_state ^= rnd_state << 17;
-	return rnd_state;
-}
+static uint64_t rnd(void) { return tc_xorshift(&rnd_state); }
 
 static void status(struct cache_set *cs, struct cache_set_status *st)
 {

@@ -10,7 +10,8 @@
  *  - complete reads late (read_hops: the completion is re-posted that many
  *    times), so requests submitted meanwhile overtake them, and writes
  *    after a random 0..write_hops re-posts with the data landing only then,
- *    so writes in flight together land in any order (race tests).
+ *    so writes in flight together land in any order (race tests); with
+ *    write_hops_exact, after exactly write_hops re-posts.
  * Durability model of the log: a write is durable at a cut if it was
  * submitted before the cut and is FUA, or a FLUSH of the same device was
  * submitted after it and before the cut. Everything else is dropped (the
@@ -93,6 +94,7 @@ struct mem_bdev {
 	_Atomic long errors;
 	_Atomic int read_hops;
 	_Atomic int write_hops;
+	_Atomic bool write_hops_exact;
 	_Atomic uint64_t hop_rnd;
 	char name[32];
 };
@@ -137,7 +139,7 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 	int wh = atomic_load(&m->write_hops);
 	if (wh > 0 && req->op == BDEV_WRITE) {
 		uint64_t x = atomic_fetch_add(&m->hop_rnd, 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-		d->hops = (int)((x >> 40) % (uint64_t)(wh + 1));
+		d->hops = atomic_load(&m->write_hops_exact) ? wh : (int)((x >> 40) % (uint64_t)(wh + 1));
 	}	if (fa >= 0 && n >= fa) {
 		d->err = -EIO;
 		atomic_fetch_add(&m->errors, 1);

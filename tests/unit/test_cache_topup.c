@@ -6,6 +6,8 @@
  *    written blocks valid. A read of the whole extent is a partial hit and
  *    starts a top-up; once it has run, the same read is a whole hit with the
  *    same data, and the written (dirty) blocks are still the new data.
+ *    A partial hit while a write to the extent bypasses the cache (held in
+ *    flight on purpose) starts none: its blocks read back as written.
  * 2. Stress, in write-back, write-through and write-around: two workers,
  *    up to 16 requests in flight, writes (stamped with a sequence number),
  *    reads and UNMAPs over a small region so that top-ups keep meeting
@@ -106,8 +108,65 @@ static void test_basic(void)
 	REQUIRE(b->data[ext + 16384 + 100] == 0, "write-back: the backing store still has the old data");
 	printf("ok: a partial hit tops the extent up; the next read is a whole hit, dirty data kept\n");
 
+
 	buf_put(w, 8192);
 	buf_put(r, EXT);
+	cache_set_shutdown(cs);
+	bdev_close(vol);
+	cache_set_close(cs);
+}
+
+/*
+ * A write that bypasses the cache is in flight when the extent becomes
+ * resident and a partial hit asks for a top-up: the top-up must not read
+ * the backing store's old copy of those blocks and call it valid. The
+ * bypass write (8K: over this set's 4K seq_cutoff) lands only after
+ * a million re-posts; a 4K write makes the extent resident, a read of it and
+ * the next 4K is a partial hit. Once the 8K write is done, its blocks must
+ * read back as written.
+ */
+static void test_bypass(void)
+{
+	char err[512];
+	struct mem_bdev *b = mem_new(0, BACK, NULL), *l0 = mem_new(1, LEG, NULL), *l1 = mem_new(2, LEG, NULL);
+	for (uint64_t off = 0; off < REGION; off += 512)
+		stamp_fill(b->data + off, off / 512, 1, 0);
+	struct bdev *legs[2] = { &l0->dev, &l1->dev };
+	struct cache_set_cfg bcfg = cfg;
+	bcfg.seq_cutoff = 4096;
+	struct cache_set *cs = cache_set_open_devs(&bcfg, legs, err, sizeof(err));
+	REQUIRE(cs, "format: %s", err);
+	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(vol, "attach: %s", err);
+	struct cache_set_status st0, st;
+	uint8_t *r = buf_get(8192);
+	uint64_t e2 = 9 * (uint64_t)EXT;
+	uint8_t *w8 = buf_get(8192), *w4 = buf_get(4096);
+	stamp_fill(w8, e2 / 512, 16, 7);
+	stamp_fill(w4, (e2 + 32768) / 512, 8, 8);
+	atomic_store(&b->write_hops_exact, true);
+	atomic_store(&b->write_hops, 1000000); /* about 0.35 s here */
+	struct tio slow;
+	tio_submit(&slow, vol, BDEV_WRITE, e2, w8, 8192, 0, NULL, 0);
+	REQUIRE(tio_sync(vol, BDEV_WRITE, e2 + 32768, w4, 4096, 0) == 0, "4K write");
+	status(cs, &st0);
+	REQUIRE(tio_sync(vol, BDEV_READ, e2 + 32768, r, 8192, 0) == 0, "partial read");
+	usleep(20000); /* a top-up, had one started, has finished by now */
+	REQUIRE(!atomic_load(&slow.done), "the bypass write is still in flight (make its delay longer)");
+	while (!atomic_load(&slow.done))
+		usleep(1000);
+	atomic_store(&b->write_hops, 0);
+	REQUIRE(slow.err == 0, "bypass write");
+	memset(r, 0, 8192);
+	REQUIRE(tio_sync(vol, BDEV_READ, e2, r, 8192, 0) == 0, "read");
+	int64_t want7[2] = { 7, 7 };
+	check_blocks(r, (uint32_t)(e2 / BLK), 2, want7, "blocks of a write that bypassed the cache");
+	status(cs, &st);
+	printf("ok: no top-up while a write to the extent bypasses the cache (top-ups %llu -> %llu)\n",
+	       (unsigned long long)st0.topups, (unsigned long long)st.topups);
+	buf_put(w8, 8192);
+	buf_put(w4, 4096);
+	buf_put(r, 8192);
 	cache_set_shutdown(cs);
 	bdev_close(vol);
 	cache_set_close(cs);
@@ -246,6 +305,7 @@ int main(void)
 {
 	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
 	test_basic();
+	test_bypass();
 	test_stress();
 	workers_stop();
 	return 0;

@@ -227,6 +227,7 @@ struct cache_vol;
 struct slot_wait {
 	struct slot_wait *next;
 	uint32_t slot;
+	uint32_t mask;          /* the bit(s) waited for: SB_DESTAGING or SB_TOPUP_WR */
 	struct worker *w;
 	void (*fn)(void *arg);
 	void *arg;
@@ -330,11 +331,13 @@ static inline void ckpt_mark(struct cache_set *cs, uint32_t s)
 void cache_record(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count,
 		  struct jwait *w);
 /*
- * Worker thread, slot s's lock held and SB_DESTAGING or SB_TOPUP_WR seen
- * set on it: park w (w->fn, w->arg filled) until the bit is cleared; w->fn
- * then runs on the calling worker. cache_slot_wake: whoever cleared the
- * bit under the slot lock releases the slot's waiters (all of them: a
- * waiter woken early finds the other bit still set and parks again).
+ * Worker thread, slot s's lock held and w->mask (SB_DESTAGING or
+ * SB_TOPUP_WR) seen set on it: park w (w->fn, w->arg filled) until that is
+ * cleared; w->fn then runs on the calling worker. cache_slot_wake: whoever
+ * cleared a bit under the slot lock releases the slot's waiters whose bits
+ * are now clear (a waiter for the other bit stays parked: woken, it would
+ * only retry, and its retry's write-generation bump would cost a destage
+ * its CLEAN records).
  */
 void cache_slot_wait(struct cache_set *cs, uint32_t s, struct slot_wait *w);
 void cache_slot_wake(struct cache_set *cs, uint32_t s);

@@ -105,16 +105,19 @@ void cache_slot_wait(struct cache_set *cs, uint32_t s, struct slot_wait *w)
 
 /*
  * SB_DESTAGING (worker 0) or SB_TOPUP_WR (any worker) of slot s cleared:
- * hand its waiters back to their workers. A waiter parked under the slot
- * lock while the bit was set, so it is on the list by now.
+ * hand the waiters whose bits are clear back to their workers. A waiter
+ * parked under the slot lock while its bit was set, so it is on the list
+ * by now; if its bit was set again since, whoever set it clears it and
+ * wakes it later.
  */
 void cache_slot_wake(struct cache_set *cs, uint32_t s)
 {
 	struct slot_wait *list = NULL;
 	pthread_mutex_lock(&cs->dwait_lock);
+	uint32_t bits = atomic_load(&cs->slots[s].bits);
 	for (struct slot_wait **pp = &cs->dwait; *pp;) {
 		struct slot_wait *w = *pp;
-		if (w->slot == s) {
+		if (w->slot == s && !(bits & w->mask)) {
 			*pp = w->next;
 			w->next = list;
 			list = w;

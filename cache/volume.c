@@ -900,6 +900,7 @@ static bool park_while(struct piece *p, uint32_t mask)
 	if (busy) {
 		p->dwait.fn = retry_piece;
 		p->dwait.arg = p;
+		p->dwait.mask = mask;
 		cache_slot_wait(cs, p->slot, &p->dwait);
 	}
 	slot_unlock(sl);

@@ -63,7 +63,8 @@ for f in build/fuzz/fuzz_*; do
 	corpus=tests/fuzz/corpus/${name#fuzz_}
 	work=$(mktemp -d)
 	[ -d "$corpus" ] && cp -r "$corpus/." "$work/"
-	run_one "fuzz/$name" "$f" -max_total_time="$fuzz_secs" -timeout=10 -rss_limit_mb=2048 \
+	# -error_exitcode: libFuzzer's default (77) is the skip code here
+	run_one "fuzz/$name" "$f" -max_total_time="$fuzz_secs" -timeout=10 -rss_limit_mb=2048 -error_exitcode=1 \
 		-artifact_prefix="$logs/$name-" -print_final_stats=1 "$work"
 	rm -rf "$work"
 done

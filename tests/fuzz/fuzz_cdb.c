@@ -23,7 +23,9 @@
 #include "cache/bdev.h"
 #include "common/worker.h"
 
+#include <errno.h>
 #include <semaphore.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +46,12 @@ struct run {
 	struct iovec iov;
 	sem_t done;
 	int completions;
+	_Atomic bool submitted; /* set on the worker just before scsi_cmd_submit */
 };
+
+/* The previous input's CDB: a completion that arrives before this input's
+ * command was submitted is a late second completion of that one. */
+static uint8_t prev_cdb[SCSI_CDB_MAX];
 
 static sem_t setup_done;
 static char state_dir[512];
@@ -116,6 +123,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void on_done(struct scsi_cmd *cmd)
 {
 	struct run *r = cmd->fe_priv;
+	if (!atomic_load(&r->submitted)) {
+		fprintf(stderr, "fuzz_cdb: a completion arrived before the command was submitted: the previous "
+			"command (CDB %02x %02x %02x ...) completed twice\n", prev_cdb[0], prev_cdb[1], prev_cdb[2]);
+		abort();
+	}
 	r->completions++;
 	sem_post(&r->done);
 }
@@ -123,6 +135,7 @@ static void on_done(struct scsi_cmd *cmd)
 static void submit(void *arg)
 {
 	struct run *r = arg;
+	atomic_store(&r->submitted, true);
 	scsi_cmd_submit(&r->cmd);
 }
 
@@ -188,14 +201,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	r.cmd.fe_priv = &r;
 	sem_init(&r.done, 0, 0);
 	worker_post(worker_get(0), submit, &r);
-	sem_wait(&r.done);
+	while (sem_wait(&r.done) < 0 && errno == EINTR)
+		; /* libFuzzer's -timeout alarm interrupts the wait; the command is still running */
 
 	/* exactly one completion, sane answers */
 	if (r.completions != 1 || r.cmd.data_in_len > r.cmd.read_len || r.cmd.sense_len > SCSI_SENSE_MAX ||
 	    (r.cmd.status == SAM_STAT_CHECK_CONDITION && r.cmd.sense_len < 8) ||
 	    (r.cmd.status != SAM_STAT_GOOD && r.cmd.status != SAM_STAT_CHECK_CONDITION &&
-	     r.cmd.status != SAM_STAT_RESERVATION_CONFLICT))
+	     r.cmd.status != SAM_STAT_RESERVATION_CONFLICT)) {
+		fprintf(stderr, "fuzz_cdb: CDB %02x (len %u): %d completion(s), status 0x%02x, sense %u bytes, "
+			"Data-In %u of %u\n", r.cmd.cdb[0], r.cmd.cdb_len, r.completions, r.cmd.status,
+			r.cmd.sense_len, r.cmd.data_in_len, r.cmd.read_len);
 		abort();
+	}
+	memcpy(prev_cdb, r.cmd.cdb, sizeof(prev_cdb));
 	sem_destroy(&r.done);
 	return 0;
 }

@@ -62,17 +62,33 @@ static void check_blocks(const uint8_t *buf, uint32_t blk, uint32_t n, const int
 		}
 }
 
-static void test_basic(void)
+/* A set (cfg, with this seq_cutoff) on two RAM legs in front of a RAM
+ * backing store whose first stamped bytes carry the initial stamps
+ * (sequence 0), with one volume. */
+static struct cache_set *open_stamped(uint64_t seq_cutoff, uint64_t stamped, struct mem_bdev **b,
+				      struct mem_bdev **l0, struct mem_bdev **l1, struct bdev **vol)
 {
 	char err[512];
-	struct mem_bdev *b = mem_new(0, BACK, NULL), *l0 = mem_new(1, LEG, NULL), *l1 = mem_new(2, LEG, NULL);
-	for (uint64_t off = 0; off < REGION; off += 512)
-		stamp_fill(b->data + off, off / 512, 1, 0);
-	struct bdev *legs[2] = { &l0->dev, &l1->dev };
-	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	struct cache_set_cfg c = cfg;
+	c.seq_cutoff = seq_cutoff;
+	*b = mem_new(0, BACK, NULL);
+	*l0 = mem_new(1, LEG, NULL);
+	*l1 = mem_new(2, LEG, NULL);
+	for (uint64_t off = 0; off < stamped; off += 512)
+		stamp_fill((*b)->data + off, off / 512, 1, 0);
+	struct bdev *legs[2] = { &(*l0)->dev, &(*l1)->dev };
+	struct cache_set *cs = cache_set_open_devs(&c, legs, err, sizeof(err));
 	REQUIRE(cs, "format: %s", err);
-	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
+	*vol = cache_vol_open(cs, "lun0", &(*b)->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(*vol, "attach: %s", err);
+	return cs;
+}
+
+static void test_basic(void)
+{
+	struct mem_bdev *b, *l0, *l1;
+	struct bdev *vol;
+	struct cache_set *cs = open_stamped(0, REGION, &b, &l0, &l1, &vol);
 
 	uint8_t *w = buf_get(8192), *r = buf_get(EXT);
 	uint64_t ext = 3 * (uint64_t)EXT;
@@ -127,17 +143,9 @@ static void test_basic(void)
  */
 static void test_bypass(void)
 {
-	char err[512];
-	struct mem_bdev *b = mem_new(0, BACK, NULL), *l0 = mem_new(1, LEG, NULL), *l1 = mem_new(2, LEG, NULL);
-	for (uint64_t off = 0; off < REGION; off += 512)
-		stamp_fill(b->data + off, off / 512, 1, 0);
-	struct bdev *legs[2] = { &l0->dev, &l1->dev };
-	struct cache_set_cfg bcfg = cfg;
-	bcfg.seq_cutoff = 4096;
-	struct cache_set *cs = cache_set_open_devs(&bcfg, legs, err, sizeof(err));
-	REQUIRE(cs, "format: %s", err);
-	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
+	struct mem_bdev *b, *l0, *l1;
+	struct bdev *vol;
+	struct cache_set *cs = open_stamped(4096, REGION, &b, &l0, &l1, &vol);
 	struct cache_set_status st0, st;
 	uint8_t *r = buf_get(8192);
 	uint64_t e2 = 9 * (uint64_t)EXT;
@@ -251,22 +259,14 @@ static void stress(struct bdev *vol, enum cache_mode mode, uint32_t nblk, int no
 
 static void test_stress(void)
 {
-	char err[512];
-	struct mem_bdev *b = mem_new(0, BACK, NULL), *l0 = mem_new(1, LEG, NULL), *l1 = mem_new(2, LEG, NULL);
-	for (uint64_t off = 0; off < WIDE; off += 512)
-		stamp_fill(b->data + off, off / 512, 1, 0);
+	struct mem_bdev *b, *l0, *l1;
+	struct bdev *vol;
+	/* requests over 4K bypass promotion, so write-back also has writes to the backing store in flight */
+	struct cache_set *cs = open_stamped(4096, WIDE, &b, &l0, &l1, &vol);
 	atomic_store(&b->read_hops, 40);
 	atomic_store(&b->write_hops, 40);
 	atomic_store(&l0->write_hops, 8);
 	atomic_store(&l1->write_hops, 8);
-	struct bdev *legs[2] = { &l0->dev, &l1->dev };
-	/* requests over 4K bypass promotion, so write-back also has writes to the backing store in flight */
-	struct cache_set_cfg scfg = cfg;
-	scfg.seq_cutoff = 4096;
-	struct cache_set *cs = cache_set_open_devs(&scfg, legs, err, sizeof(err));
-	REQUIRE(cs, "format: %s", err);
-	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
 	static int64_t model[NBLK];
 	uint64_t seq = 0;
 	int nops = getenv("TC_LONG") ? 400000 : 60000;

@@ -8,8 +8,9 @@
  * grace period knows whether anyone still uses the slot) and then goes:
  *
  *   READ   hit: from the legs; partial hit: valid runs from the legs,
- *          the rest from the backing store; miss: from the backing store,
- *          and a promotion (fill) of the whole extent if the policy admits.
+ *          the rest from the backing store, and a top-up of the missing
+ *          blocks (see "top-ups"); miss: from the backing store, and a
+ *          promotion (fill) of the whole extent if the policy admits.
  *   WRITE  write-back: data to the legs (FUA), then a DIRTY journal record;
  *          acknowledged when the record is durable (group commit), so every
  *          acknowledged write is durable whatever FUA/WCE say.
@@ -89,7 +90,7 @@ struct piece {
 	int stage;
 	struct jwait jw;
 	struct bdev_req sub;    /* single-sub stages */
-	struct slot_wait dwait; /* parked behind a destage (backing_then_invalidate) */
+	struct slot_wait dwait; /* parked behind a destage or a top-up (park_while) */
 	struct iovec iov_inline[8];
 	struct iovec *iov;
 	int iovcnt;

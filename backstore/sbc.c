@@ -421,10 +421,10 @@ void sbc_read(struct scsi_cmd *cmd)
 		return;
 	}
 	io->end = bytes;
-	if (cmd->fe_data_fd && bytes >= SBC_SENDFILE_MIN && cmd->read_len >= bytes && lu->dev->ops->cached_fd) {
+	if (cmd->fe_data_fd && bytes >= SBC_SENDFILE_MIN && cmd->read_len >= bytes) {
 		/* all of it in the page cache: the front end sends it from there */
 		uint64_t fd_off;
-		int fd = lu->dev->ops->cached_fd(lu->dev, lba << lu->block_shift, bytes, &fd_off);
+		int fd = bdev_cached_fd(lu->dev, lba << lu->block_shift, bytes, &fd_off);
 		if (fd >= 0) {
 			cmd->data_fd = fd;
 			cmd->data_fd_off = fd_off;

@@ -170,6 +170,12 @@ static inline void bdev_close(struct bdev *dev)
 
 int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped);
 
+/* See bdev_ops.cached_fd: -1 when the device cannot send from its page cache. */
+static inline int bdev_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint64_t *fd_off)
+{
+	return dev->ops->cached_fd ? dev->ops->cached_fd(dev, offset, len, fd_off) : -1;
+}
+
 /* Register the resize listener of dev (no-op for fixed-size devices). */
 static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size),
 					    void *arg)

@@ -411,6 +411,17 @@ static void try_reconnect(struct rbd_lock *lk)
 	pthread_mutex_unlock(&lk->mu);
 }
 
+/* The lock thread, mu held: run op under op_mu, without mu (op_mu comes
+ * first in the lock order, and mu is never held across a cluster call). */
+static void run_op(struct rbd_lock *lk, void (*op)(struct rbd_lock *lk))
+{
+	pthread_mutex_unlock(&lk->mu);
+	pthread_mutex_lock(&lk->op_mu);
+	op(lk);
+	pthread_mutex_unlock(&lk->op_mu);
+	pthread_mutex_lock(&lk->mu);
+}
+
 static void *lock_thread(void *arg)
 {
 	struct rbd_lock *lk = arg;
@@ -429,22 +440,14 @@ static void *lock_thread(void *arg)
 		if (lk->reconnecting) {
 			uint64_t now = now_ms();
 			if (now >= lk->next_try_ms) {
-				pthread_mutex_unlock(&lk->mu);
-				pthread_mutex_lock(&lk->op_mu);
-				try_reconnect(lk);
-				pthread_mutex_unlock(&lk->op_mu);
-				pthread_mutex_lock(&lk->mu);
+				run_op(lk, try_reconnect);
 				continue;
 			}
 			if (lk->next_try_ms - now < wait_ms)
 				wait_ms = lk->next_try_ms - now;
 		} else if (lk->want_acquire) {
 			lk->want_acquire = false;
-			pthread_mutex_unlock(&lk->mu);
-			pthread_mutex_lock(&lk->op_mu);
-			take_lock(lk);
-			pthread_mutex_unlock(&lk->op_mu);
-			pthread_mutex_lock(&lk->mu);
+			run_op(lk, take_lock);
 			continue;
 		}
 		struct timespec ts;

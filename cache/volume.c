@@ -137,9 +137,8 @@ struct topup {
 	uint32_t slot;
 	uint64_t key;
 	uint32_t wgen0;
-	uint32_t span_first;            /* the backing read: [span_first, last run's end) */
 	uint32_t nruns;
-	uint32_t first[TOPUP_RUNS], count[TOPUP_RUNS];
+	uint32_t first[TOPUP_RUNS], count[TOPUP_RUNS]; /* read as one span: first[0] .. last end */
 	uint8_t *buf;
 	int pending;
 	int err;
@@ -583,7 +582,7 @@ static void topup_read(struct bdev_req *req, int err)
 	t->pending = (int)t->nruns;
 	for (uint32_t i = 0; i < t->nruns; i++) {
 		uint64_t at = (uint64_t)t->first[i] * CACHE_SECTOR;
-		t->iov[i].iov_base = t->buf + (uint64_t)(t->first[i] - t->span_first) * CACHE_SECTOR;
+		t->iov[i].iov_base = t->buf + (uint64_t)(t->first[i] - t->first[0]) * CACHE_SECTOR;
 		t->iov[i].iov_len = (uint64_t)t->count[i] * CACHE_SECTOR;
 		t->req[i] = (struct bdev_req){
 			.op = BDEV_WRITE,
@@ -673,13 +672,12 @@ static void topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
 	t->slot = s;
 	t->key = key;
 	t->err = 0;
-	t->span_first = t->first[0];
 	uint32_t span_end = t->first[t->nruns - 1] + t->count[t->nruns - 1];
 	t->iov[0].iov_base = t->buf;
-	t->iov[0].iov_len = (uint64_t)(span_end - t->span_first) * CACHE_SECTOR;
+	t->iov[0].iov_len = (uint64_t)(span_end - t->first[0]) * CACHE_SECTOR;
 	t->req[0] = (struct bdev_req){
 		.op = BDEV_READ,
-		.offset = ext_off + (uint64_t)t->span_first * CACHE_SECTOR,
+		.offset = ext_off + (uint64_t)t->first[0] * CACHE_SECTOR,
 		.len = t->iov[0].iov_len,
 		.iov = &t->iov[0],
 		.iovcnt = 1,

@@ -130,6 +130,17 @@ url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
 
 # RTPG through gateway G until it prints the expected group states (the
 # other gateway's owner is polled about every second).
+# takeover_write GATEWAY LBA BYTE WHAT: 16 blocks written through GATEWAY
+# right after the owner died: NOT READY (transition) first, then GOOD
+takeover_write() {
+	local t0=$SECONDS out
+	out=$(io write "$1" "$2" 16 "$3") || fail "$4 after the owner died: $out"
+	case $out in
+	*transition=0*) fail "$4 succeeded without a transition: $out" ;;
+	esac
+	pass "$4: NOT READY (transition) first, then GOOD, in $((SECONDS - t0)) s ($out)"
+}
+
 expect_rtpg() { # GATEWAY EXPECTED WHAT
 	local out i
 	for ((i = 0; i < 20; i++)); do
@@ -175,12 +186,7 @@ esac
 
 gw_kill9 A
 pass "gateway A killed with -9 (its lock stays behind)"
-t0=$SECONDS
-out=$(io write B 0 16 0xb2) || fail "write Y through B after A died: $out"
-case $out in
-*transition=0*) fail "write Y through B succeeded without a transition: $out" ;;
-esac
-pass "write Y through B: NOT READY (transition) first, then GOOD, in $((SECONDS - t0)) s ($out)"
+takeover_write B 0 0xb2 "write Y through B"
 expect_rtpg B "1 ANO;2 AO;" "RTPG through B: B's group active/optimized now"
 st=$(status_of B)
 expect_eq "$st" "owned 2 active/optimized" "status of B: owns the image"
@@ -229,12 +235,7 @@ out=$(io write A 0 16 0xa9) || fail "write Z through A: $out"
 pass "write Z through A ($out)"
 gw_kill9 A
 pass "gateway A killed with -9"
-t0=$SECONDS
-out=$(io write B 512 16 0xb7) || fail "write W through the recovered B after A died: $out"
-case $out in
-*transition=0*) fail "write W through the recovered B succeeded without a transition: $out" ;;
-esac
-pass "write W through the recovered B: transition first, then GOOD, in $((SECONDS - t0)) s ($out)"
+takeover_write B 512 0xb7 "write W through the recovered B"
 st=$(status_of B)
 expect_eq "$st" "owned 2 active/optimized" "status of the recovered B: owns the image (fresh client)"
 out=$(io read B 512 16 0xb7) || fail "read W back through B: $out"

@@ -212,6 +212,60 @@ struct journal *journal_self(struct cache_set *cs);
 /* Any worker thread. */
 void journal_kick(struct journal *j);
 
+/* ---- write intent (intent.c) ------------------------------------------- */
+
+/* A write parked until its region's bit is on disk; fn(arg) then runs on w. */
+struct intent_wait {
+	struct intent_wait *next;
+	uint32_t region;        /* filled by intent_enter: give it to intent_leave */
+	struct worker *w;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+struct intent {
+	struct cache_set *cs;
+	uint32_t region_slots;            /* slots per bit */
+	uint32_t nregions;
+	_Atomic uint32_t *word;           /* per region: count, ONDISK, TOUCHED (intent.c) */
+	pthread_mutex_t lock;             /* waiters, busy, again, page, last; never held across I/O */
+	struct intent_wait *waiters;
+	bool busy, again, ready;
+	int pending;
+	uint8_t *page;                    /* the page being written */
+	uint8_t *last;                    /* the page last written */
+	struct bdev_req req[CACHE_MAX_LEGS];
+	struct iovec iov[CACHE_MAX_LEGS];
+	uint64_t page_writes, parked;
+};
+
+/* Slots per intent bit for a layout (stable: recovery computes it again). */
+uint32_t intent_region_slots(const struct cache_layout *lay);
+/* Main thread, after the layout is known / at close. */
+int intent_init(struct intent *wi, struct cache_set *cs);
+void intent_destroy(struct intent *wi);
+/*
+ * Worker thread, before the first device write of a write that touches a
+ * READY slot. true: the region's bit is durable, go on. false: w (fn, arg
+ * filled) is parked and w->fn(w->arg) runs on this worker once it is.
+ * Either way the caller calls intent_leave(cs, w->region) once, after its
+ * device writes completed. Lock-free when the bit is already on disk.
+ */
+bool intent_enter(struct cache_set *cs, uint32_t slot, struct intent_wait *w);
+void intent_leave(struct cache_set *cs, uint32_t region);
+/* Worker 0, on the set's tick: clear the bits of regions idle a whole tick. */
+void intent_tick(struct cache_set *cs);
+/*
+ * Main thread, nothing served yet, after an unclean stop (metadata recovered
+ * from leg src; all: the set has no bitmap, every region is in doubt):
+ * reconcile the regions in doubt (intent.c). 0, or -1 with err filled.
+ */
+int intent_recover(struct cache_set *cs, int src, bool all, char *err, size_t errlen);
+/* Main thread, nothing in doubt any more: write an empty page. */
+int intent_clear_all(struct cache_set *cs);
+/* Any thread. */
+void intent_stats(struct cache_set *cs, uint64_t *page_writes, uint64_t *parked, uint32_t *regions_set);
+
 /* ---- the set ----------------------------------------------------------- */
 
 #define CACHE_SET_MAX_VOLS CACHE_MAX_BACKINGS
@@ -239,6 +293,7 @@ struct cache_set {
 	struct cache_layout lay;
 	uint8_t uuid[16];
 	struct mirror mirror;
+	struct intent intent;
 	struct bdev *legs[CACHE_MAX_LEGS];
 	struct slot *slots;
 	struct cache_map map;

@@ -64,8 +64,11 @@ int meta_sb_check(const struct cache_sb_disk *sb, const char **why)
 		*why = "no tiercache superblock (never formatted, or overwritten)";
 		return -1;
 	}
-	if (le32_get(sb->version) != CACHE_VERSION) {
-		*why = "superblock version unknown to this tiercached";
+	uint32_t v = le32_get(sb->version);
+	if (v != CACHE_VERSION && v != CACHE_VERSION_V1) {
+		*why = v > CACHE_VERSION ? "the set was written by a newer tiercached (superblock version "
+					   "unknown here); run that version, or flush and detach the cache with it"
+					 : "superblock version unknown to this tiercached";
 		return -1;
 	}
 	struct cache_sb_disk tmp;

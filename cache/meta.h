@@ -11,7 +11,9 @@
  *   0        superblock copy A (4 KiB)      two copies, written alternately
  *   4 KiB    superblock copy B (4 KiB)      by generation: a torn write of
  *                                           one leaves the other intact
- *   8 KiB    ... padding to 64 KiB
+ *   8 KiB    write-intent bitmap (4 KiB, version 2): a bit per region of
+ *            slots that may be in doubt after a crash (intent.c)
+ *   12 KiB   ... padding to 64 KiB
  *   table    one slot record per slot, rec_size bytes (a power of two),
  *            grouped in 4 KiB pages: the checkpointed extent map
  *   journal  CACHE_NJOURNALS rings of jblocks 4 KiB blocks: metadata
@@ -63,13 +65,22 @@ static inline le64 le64_of(uint64_t x)
 }
 
 #define CACHE_MAGIC 0x3145484341434354ULL /* "TCCACHE1" little-endian */
-#define CACHE_VERSION 1
+/*
+ * Version 2 adds the write-intent page at CACHE_WI_OFF; nothing else moved.
+ * A version 1 set that was shut down cleanly opens as is; one that was not
+ * is recovered as if every region's bit were set (set.c).
+ */
+#define CACHE_VERSION 2
+#define CACHE_VERSION_V1 1
 #define CACHE_SECTOR 512u          /* metadata granularity: one valid/dirty bit each */
 #define CACHE_PAGE 4096u
 #define CACHE_NJOURNALS 16
 #define CACHE_MAX_BACKINGS 16
 #define CACHE_MAX_LEGS 2
 #define CACHE_TABLE_OFF (64u << 10)
+#define CACHE_WI_OFF (8u << 10)
+#define CACHE_WI_BITS (CACHE_PAGE * 8)
+#define CACHE_WI_MIN_REGION (16u << 20) /* bytes of slots per bit, at least */
 
 /*
  * Identity of a backing store attached to the set. We keep the LUN name,
@@ -185,7 +196,7 @@ uint32_t meta_crc(const void *buf, size_t len);
 
 /* Seal (compute crc) and check superblocks, slot records, journal blocks. */
 void meta_sb_seal(struct cache_sb_disk *sb);
-/* 0 if magic, version and checksum are right; otherwise -1 and a reason. */
+/* 0 if magic, version (1 or 2) and checksum are right; otherwise -1 and a reason. */
 int meta_sb_check(const struct cache_sb_disk *sb, const char **why);
 
 void meta_slot_seal(void *rec, uint32_t rec_size);

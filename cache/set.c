@@ -701,19 +701,24 @@ void cache_want_checkpoint(struct cache_set *cs)
 		worker_post(worker_get(0), ckpt_post, cs);
 }
 
-static void ckpt_final_fn(void *arg)
+static void ckpt_sync_start(struct sync_call *c, bool final, void (*again)(void *))
 {
-	struct sync_call *c = arg;
 	struct cache_set *cs = c->cs;
 	if (cs->ckpt_running) {
 		/* let the running one finish, then ours */
-		worker_post(worker_self(), ckpt_final_fn, c);
+		worker_post(worker_self(), again, c);
 		return;
 	}
-	cs->ckpt->final = true;
+	cs->ckpt->final = final;
 	cs->ckpt->waiter = c;
 	ckpt_start(cs);
 }
+
+/* Worker 0: the last checkpoint of a clean shutdown. */
+static void ckpt_final_fn(void *arg) { ckpt_sync_start(arg, true, ckpt_final_fn); }
+
+/* Worker 0: a checkpoint now (after recovery: both legs' metadata the same). */
+static void ckpt_now_fn(void *arg) { ckpt_sync_start(arg, false, ckpt_now_fn); }
 
 /* ---- ticks ------------------------------------------------------------------------- */
 
@@ -724,6 +729,7 @@ static void set_tick(struct worker_tick *t)
 		return;
 	cache_reclaim(cs);
 	cleaner_tick(cs->cleaner);
+	intent_tick(cs);
 }
 
 static void tick_add(void *arg)
@@ -1189,6 +1195,11 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	mirror_init(&cs->mirror, cs->legs, cfg->nlegs, failed);
 	cs->mirror.persist = persist_failed;
 	cs->mirror.persist_arg = cs;
+	if (intent_init(&cs->intent, cs) < 0) {
+		fail(err, errlen, "cache %s: out of memory", cfg->name);
+		goto out;
+	}
+	bool unclean = nsb && !le32_get(nsb->clean);
 	if (failed)
 		log_warn("cache %s: degraded: a leg was recorded as failed; replace it", cfg->name);
 	if (nsb) {
@@ -1196,6 +1207,9 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		if (failed & (1u << leg))
 			leg = 1 - leg;
 		if (recover_set(cs, leg, err, errlen) < 0)
+			goto out;
+		if (unclean &&
+		    intent_recover(cs, leg, le32_get(nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)
 			goto out;
 	} else if (format_set(cs, err, errlen) < 0) {
 		goto out;
@@ -1217,6 +1231,26 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	pthread_mutex_unlock(&c.lock);
 	if (c.err) {
 		fail(err, errlen, "cache %s: cannot write the superblock: %s", cfg->name, strerror(-c.err));
+		goto out;
+	}
+	/*
+	 * After an unclean stop the legs may hold different journal tails (a
+	 * block that reached one leg only) and the reconciled regions changed
+	 * in RAM: a checkpoint now gives both legs the same metadata before
+	 * anything is served, whichever leg a later recovery reads.
+	 */
+	if (unclean) {
+		struct sync_call k = { .cs = cs };
+		int r = sync_run(ckpt_now_fn, &k);
+		if (r) {
+			fail(err, errlen, "cache %s: cannot write the recovered metadata: %s", cfg->name,
+			     strerror(-r));
+			goto out;
+		}
+	}
+	int wr = intent_clear_all(cs);
+	if (wr < 0) {
+		fail(err, errlen, "cache %s: cannot write the write-intent page: %s", cfg->name, strerror(-wr));
 		goto out;
 	}
 	struct sync_call t = { .cs = cs };
@@ -1433,6 +1467,7 @@ void cache_set_close(struct cache_set *cs)
 		}
 	if (cs->mirror.dev.ops)
 		mirror_destroy(&cs->mirror);
+	intent_destroy(&cs->intent);
 	free(cs->slots);
 	free(cs->free_bits);
 	free((void *)cs->ckpt_dirty);

@@ -91,6 +91,9 @@ struct piece {
 	struct jwait jw;
 	struct bdev_req sub;    /* single-sub stages */
 	struct slot_wait dwait; /* parked behind a destage or a top-up (park_while) */
+	struct intent_wait iw;  /* the slot's write-intent region (piece_intent) */
+	bool intent_held;       /* entered: leave it when the piece ends or starts over */
+	bool fresh;             /* the slot was allocated by this write: nothing in it is referenced */
 	struct iovec iov_inline[8];
 	struct iovec *iov;
 	int iovcnt;
@@ -294,10 +297,19 @@ static void bypass_put(struct cache_set *cs, struct piece *p)
 	}
 }
 
+static void intent_drop(struct cache_set *cs, struct piece *p)
+{
+	if (p->intent_held) {
+		intent_leave(cs, p->iw.region);
+		p->intent_held = false;
+	}
+}
+
 static void piece_end(struct piece *p, int err)
 {
 	struct vreq *r = p->parent;
 	struct cache_set *cs = r->v->cs;
+	intent_drop(cs, p);
 	slot_unpin(cs, p);
 	bypass_put(cs, p);
 	if (err && !r->err)
@@ -821,20 +833,49 @@ static void submit_sub(struct piece *p, struct bdev *dev, enum bdev_op op, unsig
 	bdev_submit(dev, &p->sub);
 }
 
+/*
+ * Before the first device write of a piece that may change data the
+ * metadata references (its pinned slot is READY and not its own fresh
+ * one): the slot's write-intent region must be durable (intent.c), so that
+ * recovery knows to reconcile the legs and the backing store there. true:
+ * go on now; false: parked, cont(p) runs later on this worker.
+ */
+static bool piece_intent(struct piece *p, void (*cont)(void *))
+{
+	if (p->intent_held || !p->pin || p->fresh)
+		return true;
+	p->intent_held = true;
+	p->iw.fn = cont;
+	p->iw.arg = p;
+	return intent_enter(p->parent->v->cs, p->slot, &p->iw);
+}
+
+static void to_backing_cont(void *arg);
+
 static void to_backing(struct piece *p)
 {
 	struct vreq *r = p->parent;
+	if (!piece_intent(p, to_backing_cont))
+		return;
 	p->stage = ST_BACKING;
 	submit_sub(p, r->v->backing, r->up->op, r->up->flags & BDEV_F_FUA, p->off);
 }
 
+static void to_backing_cont(void *arg) { to_backing(arg); }
+
+static void to_cache_cont(void *arg);
+
 static void to_cache(struct piece *p)
 {
 	struct cache_set *cs = p->parent->v->cs;
+	if (!piece_intent(p, to_cache_cont))
+		return;
 	p->stage = ST_CACHE_DATA;
 	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA,
 		   slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR);
 }
+
+static void to_cache_cont(void *arg) { to_cache(arg); }
 
 static void record_done(struct jwait *w, int err)
 {
@@ -905,6 +946,7 @@ static bool park_while(struct piece *p, uint32_t mask)
 	slot_unlock(sl);
 	if (!busy)
 		return false;
+	intent_drop(cs, p);
 	slot_unpin(cs, p);
 	bypass_put(cs, p);
 	slice_free(p->iov, p->iov_inline);
@@ -922,6 +964,8 @@ static bool park_while(struct piece *p, uint32_t mask)
  * would, after a cut between the two steps, expose the backing store's
  * older data in place of the dirty copy.
  */
+static void backing_then_invalidate_cont(void *arg);
+
 static void backing_then_invalidate(struct piece *p)
 {
 	/*
@@ -932,9 +976,13 @@ static void backing_then_invalidate(struct piece *p)
 	 */
 	if (park_while(p, SB_DESTAGING))
 		return;
+	if (!piece_intent(p, backing_then_invalidate_cont))
+		return; /* parked: comes back here, destage check included */
 	p->stage = ST_BACKING_INVAL;
 	submit_sub(p, p->parent->v->backing, p->parent->up->op, p->parent->up->flags & BDEV_F_FUA, p->off);
 }
+
+static void backing_then_invalidate_cont(void *arg) { backing_then_invalidate(arg); }
 
 /* Worker thread; the RCU read lock is held around the lookup and pin only. */
 static void piece_write(struct piece *p)
@@ -945,6 +993,7 @@ static void piece_write(struct piece *p)
 	int mode = atomic_load(&v->mode);
 	bool is_write = r->up->op == BDEV_WRITE;
 
+	p->fresh = false;
 	if (slice_into(r->up, p->data_off, is_write ? p->len : 0, p->iov_inline, &p->iov, &p->iovcnt) < 0) {
 		piece_end(p, -ENOMEM);
 		return;
@@ -1013,6 +1062,7 @@ static void piece_write(struct piece *p)
 		if (s != POLICY_NO_SLOT) {
 			p->slot = s;
 			p->pin = SU_WRITER;
+			p->fresh = true;
 			bypass_put(cs, p);
 			to_cache(p);
 			return;
@@ -1081,6 +1131,8 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 			p->count = (uint32_t)(p->len / CACHE_SECTOR);
 			p->pin = 0;
 			p->bucket = UINT32_MAX;
+			p->intent_held = false;
+			p->fresh = false;
 			p->err = 0;
 			p->pending = 0;
 			p->iov = NULL;

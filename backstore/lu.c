@@ -361,6 +361,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 			break;
 		}
 	pthread_mutex_unlock(&registry_lock);
+	xcopy_forget(NULL, lu);
 	pr_free(lu);
 	bdev_close(lu->dev);
 	pthread_mutex_destroy(&lu->mutex);
@@ -703,6 +704,7 @@ void scsi_nexus_close(struct scsi_nexus *nx)
 	for (int i = 0; i < nx->nlus; i++)
 		nexus_lu_detach(nx->lus[i]);
 	pthread_mutex_unlock(&t->lock);
+	xcopy_forget(nx, NULL);
 	free(nx->lus);
 	free(nx);
 }

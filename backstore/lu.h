@@ -542,5 +542,7 @@ void pr_lu_reset(struct scsi_lu *lu);
 /* xcopy.c */
 void xcopy_extended_copy(struct scsi_cmd *cmd);
 void xcopy_receive_copy_results(struct scsi_cmd *cmd);
+/* A nexus or an LU went away (either may be NULL): drop its copy results. */
+void xcopy_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu);
 
 #endif

@@ -103,6 +103,19 @@ static void result_store(struct scsi_cmd *cmd, uint8_t list_id, uint8_t status, 
 	pthread_mutex_unlock(&results_lock);
 }
 
+/* Results are kept per I_T nexus and LU, and named by their addresses:
+ * when either goes away its results must go too, or a nexus (or LU)
+ * allocated later at the same address would be answered with them, e.g. a
+ * COPY STATUS for a list identifier it never used. */
+void xcopy_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu)
+{
+	pthread_mutex_lock(&results_lock);
+	for (unsigned i = 0; i < sizeof(results) / sizeof(results[0]); i++)
+		if (results[i].used && ((nx && results[i].nx == nx) || (lu && results[i].lu == lu)))
+			results[i].used = false;
+	pthread_mutex_unlock(&results_lock);
+}
+
 /* ---------------------------------------------------------------- */
 /* Execution                                                         */
 

@@ -136,7 +136,8 @@ check-long: deps
 	@$(MAKE) --no-print-directory all fuzz tsan
 	@TC_LONG=1 tests/run.sh
 
-# The libiscsi conformance suite against tiercached and tgtd, both counts printed.
+# The libiscsi conformance suite against tiercached (plain, write-back and
+# write-through LUNs) and tgtd, skip counts printed.
 conformance: deps
 	@$(MAKE) --no-print-directory all
 	@TC_KEEP= bash tests/test_conformance_libiscsi.sh

@@ -128,7 +128,7 @@ for ((i = 1; i <= cycles; i++)); do
 	kill -KILL "$TC_PID"
 	wait "$TC_PID" 2>/dev/null
 	TC_PID=
-	wait "$wpid" || fail "cycle $i: the writer failed: $(cat "$T/writer.log")"
+	wait "$wpid" || fail "cycle $i: the writer failed (exit $?): $(cat "$T/writer.log")"
 	acks=$(grep -c '^A' "$log")
 	[ "$acks" -ge $min_acks ] || fail "cycle $i: only $acks acknowledgements"
 	total_acks=$((total_acks + acks))

@@ -57,6 +57,7 @@
 #include <iscsi/scsi-lowlevel.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -1057,6 +1058,9 @@ static int do_verify(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	/* libiscsi sends data-out with writev: a write to the killed target's socket must be an
+	 * error (EPIPE: the connection is lost), not a SIGPIPE that ends the writer silently */
+	signal(SIGPIPE, SIG_IGN);
 	if (argc >= 2 && !strcmp(argv[1], "write"))
 		return do_write(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "verify"))

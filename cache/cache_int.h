@@ -346,6 +346,7 @@ struct cache_set {
 	_Atomic uint32_t flush_req;      /* >0: the cleaner ignores its rate limit */
 	struct worker_tick tick;
 	struct sb_job *sb_waiting, *sb_inflight;
+	_Atomic int sb_jobs;            /* cache_sb_write calls whose callback has not run */
 	bool sb_busy;
 	int sb_pending, sb_ok;
 	struct cache_sb_disk *sbbuf[CACHE_MAX_LEGS];

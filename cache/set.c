@@ -183,6 +183,7 @@ static void sb_leg_done(struct bdev_req *req, int err)
 		list = j->next;
 		j->cb(j->arg, res);
 		free(j);
+		atomic_fetch_sub(&cs->sb_jobs, 1);
 	}
 	if (cs->sb_waiting)
 		sb_issue(cs);
@@ -273,6 +274,7 @@ void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *
 	j->arg = arg;
 	p->cs = cs;
 	p->job = j;
+	atomic_fetch_add(&cs->sb_jobs, 1);
 	worker_post(worker_get(0), sb_post_fn, p);
 }
 
@@ -1431,6 +1433,9 @@ int cache_set_shutdown(struct cache_set *cs)
 			cs->name, strerror(-r));
 	else
 		log_info("cache %s: metadata checkpointed, clean shutdown recorded", cs->name);
+	/* a leg that failed during the checkpoint has its failure recorded still: let it land */
+	for (int i = 0; i < 10000 && atomic_load(&cs->sb_jobs); i++)
+		usleep(1000);
 	return r;
 }
 

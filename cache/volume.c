@@ -67,6 +67,13 @@ struct cache_vol {
 	uint64_t recorded_gen;          /* generation of our last gain, as persisted */
 	_Atomic bool drop_failed;       /* the last gain could not drop stale copies: serve nothing */
 	char *gen_path;                 /* where it persists (NULL: not kept) */
+	/*
+	 * Writes to the backing store without FUA that completed (bw_volatile)
+	 * and how many of them a completed FLUSH covers (bw_flushed): data a
+	 * fill or top-up read while they differ may not be durable there yet
+	 * (backing_settle).
+	 */
+	_Atomic uint64_t bw_volatile, bw_flushed;
 	/* bdev_set_resize_listener: the backing store's new size, passed up */
 	void (*on_resize)(void *arg, uint64_t size);
 	void *on_resize_arg;
@@ -116,6 +123,7 @@ struct vreq {
 	struct bdev_req *up;
 	int pending;
 	int err;
+	uint64_t flush_covers;  /* FLUSH: bw_volatile when it was sent */
 	struct bdev_req sub;    /* pass-through, flush */
 };
 
@@ -125,6 +133,7 @@ struct fill {
 	uint32_t slot;
 	uint64_t key;
 	uint32_t count;
+	uint64_t settle;        /* bw_volatile a backing flush must cover first */
 	void *buf;
 	struct iovec iov;
 	struct bdev_req req;
@@ -141,6 +150,7 @@ struct topup {
 	uint64_t key;
 	uint32_t wgen0;
 	uint32_t nruns;
+	uint64_t settle;        /* as struct fill's */
 	uint32_t first[TOPUP_RUNS], count[TOPUP_RUNS]; /* read as one span: first[0] .. last end */
 	uint8_t *buf;
 	int pending;
@@ -384,6 +394,43 @@ static bool cancel_fill(struct cache_set *cs, struct piece *p)
 
 static uint32_t bucket_of(uint64_t key) { return (uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> 54); }
 
+/* ---- durability of what is read from the backing store ------------------------ */
+
+static void counter_max(_Atomic uint64_t *c, uint64_t v)
+{
+	uint64_t cur = atomic_load(c);
+	while (cur < v && !atomic_compare_exchange_weak(c, &cur, v))
+		;
+}
+
+/*
+ * A fill or top-up caches what it read from the backing store as clean.
+ * If a write without FUA reached the backing store before that read and no
+ * FLUSH covers it yet, the backing store may still lose it at a power cut
+ * while the cache keeps it as clean: the block would then read back the new
+ * data until evicted, and the old data after. So, worker thread, after the
+ * read: false when nothing volatile is outstanding (go on); true when a
+ * FLUSH of the backing store went out on req (done(req, err) follows, and
+ * backing_settled must then be called with *gen).
+ */
+static bool backing_settle(struct cache_vol *v, struct bdev_req *req, void (*done)(struct bdev_req *, int),
+			   void *priv, uint64_t *gen)
+{
+	uint64_t g = atomic_load(&v->bw_volatile);
+	if (g == atomic_load(&v->bw_flushed))
+		return false;
+	*gen = g;
+	*req = (struct bdev_req){ .op = BDEV_FLUSH, .done = done, .priv = priv };
+	bdev_submit(v->backing, req);
+	return true;
+}
+
+static void backing_settled(struct cache_vol *v, uint64_t gen, int err)
+{
+	if (!err)
+		counter_max(&v->bw_flushed, gen);
+}
+
 /* ---- fills (promotion) ------------------------------------------------------ */
 
 static void fill_end(struct fill *f, bool keep)
@@ -423,9 +470,8 @@ static void fill_written(struct bdev_req *req, int err)
 	journal_append(cs, &f->jw);
 }
 
-static void fill_read(struct bdev_req *req, int err)
+static void fill_to_legs(struct fill *f, int err)
 {
-	struct fill *f = req->priv;
 	struct cache_set *cs = f->v->cs;
 	if (err || (atomic_load(&cs->slots[f->slot].bits) & SB_CANCEL)) {
 		fill_end(f, false);
@@ -442,6 +488,21 @@ static void fill_read(struct bdev_req *req, int err)
 		.priv = f,
 	};
 	bdev_submit(&cs->mirror.dev, &f->req);
+}
+
+static void fill_flushed(struct bdev_req *req, int err)
+{
+	struct fill *f = req->priv;
+	backing_settled(f->v, f->settle, err);
+	fill_to_legs(f, err);
+}
+
+static void fill_read(struct bdev_req *req, int err)
+{
+	struct fill *f = req->priv;
+	if (!err && backing_settle(f->v, &f->req, fill_flushed, f, &f->settle))
+		return;
+	fill_to_legs(f, err);
 }
 
 /* Worker thread, never sleeps: promote key (a whole extent) from the backing store. */
@@ -573,9 +634,8 @@ static void topup_written(struct bdev_req *req, int err)
 	}
 }
 
-static void topup_read(struct bdev_req *req, int err)
+static void topup_to_legs(struct topup *t, int err)
 {
-	struct topup *t = req->priv;
 	struct cache_set *cs = t->v->cs;
 	struct slot *sl = &cs->slots[t->slot];
 
@@ -608,6 +668,21 @@ static void topup_read(struct bdev_req *req, int err)
 		};
 		bdev_submit(&cs->mirror.dev, &t->req[i]);
 	}
+}
+
+static void topup_flushed(struct bdev_req *req, int err)
+{
+	struct topup *t = req->priv;
+	backing_settled(t->v, t->settle, err);
+	topup_to_legs(t, err);
+}
+
+static void topup_read(struct bdev_req *req, int err)
+{
+	struct topup *t = req->priv;
+	if (!err && backing_settle(t->v, &t->req[0], topup_flushed, t, &t->settle))
+		return;
+	topup_to_legs(t, err);
 }
 
 /*
@@ -858,7 +933,15 @@ static void to_backing(struct piece *p)
 	if (!piece_intent(p, to_backing_cont))
 		return;
 	p->stage = ST_BACKING;
-	submit_sub(p, r->v->backing, r->up->op, r->up->flags & BDEV_F_FUA, p->off);
+	unsigned fl = r->up->flags & BDEV_F_FUA;
+	/*
+	 * Write-through over a cached copy refreshes the copy as clean right
+	 * after: the backing store must hold the data durably by then, or a
+	 * power cut could leave a clean cached block it does not have.
+	 */
+	if (p->pin && r->up->op == BDEV_WRITE)
+		fl |= BDEV_F_FUA;
+	submit_sub(p, r->v->backing, r->up->op, fl, p->off);
 }
 
 static void to_backing_cont(void *arg) { to_backing(arg); }
@@ -905,6 +988,8 @@ static void write_step(struct bdev_req *req, int err)
 		piece_end(p, err);
 		return;
 	}
+	if ((p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL) && !(p->sub.flags & BDEV_F_FUA))
+		atomic_fetch_add(&v->bw_volatile, 1);
 	switch (p->stage) {
 	case ST_CACHE_DATA:
 		record(p, mode == CACHE_WRITE_BACK ? JOP_DIRTY : JOP_VALID, ST_RECORD);
@@ -1082,6 +1167,8 @@ static void retry_piece(void *arg)
 static void vreq_sub_done(struct bdev_req *req, int err)
 {
 	struct vreq *r = req->priv;
+	if (req->op == BDEV_FLUSH && !err)
+		counter_max(&r->v->bw_flushed, r->flush_covers);
 	if (err && !r->err)
 		r->err = err;
 	vreq_put(r);
@@ -1107,6 +1194,7 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 
 	if (req->op == BDEV_FLUSH) {
 		r->pending++;
+		r->flush_covers = atomic_load(&v->bw_volatile);
 		r->sub = *req;
 		r->sub.done = vreq_sub_done;
 		r->sub.priv = r;

@@ -12,10 +12,14 @@
  *    after a random 0..write_hops re-posts with the data landing only then,
  *    so writes in flight together land in any order (race tests); with
  *    write_hops_exact, after exactly write_hops re-posts.
- * Durability model of the log: a write is durable at a cut if it was
- * submitted before the cut and is FUA, or a FLUSH of the same device was
- * submitted after it and before the cut. Everything else is dropped (the
- * worst case a power cut can do).
+ * The log holds submissions (writes with their data, flushes) and, as
+ * WL_DONE entries (dev -1), completions, logged just before done() runs,
+ * so an acknowledgement upward always has a later index than the
+ * completions it waited for. wlog_image's durability model: a write is
+ * durable at a cut if it was submitted before the cut and is FUA, or a
+ * FLUSH of the same device was submitted after it and before the cut; the
+ * power-cut test builds a stricter one from the completions.
+ * A device logs into m->log (g_log unless the test points it elsewhere).
  */
 #ifndef TC_CACHE_TEST_UTIL_H
 #define TC_CACHE_TEST_UTIL_H
@@ -35,12 +39,16 @@
 #include <unistd.h>
 
 
+enum { WL_SUBMIT = 0, WL_DONE = 1 };
+
 struct wlog_ent {
-	int dev;
+	int dev;                /* -1 for a WL_DONE entry */
+	uint8_t kind;           /* WL_SUBMIT or WL_DONE */
 	bool flush;
 	bool fua;
 	uint64_t off, len;
 	uint8_t *data;
+	size_t ref;             /* WL_DONE: index of the submission it completes */
 };
 
 struct wlog {
@@ -60,29 +68,46 @@ static inline size_t wlog_len(void)
 	return n;
 }
 
-static inline void wlog_add(int dev, bool flush, bool fua, uint64_t off, uint64_t len, const void *data)
+/* Append a submission (or, kind WL_DONE, a completion of entry ref); its index, or SIZE_MAX when off. */
+static inline size_t wlog_append(struct wlog *L, int kind, int dev, bool flush, bool fua, uint64_t off,
+				 uint64_t len, const void *data, size_t ref)
 {
-	pthread_mutex_lock(&g_log.lock);
-	if (!g_log.on) {
-		pthread_mutex_unlock(&g_log.lock);
-		return;
+	pthread_mutex_lock(&L->lock);
+	if (!L->on) {
+		pthread_mutex_unlock(&L->lock);
+		return SIZE_MAX;
 	}
-	if (g_log.n == g_log.cap) {
-		g_log.cap = g_log.cap ? g_log.cap * 2 : 1024;
-		g_log.e = realloc(g_log.e, g_log.cap * sizeof(*g_log.e));
+	if (L->n == L->cap) {
+		L->cap = L->cap ? L->cap * 2 : 1024;
+		L->e = realloc(L->e, L->cap * sizeof(*L->e));
 	}
-	struct wlog_ent *x = &g_log.e[g_log.n++];
-	x->dev = dev;
+	size_t i = L->n++;
+	struct wlog_ent *x = &L->e[i];
+	x->dev = kind == WL_DONE ? -1 : dev;
+	x->kind = (uint8_t)kind;
 	x->flush = flush;
 	x->fua = fua;
 	x->off = off;
 	x->len = len;
+	x->ref = ref;
 	x->data = NULL;
 	if (data) {
 		x->data = malloc(len);
 		memcpy(x->data, data, len);
 	}
-	pthread_mutex_unlock(&g_log.lock);
+	pthread_mutex_unlock(&L->lock);
+	return i;
+}
+
+/* Empty a log (entries freed), logging off. */
+static inline void wlog_reset(struct wlog *L)
+{
+	pthread_mutex_lock(&L->lock);
+	for (size_t i = 0; i < L->n; i++)
+		free(L->e[i].data);
+	L->n = 0;
+	L->on = false;
+	pthread_mutex_unlock(&L->lock);
 }
 
 struct mem_bdev {
@@ -96,6 +121,8 @@ struct mem_bdev {
 	_Atomic int write_hops;
 	_Atomic bool write_hops_exact;
 	_Atomic uint64_t hop_rnd;
+	struct wlog *log;
+	bool borrowed;          /* data belongs to the caller (mem_borrow) */
 	char name[32];
 };
 
@@ -105,6 +132,7 @@ struct mem_done {
 	int hops;
 	struct mem_bdev *m;
 	uint8_t *wdata;         /* a late write's data, landing at completion */
+	size_t logi;            /* the submission's log index, SIZE_MAX: not logged */
 };
 
 static inline void mem_complete(void *arg)
@@ -121,6 +149,8 @@ static inline void mem_complete(void *arg)
 		memcpy(d->m->data + req->offset, d->wdata, req->len);
 		free(d->wdata);
 	}
+	if (d->logi != SIZE_MAX)
+		wlog_append(d->m->log, WL_DONE, -1, false, false, 0, 0, NULL, d->logi);
 	free(d);
 	req->done(req, err);
 }
@@ -136,6 +166,7 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 	d->hops = req->op == BDEV_READ ? atomic_load(&m->read_hops) : 0;
 	d->m = m;
 	d->wdata = NULL;
+	d->logi = SIZE_MAX;
 	int wh = atomic_load(&m->write_hops);
 	if (wh > 0 && req->op == BDEV_WRITE) {
 		uint64_t x = atomic_fetch_add(&m->hop_rnd, 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
@@ -161,7 +192,8 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 				memcpy(tmp + k, req->iov[i].iov_base, req->iov[i].iov_len);
 				k += req->iov[i].iov_len;
 			}
-			wlog_add(m->id, false, req->flags & BDEV_F_FUA, req->offset, req->len, tmp);
+			d->logi = wlog_append(m->log, WL_SUBMIT, m->id, false, req->flags & BDEV_F_FUA, req->offset,
+					      req->len, tmp, 0);
 			if (wh > 0) {
 				d->wdata = tmp; /* lands at completion */
 				break;
@@ -171,13 +203,13 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 			break;
 		}
 		case BDEV_FLUSH:
-			wlog_add(m->id, true, false, 0, 0, NULL);
+			d->logi = wlog_append(m->log, WL_SUBMIT, m->id, true, false, 0, 0, NULL, 0);
 			break;
 		case BDEV_UNMAP:
 		case BDEV_WRITE_ZEROES: {
 			uint8_t *z = calloc(1, req->len);
 			memset(m->data + req->offset, 0, req->len);
-			wlog_add(m->id, false, true, req->offset, req->len, z);
+			d->logi = wlog_append(m->log, WL_SUBMIT, m->id, false, true, req->offset, req->len, z, 0);
 			free(z);
 			break;
 		}
@@ -189,7 +221,8 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 static inline void mem_close(struct bdev *dev)
 {
 	struct mem_bdev *m = (struct mem_bdev *)dev;
-	free(m->data);
+	if (!m->borrowed)
+		free(m->data);
 	free(m);
 }
 
@@ -203,12 +236,24 @@ static inline struct mem_bdev *mem_new(int id, uint64_t size, const uint8_t *ima
 	if (image)
 		memcpy(m->data, image, size);
 	atomic_init(&m->fail_after, -1);
+	m->log = &g_log;
 	snprintf(m->name, sizeof(m->name), "mem%d", id);
 	m->dev.ops = &mem_ops;
 	m->dev.name = m->name;
 	m->dev.size = size;
 	m->dev.block_size = 512;
 	m->dev.can_unmap = true;
+	return m;
+}
+
+/* A device over the caller's buffer (not copied, not freed): for tests that open thousands of images. */
+static inline struct mem_bdev *mem_borrow(int id, uint64_t size, uint8_t *data)
+{
+	struct mem_bdev *m = mem_new(id, 0, NULL);
+	free(m->data);
+	m->data = data;
+	m->borrowed = true;
+	m->dev.size = size;
 	return m;
 }
 

@@ -1,28 +1,57 @@
 /*
- * test_cache_powercut.c - no acknowledged write is lost at any power cut.
+ * test_cache_powercut.c - no acknowledged write is lost, and the mirror is
+ * one copy, at any power cut a real device allows.
  *
- * OCF's surprise-shutdown method: run a short write-back workload (writes
- * of 1..32 sectors, UNMAPs, promotions by reads, a destage by flush) on a
- * cache set whose legs and backing store are RAM devices that log every
- * write and flush. Then, for every index k of that log, rebuild the three
- * device images as a power cut after k would leave them (later writes,
- * and non-FUA writes without a later flush, dropped), open the set
- * (recovery), and read every sector back through the cache volume:
- *  - a sector whose last write (or UNMAP) was acknowledged before k must
- *    hold that write's stamp, or a later write's;
- *  - no sector may hold garbage (a stamp with a wrong checksum or LBA).
- * Writes without FUA count as acknowledged when the FLUSH after them
- * completes (SCSI's rule with the write cache on). TC_LONG=1 uses a
- * longer workload.
+ * OCF's surprise-shutdown method with a device model that drops what a
+ * real device may drop. A workload runs on a cache set whose legs and
+ * backing store are RAM devices that complete out of order (each write
+ * lands only when it completes, after a random number of re-posts) and log
+ * every submission and every completion. In each cache mode it mixes
+ * writes of 1..32 sectors (half with FUA, the others acknowledged by the
+ * FLUSH that follows their batch), UNMAP and WRITE ZEROES, reads that
+ * promote extents (fills, some of data that a write without FUA just
+ * reached, before the FLUSH) and partial hits that top extents up, and a
+ * destage of everything half-way.
+ *
+ * A write is durable at a cut once it completed with FUA, or completed
+ * before a FLUSH of its device that was submitted and completed before the
+ * cut. At each cut point the images keep every durable write and, in each
+ * of SUBSETS random subsets (printed seeds), each write that was submitted
+ * but is not durable is dropped, kept, or torn at 512-byte boundaries
+ * (each sector kept or not). One cut in RECOVERY_CUT_EVERY also cuts the
+ * recovery itself (its own writes logged, the same model), then recovers
+ * again. After recovery:
+ *  - the volume is read twice: every sector holds its last acknowledged
+ *    write (or UNMAP) or a later one, never garbage, the same both times;
+ *  - every block the recovered metadata references as valid is equal on
+ *    the two legs;
+ *  - every valid clean cached block equals the backing store's (else an
+ *    eviction would change what it reads);
+ *  - with leg 0 failed the volume reads the same again (leg 1 alone).
+ *
+ * make check: CUTS cut points per mode (evenly spread) x SUBSETS subsets;
+ * TC_LONG=1: every point of the log; PC_CUTS=N: N points. PC_SEED sets the base seed; the
+ * engine's log is silenced during the recoveries unless PC_VERBOSE is set.
  */
+#include "cache/cache_int.h"
 #include "cache_test_util.h"
+#include "common/log.h"
 
-#define BACK_SIZE (4u << 20)
-#define LEG_SIZE (8u << 20)
+#include <time.h>
+
+#define BACK_SIZE (2u << 20)
+#define LEG_SIZE (4u << 20)
 #define NSECT (BACK_SIZE / 512)
+#define EXT (64u << 10)
+#define CUTS 500
+#define SUBSETS 8
+#define RECOVERY_CUT_EVERY 8
+
+enum { DEV_BACK, DEV_LEG0, DEV_LEG1, NDEV };
+static const uint64_t dev_size[NDEV] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
 
 struct event {
-	uint64_t seq;
+	uint64_t seq;   /* 0 with unmap */
 	size_t ack;     /* log index at acknowledgement */
 	bool unmap;
 };
@@ -33,7 +62,8 @@ struct sector_hist {
 };
 
 static struct sector_hist hist[NSECT];
-static uint8_t *init_img[3];
+static uint8_t *init_img[NDEV];
+static enum cache_mode cur_mode;
 
 static void add_event(uint64_t lba, uint32_t n, uint64_t seq, size_t ack, bool unmap)
 {
@@ -50,108 +80,327 @@ static void add_event(uint64_t lba, uint32_t n, uint64_t seq, size_t ack, bool u
 static struct cache_set_cfg cfg = {
 	.name = "pc",
 	.nlegs = 2,
-	.extent_size = 64u << 10,
+	.extent_size = EXT,
 	.mode = CACHE_WRITE_BACK,
 	.admit_hits = 1,
 	.dirty_target = 10,
 };
 
-static struct cache_set *open_set(struct mem_bdev **b, struct mem_bdev **l0, struct mem_bdev **l1,
-				  struct bdev **vol, const uint8_t *img[3])
+/* borrow: the devices work on img in place (no copy) */
+static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_t *const img[NDEV],
+				  struct wlog *log, bool borrow)
 {
 	char err[512];
-	*b = mem_new(0, BACK_SIZE, img ? img[0] : NULL);
-	*l0 = mem_new(1, LEG_SIZE, img ? img[1] : NULL);
-	*l1 = mem_new(2, LEG_SIZE, img ? img[2] : NULL);
-	struct bdev *legs[2] = { &(*l0)->dev, &(*l1)->dev };
+	for (int i = 0; i < NDEV; i++) {
+		d[i] = borrow ? mem_borrow(i, dev_size[i], img[i]) : mem_new(i, dev_size[i], img ? img[i] : NULL);
+		if (log)
+			d[i]->log = log;
+	}
+	struct bdev *legs[2] = { &d[DEV_LEG0]->dev, &d[DEV_LEG1]->dev };
+	cfg.mode = cur_mode;
 	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "open: %s", err);
-	*vol = cache_vol_open(cs, "lun0", &(*b)->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	if (!cs) {
+		fprintf(stderr, "open: %s\n", err);
+		return NULL;
+	}
+	*vol = cache_vol_open(cs, "lun0", &d[DEV_BACK]->dev, NULL, cur_mode, err, sizeof(err));
 	REQUIRE(*vol, "attach: %s", err);
 	return cs;
 }
 
+static double tnow(void);
+static double t_sd, t_cl;
+static void close_set(struct cache_set *cs, struct bdev *vol)
+{
+	double a = tnow();
+	cache_set_shutdown(cs);
+	double b = tnow();
+	bdev_close(vol);
+	cache_set_close(cs);
+	t_sd += b - a;
+	t_cl += tnow() - b;
+}
+
+/* ---- the device model ------------------------------------------------------- */
+
+/*
+ * For every submission i of a log: done[i] = index of its completion
+ * (SIZE_MAX: none), durable[i] = the index from which it is durable.
+ */
+struct model {
+	struct wlog *log;
+	size_t n;
+	size_t *done, *durable;
+};
+
+static void model_build(struct model *m, struct wlog *log)
+{
+	pthread_mutex_lock(&log->lock);
+	m->log = log;
+	m->n = log->n;
+	m->done = malloc((m->n + 1) * sizeof(size_t));
+	m->durable = malloc((m->n + 1) * sizeof(size_t));
+	for (size_t i = 0; i < m->n; i++)
+		m->done[i] = m->durable[i] = SIZE_MAX;
+	for (size_t i = 0; i < m->n; i++)
+		if (log->e[i].kind == WL_DONE)
+			m->done[log->e[i].ref] = i;
+	for (size_t i = 0; i < m->n; i++) {
+		struct wlog_ent *x = &log->e[i];
+		if (x->kind != WL_SUBMIT || x->flush || m->done[i] == SIZE_MAX)
+			continue;
+		if (x->fua) {
+			m->durable[i] = m->done[i];
+			continue;
+		}
+		/* the earliest completion of a flush of its device submitted after it completed */
+		for (size_t j = m->done[i] + 1; j < m->n; j++) {
+			struct wlog_ent *f = &log->e[j];
+			if (f->kind == WL_SUBMIT && f->flush && f->dev == x->dev && m->done[j] < m->durable[i])
+				m->durable[i] = m->done[j];
+		}
+	}
+	pthread_mutex_unlock(&log->lock);
+}
+
+static void model_free(struct model *m)
+{
+	free(m->done);
+	free(m->durable);
+}
+
+/*
+ * Images (into out, NDEV buffers of dev_size) as a cut before log index
+ * cut leaves them, on top of base: every durable write; with subset 0
+ * nothing else; otherwise each write in flight dropped, kept or torn, by
+ * the seed. Returns how many were in flight.
+ */
+static size_t model_image(const struct model *m, size_t cut, uint64_t seed, int subset, uint8_t *const base[NDEV],
+			  uint8_t *const out[NDEV])
+{
+	uint64_t r = seed ? seed : 1;
+	size_t inflight = 0;
+	for (int d = 0; d < NDEV; d++)
+		memcpy(out[d], base[d], dev_size[d]);
+	for (size_t i = 0; i < cut && i < m->n; i++) {
+		struct wlog_ent *x = &m->log->e[i];
+		if (x->kind != WL_SUBMIT || x->flush || !x->data)
+			continue;
+		if (m->durable[i] < cut) {
+			memcpy(out[x->dev] + x->off, x->data, x->len);
+			continue;
+		}
+		inflight++;
+		if (!subset)
+			continue;
+		switch (tc_xorshift(&r) % 4) {
+		case 0:
+			break; /* lost */
+		case 1:
+		case 2:
+			memcpy(out[x->dev] + x->off, x->data, x->len);
+			break;
+		default:
+			/* torn: each 512-byte sector on its own */
+			for (uint64_t o = 0; o < x->len; o += 512)
+				if (tc_xorshift(&r) & 1)
+					memcpy(out[x->dev] + x->off + o, x->data + o, 512);
+		}
+	}
+	return inflight;
+}
+
+/* ---- checks after recovery ------------------------------------------------------------ */
+
 static uint64_t rnd_state = 88172645463325252ull;
 static uint64_t rnd(void) { return tc_xorshift(&rnd_state); }
 
-static int verify_cut(size_t cut)
+static int check_sector(size_t cut, const uint8_t *s, uint64_t lba, const char *what, int bad)
 {
-	const uint8_t *img[3];
-	uint8_t *tmp[3];
-	uint64_t sizes[3] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
-	for (int d = 0; d < 3; d++) {
-		tmp[d] = malloc(sizes[d]);
-		wlog_image(d, init_img[d], sizes[d], cut, tmp[d]);
-		img[d] = tmp[d];
+	uint64_t seq = 0;
+	int k = stamp_check(s, lba, &seq);
+	struct sector_hist *h = &hist[lba];
+	int last = -1;
+	for (int j = 0; j < h->n; j++)
+		if (h->e[j].ack <= cut)
+			last = j;
+	bool ok;
+	if (k < 0)
+		ok = false;
+	else if (last < 0)
+		ok = true; /* nothing acknowledged: anything written, or nothing */
+	else {
+		ok = false;
+		for (int j = last; j < h->n && !ok; j++)
+			ok = h->e[j].unmap ? k == 0 : (k == 1 && seq == h->e[j].seq);
 	}
-	struct mem_bdev *b, *l0, *l1;
+	if (!ok && bad < 5)
+		fprintf(stderr, "%s: lba %llu holds %s seq %llu; last acknowledged: %s seq %llu\n", what,
+			(unsigned long long)lba, k < 0 ? "garbage" : k == 0 ? "zeroes" : "stamp",
+			(unsigned long long)seq, last < 0 ? "none" : h->e[last].unmap ? "unmap" : "write",
+			last < 0 ? 0ull : (unsigned long long)h->e[last].seq);
+	return ok ? 0 : 1;
+}
+
+static uint8_t *vol_img[2];
+
+static int read_all(struct bdev *vol, uint8_t *out)
+{
+	return tio_sync(vol, BDEV_READ, 0, out, BACK_SIZE, 0);
+}
+
+/* 0 if recovery from img meets every promise at this cut */
+static double tnow(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+static double t_open, t_read, t_close;
+
+static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
+{
+	double t0 = tnow();
+	struct mem_bdev *d[NDEV];
 	struct bdev *vol;
-	struct cache_set *cs = open_set(&b, &l0, &l1, &vol, img);
-	for (int d = 0; d < 3; d++)
-		free(tmp[d]);
-	uint8_t *buf = buf_get(64u << 10);
+	struct cache_set *cs = open_set(d, &vol, img, NULL, true);
+	if (!cs) {
+		fprintf(stderr, "%s: the set did not open\n", what);
+		return 1;
+	}
 	int bad = 0;
-	for (uint64_t off = 0; off < BACK_SIZE; off += 64u << 10) {
-		int r = tio_sync(vol, BDEV_READ, off, buf, 64u << 10, 0);
-		REQUIRE(r == 0, "cut %zu: read at %llu failed: %d", cut, (unsigned long long)off, r);
-		for (uint32_t i = 0; i < 128; i++) {
-			uint64_t lba = off / 512 + i;
-			uint64_t seq = 0;
-			int k = stamp_check(buf + (size_t)i * 512, lba, &seq);
-			struct sector_hist *h = &hist[lba];
-			int last = -1;
-			for (int j = 0; j < h->n; j++)
-				if (h->e[j].ack <= cut)
-					last = j;
-			bool ok;
-			if (k < 0) {
-				ok = false;
-			} else if (last < 0) {
-				ok = true; /* nothing acknowledged: old, new or zero */
-			} else {
-				/* the acknowledged state or any later event */
-				ok = false;
-				for (int j = last; j < h->n && !ok; j++)
-					ok = h->e[j].unmap ? k == 0 : (k == 1 && seq == h->e[j].seq);
-			}
-			if (!ok) {
-				if (bad < 5)
-					fprintf(stderr, "cut %zu: lba %llu holds %s seq %llu; last acknowledged: %s seq %llu\n",
-						cut, (unsigned long long)lba, k < 0 ? "garbage" : k == 0 ? "zeroes" : "stamp",
-						(unsigned long long)seq,
-						last < 0 ? "none" : h->e[last].unmap ? "unmap" : "write",
-						last < 0 ? 0ull : (unsigned long long)h->e[last].seq);
-				bad++;
+	double t1 = tnow();
+	t_open += t1 - t0;
+	for (int pass = 0; pass < 2; pass++) {
+		int r = read_all(vol, vol_img[pass]);
+		if (r) {
+			fprintf(stderr, "%s: read failed: %d\n", what, r);
+			bad++;
+		}
+	}
+	for (uint64_t lba = 0; lba < NSECT; lba++)
+		bad += check_sector(cut, vol_img[0] + lba * 512, lba, what, bad);
+	if (memcmp(vol_img[0], vol_img[1], BACK_SIZE)) {
+		fprintf(stderr, "%s: two reads of the volume differ\n", what);
+		bad++;
+	}
+	/* every referenced block equal on both legs */
+	uint32_t diff = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		if (atomic_load(&cs->slots[s].key) == CACHE_KEY_NONE)
+			continue;
+		for (uint32_t b = 0; b < cs->lay.bpe; b++) {
+			if (!slot_all_valid(cs, s, b, 1))
+				continue;
+			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
+			if (memcmp(d[DEV_LEG0]->data + o, d[DEV_LEG1]->data + o, CACHE_SECTOR)) {
+				if (!diff)
+					fprintf(stderr, "%s: slot %u block %u differs between the legs\n", what, s, b);
+				diff++;
 			}
 		}
 	}
-	buf_put(buf, 64u << 10);
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
+	bad += diff ? 1 : 0;
+	/*
+	 * every valid clean block equal to the backing store: an eviction
+	 * must not change what a block reads
+	 */
+	uint32_t stale = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint64_t key = atomic_load(&cs->slots[s].key);
+		if (key == CACHE_KEY_NONE)
+			continue;
+		for (uint32_t b = 0; b < cs->lay.bpe; b++) {
+			if (!slot_all_valid(cs, s, b, 1) || slot_any_dirty(cs, s, b, 1))
+				continue;
+			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
+			uint64_t bo = key_ext(key) * EXT + (uint64_t)b * CACHE_SECTOR;
+			if (memcmp(d[DEV_LEG1]->data + o, d[DEV_BACK]->data + bo, CACHE_SECTOR)) {
+				if (!stale)
+					fprintf(stderr, "%s: lba %llu is cached as clean but the backing store holds other data\n",
+						what, (unsigned long long)(bo / 512));
+				stale++;
+			}
+		}
+	}
+	bad += stale ? 1 : 0;
+	/* leg 1 alone serves what both did */
+	atomic_store(&d[DEV_LEG0]->fail_after, 0);
+	if (read_all(vol, vol_img[1]) || memcmp(vol_img[0], vol_img[1], BACK_SIZE)) {
+		fprintf(stderr, "%s: with leg 0 failed the volume reads differently\n", what);
+		bad++;
+	}
+	double t2 = tnow();
+	t_read += t2 - t1;
+	close_set(cs, vol);
+	t_close += tnow() - t2;
 	return bad;
 }
 
-int main(void)
-{
-	bool long_run = getenv("TC_LONG") != NULL;
-	int nbatches = long_run ? 80 : 30;
-	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+/* Recover from img with the recovery's writes logged, cut those, recover again. */
+static int verify_recovery_cut(size_t cut, uint8_t *const img[NDEV], uint64_t seed, const char *what)
 
-	struct mem_bdev *b, *l0, *l1;
+{
+	static struct wlog rlog = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	wlog_reset(&rlog);
+	rlog.on = true;
+	struct mem_bdev *d[NDEV];
 	struct bdev *vol;
-	struct cache_set *cs = open_set(&b, &l0, &l1, &vol, NULL);
-	init_img[0] = malloc(BACK_SIZE);
-	init_img[1] = malloc(LEG_SIZE);
-	init_img[2] = malloc(LEG_SIZE);
+	struct cache_set *cs = open_set(d, &vol, img, &rlog, false);
+	if (!cs) {
+		fprintf(stderr, "%s: the set did not open\n", what);
+		return 1;
+	}
+	pthread_mutex_lock(&rlog.lock);
+	rlog.on = false;
+	pthread_mutex_unlock(&rlog.lock);
+	close_set(cs, vol);
+	struct model rm;
+	model_build(&rm, &rlog);
+	uint64_t r = seed;
+	size_t rcut = rm.n ? (size_t)(tc_xorshift(&r) % (rm.n + 1)) : 0;
+	static uint8_t *img2[NDEV];
+	for (int i = 0; i < NDEV; i++)
+		if (!img2[i])
+			img2[i] = malloc(dev_size[i]);
+	model_image(&rm, rcut, tc_xorshift(&r), 1, img, img2);
+	char w2[256];
+	snprintf(w2, sizeof(w2), "%s, recovery cut at %zu of %zu", what, rcut, rm.n);
+	int bad = verify(cut, img2, w2);
+	model_free(&rm);
+	return bad;
+}
+
+/* ---- the workload ------------------------------------------------------------------- */
+
+static void set_hops(struct mem_bdev **d, int rh, int wh)
+{
+	for (int i = 0; i < NDEV; i++) {
+		atomic_store(&d[i]->read_hops, rh);
+		atomic_store(&d[i]->write_hops, wh);
+	}
+}
+
+static size_t workload(int nbatches)
+{
+	struct mem_bdev *d[NDEV];
+	struct bdev *vol;
+	wlog_reset(&g_log);
+	for (uint32_t i = 0; i < NSECT; i++)
+		hist[i].n = 0;
+	struct cache_set *cs = open_set(d, &vol, NULL, NULL, false);
+	REQUIRE(cs, "format");
 	/* pre-existing backing data: stamps with seq 0 in the first half */
 	for (uint64_t off = 0; off < BACK_SIZE / 2; off += 512)
-		stamp_fill(b->data + off, off / 512, 1, 0);
-	memcpy(init_img[0], b->data, BACK_SIZE);
-	memcpy(init_img[1], l0->data, LEG_SIZE);
-	memcpy(init_img[2], l1->data, LEG_SIZE);
+		stamp_fill(d[DEV_BACK]->data + off, off / 512, 1, 0);
+	for (int i = 0; i < NDEV; i++) {
+		free(init_img[i]);
+		init_img[i] = malloc(dev_size[i]);
+		memcpy(init_img[i], d[i]->data, dev_size[i]);
+	}
 	for (uint64_t s = 0; s < NSECT / 2; s++)
 		add_event(s, 1, 0, 0, false);
+	set_hops(d, 1, 3);
 	pthread_mutex_lock(&g_log.lock);
 	g_log.on = true;
 	pthread_mutex_unlock(&g_log.lock);
@@ -160,104 +409,167 @@ int main(void)
 	uint8_t *bufs[8];
 	for (int i = 0; i < 8; i++)
 		bufs[i] = buf_get(16u << 10);
-	uint8_t *rbuf = buf_get(64u << 10);
+	uint8_t *rbuf = buf_get(EXT);
 	for (int batch = 0; batch < nbatches; batch++) {
 		struct tio t[8];
 		uint64_t lba[8];
 		uint32_t n[8];
-		bool unmap[8];
+		int kind[8]; /* 0 write, 1 unmap, 2 write zeroes */
 		_Atomic int out = 0;
 		int k = 0;
 		for (int i = 0; i < 8; i++) {
-			n[i] = 1 + (uint32_t)(rnd() % 32);
-			lba[i] = rnd() % (NSECT - n[i]);
-			unmap[i] = rnd() % 16 == 0;
+			uint32_t ns = 1 + (uint32_t)(rnd() % 32);
+			uint64_t l = rnd() % (NSECT - ns);
 			bool overlap = false;
 			for (int j = 0; j < k; j++)
-				if (lba[i] < lba[j] + n[j] && lba[j] < lba[i] + n[i])
+				if (l < lba[j] + n[j] && lba[j] < l + ns)
 					overlap = true;
 			if (overlap)
 				continue;
-			lba[k] = lba[i];
-			n[k] = n[i];
-			unmap[k] = unmap[i];
-			if (unmap[k]) {
-				tio_submit(&t[k], vol, BDEV_WRITE_ZEROES, lba[k] * 512, NULL, n[k] * 512, 0, &out, k);
+			lba[k] = l;
+			n[k] = ns;
+			uint64_t x = rnd() % 16;
+			kind[k] = x == 0 ? 1 : x == 1 ? 2 : 0;
+			if (kind[k]) {
+				tio_submit(&t[k], vol, kind[k] == 1 ? BDEV_UNMAP : BDEV_WRITE_ZEROES, l * 512, NULL, ns * 512,
+					   0, &out, k);
 			} else {
-				stamp_fill(bufs[k], lba[k], n[k], seq + (uint64_t)k);
-				tio_submit(&t[k], vol, BDEV_WRITE, lba[k] * 512, bufs[k], n[k] * 512,
-					   (rnd() & 1) ? BDEV_F_FUA : 0, &out, k);
+				stamp_fill(bufs[k], l, ns, seq + (uint64_t)k);
+				tio_submit(&t[k], vol, BDEV_WRITE, l * 512, bufs[k], ns * 512, (rnd() & 1) ? BDEV_F_FUA : 0,
+					   &out, k);
 			}
 			k++;
 		}
 		while (atomic_load(&out))
-			usleep(50);
-		/*
-		 * A write without FUA must be durable only after the next
-		 * FLUSH (SYNCHRONIZE CACHE) completes: that is its ack.
-		 */
+			usleep(20);
+		/* a write without FUA is acknowledged by the FLUSH after it (SCSI's rule with WCE=1) */
 		bool any_volatile = false;
 		for (int i = 0; i < k; i++)
-			if (!unmap[i] && !(t[i].req.flags & BDEV_F_FUA))
+			if (!kind[i] && !(t[i].req.flags & BDEV_F_FUA))
 				any_volatile = true;
 		size_t flush_ack = 0;
+		if (any_volatile && batch % 3 == 2) {
+			/* promote an extent that a write without FUA just reached, before the FLUSH */
+			for (int i = 0; i < k; i++)
+				if (!kind[i] && !(t[i].req.flags & BDEV_F_FUA)) {
+					uint64_t off = lba[i] * 512 / EXT * EXT;
+					REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, EXT, 0) == 0, "read");
+					REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, EXT, 0) == 0, "read");
+					break;
+				}
+		}
 		if (any_volatile) {
 			struct tio f;
 			tio_submit(&f, vol, BDEV_FLUSH, 0, NULL, 0, 0, NULL, batch);
 			while (!atomic_load(&f.done))
-				usleep(50);
+				usleep(20);
 			REQUIRE(f.err == 0, "flush failed: %d", f.err);
 			flush_ack = f.ack_index;
 		}
 		for (int i = 0; i < k; i++) {
-			REQUIRE(t[i].err == 0, "workload write failed: %d", t[i].err);
-			size_t ack = (!unmap[i] && !(t[i].req.flags & BDEV_F_FUA)) ? flush_ack : t[i].ack_index;
-			add_event(lba[i], n[i], unmap[i] ? 0 : seq + (uint64_t)i, ack, unmap[i]);
+			REQUIRE(t[i].err == 0, "workload request failed: %d", t[i].err);
+			size_t ack = (!kind[i] && !(t[i].req.flags & BDEV_F_FUA)) ? flush_ack : t[i].ack_index;
+			add_event(lba[i], n[i], kind[i] ? 0 : seq + (uint64_t)i, ack, kind[i] != 0);
 		}
 		seq += 8;
-		if (batch % 5 == 2) {
-			/* reads twice: promotion of a whole extent (fill) */
-			uint64_t off = (rnd() % (BACK_SIZE / (64u << 10))) * (64u << 10);
-			REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, 64u << 10, 0) == 0, "read");
-			REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, 64u << 10, 0) == 0, "read");
+		if (batch % 3 == 1) {
+			/* reads: a whole extent twice (promotion: a fill), then a partial hit (top-up) */
+			uint64_t off = (rnd() % (BACK_SIZE / EXT)) * EXT;
+			REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, EXT, 0) == 0, "read");
+			REQUIRE(tio_sync(vol, BDEV_READ, off, rbuf, EXT, 0) == 0, "read");
+			uint64_t l = lba[0] / (EXT / 512) * EXT;
+			REQUIRE(tio_sync(vol, BDEV_READ, l, rbuf, EXT, 0) == 0, "read");
 		}
 		if (batch == nbatches / 2)
 			REQUIRE(cache_set_flush(cs, 20000) == 0, "flush did not finish");
 	}
-	/* let the last fills finish, then stop logging */
-	usleep(200000);
+	/* let fills and top-ups finish, then stop logging */
+	for (int i = 0; i < 2000 && (atomic_load(&cs->bg_inflight) || atomic_load(&cs->fg_inflight)); i++)
+		usleep(1000);
 	size_t total = wlog_len();
 	pthread_mutex_lock(&g_log.lock);
 	g_log.on = false;
 	pthread_mutex_unlock(&g_log.lock);
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
-	printf("workload: %d batches, %zu logged device writes\n", nbatches, total);
+	struct cache_set_status st;
+	cache_set_status(cs, &st);
+	printf("%s workload: %d batches, %zu log entries; %llu promotions, %llu top-ups, %llu KiB destaged, "
+	       "%llu write hits\n",
+	       cache_mode_name(cur_mode), nbatches, total, (unsigned long long)st.promotions,
+	       (unsigned long long)st.topups, (unsigned long long)(st.destaged_bytes >> 10),
+	       (unsigned long long)st.write_hits);
+	for (int i = 0; i < 8; i++)
+		buf_put(bufs[i], 16u << 10);
+	buf_put(rbuf, EXT);
+	close_set(cs, vol);
+	return total;
+}
 
-	if (getenv("PC_DEBUG")) {
-		uint64_t dl = strtoull(getenv("PC_DEBUG"), NULL, 0);
-		for (int j = 0; j < hist[dl].n; j++)
-			fprintf(stderr, "lba %llu event seq %llu ack %zu unmap %d\n", (unsigned long long)dl,
-				(unsigned long long)hist[dl].e[j].seq, hist[dl].e[j].ack, hist[dl].e[j].unmap);
-		for (size_t i = 0; i < total; i++)
-			fprintf(stderr, "log %zu dev %d %s fua %d off %llu len %llu\n", i, g_log.e[i].dev,
-				g_log.e[i].flush ? "FLUSH" : "write", g_log.e[i].fua,
-				(unsigned long long)g_log.e[i].off, (unsigned long long)g_log.e[i].len);
-	}
-	int failures = 0;
-	size_t step = 1;
-	for (size_t cut = 0; cut <= total; cut += step) {
-		int bad = verify_cut(cut);
-		if (bad) {
-			fprintf(stderr, "cut %zu: %d sectors wrong\n", cut, bad);
-			failures++;
-			if (failures > 3)
-				break;
+int main(void)
+{
+	bool long_run = getenv("TC_LONG") != NULL;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	uint64_t base_seed = getenv("PC_SEED") ? strtoull(getenv("PC_SEED"), NULL, 0) : 0x7c0ffee5eedull;
+	REQUIRE(workers_start(getenv("TC_TEST_WORKERS") ? (unsigned)atoi(getenv("TC_TEST_WORKERS")) : 2) == 0, "workers");
+	vol_img[0] = malloc(BACK_SIZE);
+	vol_img[1] = malloc(BACK_SIZE);
+	printf("base seed %#llx (PC_SEED); subset s of cut c uses seed base ^ (c * 1000003 + s)\n",
+	       (unsigned long long)base_seed);
+	enum cache_mode modes[] = { CACHE_WRITE_BACK, CACHE_WRITE_THROUGH, CACHE_WRITE_AROUND, CACHE_PASS_THROUGH };
+	int total_failures = 0;
+	for (size_t mi = 0; mi < sizeof(modes) / sizeof(modes[0]); mi++) {
+		cur_mode = modes[mi];
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		size_t total = workload(long_run ? 60 : 24);
+		struct model m;
+		model_build(&m, &g_log);
+		if (!getenv("PC_VERBOSE"))
+			log_set_level((enum log_level)0); /* thousands of recoveries: their log says nothing new */
+		size_t cuts = getenv("PC_CUTS") ? strtoul(getenv("PC_CUTS"), NULL, 0) : CUTS;
+		size_t npoints = long_run || total + 1 <= cuts ? total + 1 : cuts;
+		int failures = 0;
+		size_t tried = 0, rcuts = 0, inflight_sum = 0;
+		for (size_t pi = 0; pi < npoints && failures < 3; pi++) {
+			size_t cut = npoints == total + 1 ? pi : pi * (total + 1) / npoints;
+			for (int s = 0; s <= SUBSETS && failures < 3; s++) {
+				uint64_t seed = base_seed ^ ((uint64_t)cut * 1000003u + (uint64_t)s);
+				static uint8_t *img[NDEV];
+				for (int i = 0; i < NDEV; i++)
+					if (!img[i])
+						img[i] = malloc(dev_size[i]);
+				inflight_sum += model_image(&m, cut, seed, s, init_img, img);
+				char what[160];
+				snprintf(what, sizeof(what), "%s cut %zu subset %d (seed %#llx)", cache_mode_name(cur_mode), cut,
+					 s, (unsigned long long)seed);
+				int bad;
+				if ((pi * (SUBSETS + 1) + (size_t)s) % RECOVERY_CUT_EVERY == 0) {
+					bad = verify_recovery_cut(cut, img, seed * 0x9e3779b97f4a7c15ull + 1, what);
+					rcuts++;
+				} else {
+					bad = verify(cut, img, what);
+				}
+				tried++;
+				if (bad) {
+					fprintf(stderr, "%s: %d problems\n", what, bad);
+					failures++;
+				}
+			}
 		}
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		printf("%s: %zu cut points x %d subsets (+ the durable-only image): %zu recoveries (%zu with the "
+		       "recovery cut too), %.1f writes in flight per image on average, %d failed, %.1f s\n",
+		       cache_mode_name(cur_mode), npoints, SUBSETS, tried, rcuts,
+		       tried ? (double)inflight_sum / (double)tried : 0.0, failures,
+		       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+		model_free(&m);
+		if (getenv("PC_PROFILE"))
+			printf("  open %.1f s, reads and checks %.1f s, shutdown %.1f s (%.1f + %.1f)\n", t_open, t_read, t_close, t_sd, t_cl);
+		t_open = t_read = t_close = 0;
+		log_set_level(LOG_LVL_INFO);
+		total_failures += failures;
 	}
-	REQUIRE(failures == 0, "%d power-cut points lost acknowledged data", failures);
-	printf("ok: %zu power-cut points recovered, 0 acknowledged writes lost, no garbage\n", total + 1);
+	REQUIRE(total_failures == 0, "%d power-cut images broke a promise", total_failures);
+	printf("ok: no acknowledged write lost, no garbage, reads stable, legs equal, in every mode\n");
 	workers_stop();
 	return 0;
 }

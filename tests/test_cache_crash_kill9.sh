@@ -16,9 +16,8 @@
 # WCE=0 or FUA, or followed by a completed SYNCHRONIZE CACHE) or one issued
 # after it; never older data, never garbage. Every 5 cycles and at the end
 # the daemon stops cleanly: both legs must be identical on every valid block
-# and hold what iSCSI read (valid clean blocks unlike the backing store are
-# counted, not failed: an overwrite of a clean block cut by the kill leaves
-# them, and the rule allows either version). The cache is smaller
+# and hold what iSCSI read, and no valid clean block may differ from the
+# backing store (an eviction would change what it reads). The cache is smaller
 # than the written region, so eviction, bypass writes, promotion and the
 # cleaner all run between the kills. 20 cycles (200 with TC_LONG=1; TC_CYCLES
 # overrides).

@@ -27,10 +27,9 @@ adds a write-intent bitmap in the padding before the table: ignored).
   leg_read.py compare LEG0 LEG1 BACKING LUN
       After a clean stop: both legs clean, the same map, the same bytes in
       every valid block, and every valid clean block equal to the backing
-      file. Exit 1 with a line per difference between the legs; valid clean
-      blocks unlike the backing file are listed and counted, not failed (an
-      overwrite of a clean cached block cut by a kill leaves one: the new
-      bytes on the legs, the record that makes them dirty lost).
+      file. Exit 1 with a line per difference (a valid clean block unlike
+      the backing file would read back differently once evicted: recovery
+      drops the clean blocks of regions whose writes a crash cut).
 
 As a module: Leg(path).block(lun, sector) -> (valid, dirty, bytes or None).
 """
@@ -346,7 +345,7 @@ def cmd_diffviews(a, b):
 
 
 def cmd_compare(leg0, leg1, backing, lun):
-    """Exit 1 if the legs disagree; valid clean blocks unlike the backing store are counted apart."""
+    """Exit 1 if the legs disagree, or a valid clean block differs from the backing store."""
     a, b = Leg(leg0), Leg(leg1)
     bad, stale = [], []
     for g in (a, b):
@@ -389,7 +388,7 @@ def cmd_compare(leg0, leg1, backing, lun):
     print("%s\n%s" % (a.summary(), b.summary()))
     print("%d valid blocks compared: %d differences between the legs, %d clean blocks unlike the backing "
           "store" % (blocks, len(bad), len(stale)))
-    return 1 if bad else 0
+    return 1 if bad or stale else 0
 
 
 def main(argv):

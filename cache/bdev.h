@@ -176,6 +176,23 @@ static inline int bdev_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len
 	return dev->ops->cached_fd ? dev->ops->cached_fd(dev, offset, len, fd_off) : -1;
 }
 
+/*
+ * Fault injection (bdev_fault.c), for tests through the daemon only: a
+ * wrapper that passes I/O to inner until told to fail it. The wrapper takes
+ * inner's name and ownership. bdev_fault_set: any thread; -ENOTSUP if dev is
+ * not a fault wrapper, -EINVAL for a range over 64 MiB or not 512-aligned.
+ * BDEV_FAULT_RANGE fails reads that touch a bad sector of [off, off+len);
+ * a write heals the sectors it covers. (Growing the range frees the old
+ * sector map: give the largest range first, or set ranges while idle.)
+ * BDEV_FAULT_HANG holds every request until the mode changes (they then
+ * fail with -EIO).
+ */
+enum bdev_fault { BDEV_FAULT_NONE, BDEV_FAULT_EIO, BDEV_FAULT_RANGE, BDEV_FAULT_HANG };
+struct bdev *bdev_fault_wrap(struct bdev *inner);
+bool bdev_is_fault(const struct bdev *dev);
+int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_t len);
+void bdev_fault_counts(struct bdev *dev, uint64_t *reads, uint64_t *writes, uint64_t *errors);
+
 /* Register the resize listener of dev (no-op for fixed-size devices). */
 static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size),
 					    void *arg)

@@ -145,6 +145,9 @@ struct mirror_waiter;
 
 /* request flag, internal: a superblock write does not wait for the failed mask */
 #define MIRROR_F_NOWAIT 0x100
+/* request flags, internal: to (or from) leg i only, errors reported, not acted on (repair.c) */
+#define MIRROR_F_LEG(i) (0x200u << (i))
+#define MIRROR_F_LEGS (MIRROR_F_LEG(0) | MIRROR_F_LEG(1))
 
 struct mirror {
 	struct bdev dev;                 /* what the engine submits to */
@@ -165,6 +168,13 @@ struct mirror {
 	/* set.c persists a new failed mask and then calls mirror_persisted */
 	void (*persist)(struct mirror *m, uint32_t failed, void *arg);
 	void *persist_arg;
+	/*
+	 * A read of leg failed with -EIO and another leg serves it: 0 if the
+	 * range was queued for a rewrite (repair.c), else the leg is failed.
+	 */
+	int (*read_error)(struct mirror *m, int leg, uint64_t off, uint64_t len, void *arg);
+	/* the last leg failed (once, on the worker that saw it) */
+	void (*all_failed)(struct mirror *m, void *arg);
 };
 
 /* Main thread. I/O: bdev_submit(&m->dev, req) on a worker, as any bdev. */
@@ -266,6 +276,20 @@ int intent_clear_all(struct cache_set *cs);
 /* Any thread. */
 void intent_stats(struct cache_set *cs, uint64_t *page_writes, uint64_t *parked, uint32_t *regions_set);
 
+/* ---- repairs of unreadable ranges (repair.c) ------------------------------ */
+
+#define REPAIR_MAX 64
+
+struct repair_ent {
+	uint64_t off, len;   /* leg byte range that failed to read */
+	int leg;
+};
+
+/* mirror.read_error: any worker; queue the range (0) or refuse (-1: too many). */
+int cache_repair_note(struct mirror *m, int leg, uint64_t off, uint64_t len, void *arg);
+/* Worker 0, on the set's tick: start the queued repairs. */
+void cache_repair_tick(struct cache_set *cs);
+
 /* ---- the set ----------------------------------------------------------- */
 
 #define CACHE_SET_MAX_VOLS CACHE_MAX_BACKINGS
@@ -316,6 +340,11 @@ struct cache_set {
 	bool ckpt_running;
 	_Atomic bool ckpt_wanted;
 	bool clean_flag;
+	/* read errors waiting for a rewrite (repair.c) */
+	pthread_mutex_t repair_lock;
+	struct repair_ent repair_q[REPAIR_MAX];
+	int nrepair;
+	_Atomic uint64_t st_read_errors, st_repairs;
 	/* in-flight writes that bypass the cache, hashed by extent (fills check) */
 	_Atomic uint32_t bypass[1024];
 	/* statistics */

@@ -74,3 +74,24 @@ int cache_set_fail_leg(struct cache_set *cs, const char *path, const char *why, 
 	}
 	return 0;
 }
+
+int cache_set_leg_fault(struct cache_set *cs, const char *path, int fault, uint64_t off, uint64_t len,
+			uint64_t *reads, uint64_t *writes, uint64_t *errors, char *err, size_t errlen)
+{
+	for (int i = 0; i < cs->mirror.nlegs; i++) {
+		struct bdev *l = cs->mirror.leg[i];
+		if (strcmp(l->name, path))
+			continue;
+		if (bdev_fault_set(l, (enum bdev_fault)fault, off, len) < 0) {
+			snprintf(err, errlen, "cache %s: leg %s takes no faults (not opened with fault_injection)",
+				 cs->name, path);
+			return -1;
+		}
+		log_warn("cache %s: leg %s: fault injected (%d, %llu+%llu) by tierctl leg fault", cs->name, path,
+			 fault, (unsigned long long)off, (unsigned long long)len);
+		bdev_fault_counts(l, reads, writes, errors);
+		return 0;
+	}
+	snprintf(err, errlen, "cache %s has no leg %s", cs->name, path);
+	return -1;
+}

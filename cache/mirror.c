@@ -2,9 +2,12 @@
  * mirror.c - RAID1 of the cache legs, presented as one bdev.
  *
  * Writes (and flushes) go to every healthy leg; reads go to one healthy leg,
- * alternating. A leg that returns an error is marked failed and never used
- * again until it is replaced: a failed read is retried on the other leg, a
- * write that reached the other leg succeeds. So one dying leg produces no
+ * alternating. A leg that returns a write error is marked failed and never
+ * used again until it is replaced; a write that reached the other leg
+ * succeeds. A read error (-EIO) is retried on the other leg and, when that
+ * serves it, the range is handed to repair.c to be rewritten on the failing
+ * leg (a latent sector error, which a drive remaps on write); the leg fails
+ * only if the rewrite does. So one dying leg produces no
  * error upward; only when no leg is left does the engine see -EIO (and
  * volume.c then fails dirty blocks with MEDIUM ERROR and reads clean
  * blocks from the backing store).
@@ -45,6 +48,7 @@ struct mreq {
 	int ok;              /* legs that succeeded */
 	int result;
 	uint32_t tried;      /* read: legs tried */
+	uint32_t deferred;   /* read: legs whose error was handed to repair.c */
 	bool in_chunk;       /* counted in the resync chunk */
 	struct mirror_waiter wait;
 };
@@ -118,8 +122,11 @@ void mirror_leg_failed(struct mirror *m, int leg, int err)
 	uint32_t now = old | bit;
 	if (!mirror_all_failed(m) && m->persist)
 		m->persist(m, now, m->persist_arg);
-	else if (mirror_all_failed(m))
+	else if (mirror_all_failed(m)) {
 		log_err("every cache leg has failed: dirty data is lost and reads of it return MEDIUM ERROR");
+		if (m->all_failed)
+			m->all_failed(m, m->persist_arg);
+	}
 }
 
 static void sub_done(struct bdev_req *sub, int err);
@@ -217,18 +224,32 @@ static void sub_done(struct bdev_req *sub, int err)
 	struct mirror *m = r->m;
 	int leg = (int)(sub - r->sub);
 
-	if (err)
-		mirror_leg_failed(m, leg, err);
-	else
+	bool one_leg = r->up->flags & MIRROR_F_LEGS;
+	if (err && !one_leg) {
+		/* a read another leg can serve: rewrite the range later instead of failing the leg */
+		bool elsewhere = r->up->op == BDEV_READ && err == -EIO && m->read_error &&
+				 pick_read_leg(m, r->tried | (1u << leg)) >= 0;
+		if (!elsewhere || m->read_error(m, leg, r->up->offset, r->up->len, m->persist_arg) < 0) {
+			mirror_leg_failed(m, leg, err);
+		} else {
+			atomic_fetch_add(&m->errors[leg], 1);
+			r->deferred |= 1u << leg;
+		}
+	}
+	if (!err)
 		r->ok++;
 	if (r->up->op == BDEV_READ) {
-		if (!err) {
-			complete(r, 0);
+		if (!err || one_leg) {
+			complete(r, err);
 			return;
 		}
 		r->tried |= 1u << leg;
 		int next = pick_read_leg(m, r->tried);
 		if (next < 0) {
+			/* no leg could read it: the ones given the benefit of the doubt are failing too */
+			for (int i = 0; i < m->nlegs; i++)
+				if (r->deferred & (1u << i))
+					mirror_leg_failed(m, i, -EIO);
 			complete(r, -EIO);
 			return;
 		}
@@ -254,7 +275,20 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	r->up = req;
 	r->ok = 0;
 	r->tried = 0;
+	r->deferred = 0;
 	r->in_chunk = false;
+	if (req->flags & MIRROR_F_LEGS) {
+		/* repair.c: exactly this leg, if it is in service */
+		int leg = (req->flags & MIRROR_F_LEG(0)) ? 0 : 1;
+		uint32_t out = atomic_load(&m->failed) | atomic_load(&m->resyncing);
+		if (leg >= m->nlegs || (out & (1u << leg))) {
+			finish_async(r, -EIO);
+			return;
+		}
+		r->pending = 1;
+		issue_leg(r, leg);
+		return;
+	}
 	if (req->op == BDEV_READ) {
 		int leg = pick_read_leg(m, 0);
 		if (leg < 0) {

@@ -305,6 +305,33 @@ static void persist_failed(struct mirror *m, uint32_t failed, void *arg)
 	cache_sb_write(cs, persist_done, pa);
 }
 
+/*
+ * Any worker, once: the last leg failed. Every dirty block is lost from
+ * this moment; list them all now (cache_lost_note), so status names the
+ * lost ranges before a host meets them.
+ */
+static void all_legs_failed(struct mirror *m, void *arg)
+{
+	struct cache_set *cs = arg;
+	(void)m;
+	uint64_t slots = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		struct slot *sl = &cs->slots[s];
+		if (!(atomic_load(&sl->bits) & SB_DIRTY))
+			continue;
+		atomic_fetch_add(&sl->users, SU_READER); /* pin, then look: the bitmaps stay this slot's */
+		uint32_t bits = atomic_load(&sl->bits);
+		uint64_t key = atomic_load(&sl->key);
+		if ((bits & SB_STATE_MASK) == SB_READY && (bits & SB_DIRTY) && key != CACHE_KEY_NONE) {
+			cache_lost_note(cs, key_bid(key), s, key_ext(key) * cs->lay.extent_size, 0, cs->lay.bpe);
+			slots++;
+		}
+		atomic_fetch_sub(&sl->users, SU_READER);
+	}
+	log_err("cache %s: dirty data of %llu extent(s) is lost; tierctl status lists the ranges", cs->name,
+		(unsigned long long)slots);
+}
+
 /* ---- slot allocation and reclaim ------------------------------------------------- */
 
 struct evict_batch {
@@ -732,6 +759,7 @@ static void set_tick(struct worker_tick *t)
 	cache_reclaim(cs);
 	cleaner_tick(cs->cleaner);
 	intent_tick(cs);
+	cache_repair_tick(cs);
 }
 
 static void tick_add(void *arg)
@@ -1041,6 +1069,14 @@ struct cache_set *cache_set_open(const struct cache_set_cfg *cfg, char *err, siz
 	}
 	for (int i = 0; i < cfg->nlegs; i++) {
 		legs[i] = bdev_file_open(cfg->legs[i], cfg->size, CACHE_SECTOR, true, err, errlen);
+		if (legs[i] && cfg->fault_injection) {
+			struct bdev *f = bdev_fault_wrap(legs[i]);
+			if (!f) {
+				bdev_close(legs[i]);
+				snprintf(err, errlen, "cache %s: out of memory", cfg->name);
+			}
+			legs[i] = f;
+		}
 		if (!legs[i]) {
 			for (int k = 0; k < i; k++)
 				bdev_close(legs[k]);
@@ -1074,6 +1110,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	pthread_mutex_init(&cs->sb_lock, NULL);
 	pthread_mutex_init(&cs->lost_lock, NULL);
 	pthread_mutex_init(&cs->dwait_lock, NULL);
+	pthread_mutex_init(&cs->repair_lock, NULL);
 	if (cfg->nlegs < 1 || cfg->nlegs > 2 || (cfg->nlegs == 1 && !cfg->allow_single_leg)) {
 		fail(err, errlen, "cache %s: give two legs (a mirror), or one with allow_single_leg = yes",
 		     cfg->name);
@@ -1197,6 +1234,8 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	mirror_init(&cs->mirror, cs->legs, cfg->nlegs, failed);
 	cs->mirror.persist = persist_failed;
 	cs->mirror.persist_arg = cs;
+	cs->mirror.read_error = cache_repair_note;
+	cs->mirror.all_failed = all_legs_failed;
 	if (intent_init(&cs->intent, cs) < 0) {
 		fail(err, errlen, "cache %s: out of memory", cfg->name);
 		goto out;
@@ -1487,6 +1526,7 @@ void cache_set_close(struct cache_set *cs)
 	pthread_mutex_destroy(&cs->sb_lock);
 	pthread_mutex_destroy(&cs->lost_lock);
 	pthread_mutex_destroy(&cs->dwait_lock);
+	pthread_mutex_destroy(&cs->repair_lock);
 	free(cs->name);
 	free(cs);
 }

@@ -736,6 +736,12 @@ static int handle_cache(struct parse_state *ps, const char *key, const char *val
 			return 0;
 		}
 		c->dirty_target = (uint32_t)u;
+	} else if (!strcmp(key, "fault_injection")) {
+		if (parse_bool(val, &c->fault_injection)) {
+			fail_at(ps, ps->line, "[cache %s] fault_injection = %s: use yes or no (yes is for tests: "
+				"it lets tierctl leg fault fail the legs)", c->name, val);
+			return 0;
+		}
 	} else {
 		fail_at(ps, ps->line,
 			"[cache %s] has no key \"%s\"; known keys: legs, allow_single_leg, size, extent, mode, "

@@ -202,6 +202,49 @@ static int ctl_leg_fail(struct json_object *req, struct json_object *resp, void 
 	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
 }
 
+/* tests only: tierctl leg fault SET LEG MODE [OFFSET LENGTH] */
+static int ctl_leg_fault(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set"), *leg = req_str(req, "leg"), *mode = req_str(req, "fault");
+	const char *off_s = req_str(req, "offset"), *len_s = req_str(req, "length");
+	char err[512];
+	if (!set || !leg || !mode)
+		return control_error(resp, "leg fault needs SET LEG MODE [OFFSET LENGTH]");
+	enum bdev_fault f;
+	if (!strcmp(mode, "ok"))
+		f = BDEV_FAULT_NONE;
+	else if (!strcmp(mode, "eio"))
+		f = BDEV_FAULT_EIO;
+	else if (!strcmp(mode, "hang"))
+		f = BDEV_FAULT_HANG;
+	else if (!strcmp(mode, "range"))
+		f = BDEV_FAULT_RANGE;
+	else
+		return control_error(resp, "unknown fault \"%s\"; use eio, hang, range OFFSET LENGTH, or ok", mode);
+	uint64_t off = 0, len = 0;
+	if (f == BDEV_FAULT_RANGE && (!off_s || !len_s || config_parse_size(off_s, &off) || config_parse_size(len_s, &len) ||
+				      !len))
+		return control_error(resp, "leg fault range needs OFFSET LENGTH (bytes of the leg, like 1M 64K)");
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		if (strcmp(g_cfg->caches[i].name, set))
+			continue;
+		if (!g_sets[i])
+			return control_error(resp, "cache set %s is not open", set);
+		if (!g_cfg->caches[i].fault_injection)
+			return control_error(resp, "cache set %s was not configured with fault_injection = yes (a key "
+					     "for tests only)", set);
+		uint64_t r, w, e;
+		if (cache_set_leg_fault(g_sets[i], leg, f, off, len, &r, &w, &e, err, sizeof(err)))
+			return control_error(resp, "%s", err);
+		json_object_object_add(resp, "reads", json_object_new_int64((int64_t)r));
+		json_object_object_add(resp, "writes", json_object_new_int64((int64_t)w));
+		json_object_object_add(resp, "errors", json_object_new_int64((int64_t)e));
+		return 0;
+	}
+	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
+}
+
 void ctl_cache_counters_json(struct json_object *o, const struct cache_set_status *st)
 {
 	struct {
@@ -265,6 +308,7 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 	control_register("detach", ctl_detach, NULL);
 	control_register("leg-replace", ctl_leg_replace, NULL);
 	control_register("leg-fail", ctl_leg_fail, NULL);
+	control_register("leg-fault", ctl_leg_fault, NULL);
 }
 
 void ctl_cache_stop(void)

@@ -260,6 +260,7 @@ static int open_caches(struct daemon *d)
 			.admit_hits = c->admit_hits,
 			.seq_cutoff = c->seq_cutoff,
 			.dirty_target = c->dirty_target,
+			.fault_injection = c->fault_injection,
 		};
 		for (int k = 0; k < c->nlegs; k++)
 			if (c->size && mkdir_parent(c->legs[k]) < 0) {

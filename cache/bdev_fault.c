@@ -1,0 +1,221 @@
+/*
+ * bdev_fault.c - a leg that fails on command, for tests through the daemon.
+ *
+ * Wraps another bdev and, when told (`tierctl leg fault`, accepted only by
+ * a set configured with fault_injection = yes), fails the way dying NVMe
+ * drives do: every I/O with -EIO (the kernel's EIO), or reads of one range
+ * only (latent sector errors: a write over a bad sector heals it, as a drive
+ * remaps on write), or no answer at all (requests are held until the fault
+ * is cleared or the device closed, then fail with -EIO). It counts the
+ * reads and writes it passed on, so a test can tell which leg served what.
+ *
+ * Never in production: the key exists so the daemon's own failure paths can
+ * be tested under load on a host without device-mapper or a VM.
+ *
+ * Threading: submit on a worker thread like any bdev (errors complete later
+ * on the same worker, through worker_post); bdev_fault_set from any thread.
+ */
+#include "bdev.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct fault_bdev {
+	struct bdev dev;
+	struct bdev *inner;
+	_Atomic int mode;
+	_Atomic uint64_t bad_off, bad_len;
+	_Atomic uint64_t *bad;   /* a bit per 512-byte sector of the range: still bad */
+	uint64_t bad_words;
+	_Atomic uint64_t reads, writes, errors;
+	pthread_mutex_t lock;    /* held list */
+	struct held {
+		struct held *next;
+		struct bdev_req *req;
+		struct worker *w;
+	} *held;
+};
+
+struct fault_done {
+	struct bdev_req *req;
+	int err;
+};
+
+static void fault_complete(void *arg)
+{
+	struct fault_done *d = arg;
+	struct bdev_req *req = d->req;
+	int err = d->err;
+	free(d);
+	req->done(req, err);
+}
+
+/* Complete req with err later on worker w (never inside submit). */
+static void fault_fail_on(struct worker *w, struct bdev_req *req, int err)
+{
+	struct fault_done *d = malloc(sizeof(*d));
+	if (!d) {
+		req->done(req, err); /* no memory: a nested call beats a lost I/O */
+		return;
+	}
+	d->req = req;
+	d->err = err;
+	if (worker_post(w, fault_complete, d) < 0) {
+		free(d);
+		req->done(req, err);
+	}
+}
+
+static void fault_submit(struct bdev *dev, struct bdev_req *req)
+{
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	int mode = atomic_load(&f->mode);
+	bool rw = req->op == BDEV_READ || req->op == BDEV_WRITE;
+	if (mode == BDEV_FAULT_EIO) {
+		atomic_fetch_add(&f->errors, 1);
+		fault_fail_on(worker_self(), req, -EIO);
+		return;
+	}
+	if (mode == BDEV_FAULT_HANG) {
+		struct held *h = malloc(sizeof(*h));
+		if (!h) {
+			fault_fail_on(worker_self(), req, -EIO);
+			return;
+		}
+		h->req = req;
+		h->w = worker_self();
+		pthread_mutex_lock(&f->lock);
+		h->next = f->held;
+		f->held = h;
+		pthread_mutex_unlock(&f->lock);
+		return;
+	}
+	if (mode == BDEV_FAULT_RANGE && rw) {
+		uint64_t lo = atomic_load(&f->bad_off), len = atomic_load(&f->bad_len);
+		uint64_t a = req->offset > lo ? req->offset : lo;
+		uint64_t b = req->offset + req->len < lo + len ? req->offset + req->len : lo + len;
+		bool bad = false;
+		for (uint64_t o = a; o < b; o += 512) {
+			uint64_t k = (o - lo) / 512;
+			uint64_t bit = 1ull << (k % 64);
+			if (req->op == BDEV_READ) {
+				if (atomic_load(&f->bad[k / 64]) & bit) {
+					bad = true;
+					break;
+				}
+			} else {
+				atomic_fetch_and(&f->bad[k / 64], ~bit); /* rewritten: remapped */
+			}
+		}
+		if (bad) {
+			atomic_fetch_add(&f->errors, 1);
+			fault_fail_on(worker_self(), req, -EIO);
+			return;
+		}
+	}
+	if (req->op == BDEV_READ)
+		atomic_fetch_add(&f->reads, 1);
+	else if (req->op == BDEV_WRITE)
+		atomic_fetch_add(&f->writes, 1);
+	bdev_submit(f->inner, req);
+}
+
+static void release_held(struct fault_bdev *f)
+{
+	pthread_mutex_lock(&f->lock);
+	struct held *h = f->held;
+	f->held = NULL;
+	pthread_mutex_unlock(&f->lock);
+	while (h) {
+		struct held *n = h->next;
+		atomic_fetch_add(&f->errors, 1);
+		fault_fail_on(h->w, h->req, -EIO);
+		free(h);
+		h = n;
+	}
+}
+
+static void fault_close(struct bdev *dev)
+{
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	release_held(f); /* nothing should be left: the set waited for its I/O */
+	bdev_close(f->inner);
+	free(f->bad);
+	pthread_mutex_destroy(&f->lock);
+	free(f);
+}
+
+static int64_t fault_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
+{
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	return bdev_lba_status(f->inner, offset, mapped);
+}
+
+static const struct bdev_ops fault_ops = {
+	.submit = fault_submit,
+	.close = fault_close,
+	.lba_status = fault_lba_status,
+};
+
+struct bdev *bdev_fault_wrap(struct bdev *inner)
+{
+	struct fault_bdev *f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	f->inner = inner;
+	pthread_mutex_init(&f->lock, NULL);
+	f->dev.ops = &fault_ops;
+	f->dev.name = inner->name;
+	f->dev.size = inner->size;
+	f->dev.block_size = inner->block_size;
+	f->dev.can_unmap = inner->can_unmap;
+	return &f->dev;
+}
+
+bool bdev_is_fault(const struct bdev *dev)
+{
+	return dev && dev->ops == &fault_ops;
+}
+
+int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_t len)
+{
+	if (!bdev_is_fault(dev))
+		return -ENOTSUP;
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	if (mode == BDEV_FAULT_RANGE) {
+		if (len > (64u << 20) || off % 512 || len % 512)
+			return -EINVAL;
+		uint64_t words = (len / 512 + 63) / 64;
+		if (words > f->bad_words) {
+			if (atomic_load(&f->mode) == BDEV_FAULT_RANGE)
+				atomic_store(&f->mode, BDEV_FAULT_NONE); /* no reader of the old map from here on */
+			_Atomic uint64_t *nb = calloc(words, sizeof(*nb));
+			if (!nb)
+				return -ENOMEM;
+			free(f->bad); /* tests set faults between loads; see bdev.h */
+			f->bad = nb;
+			f->bad_words = words;
+		}
+		for (uint64_t k = 0; k < f->bad_words; k++)
+			atomic_store(&f->bad[k], 0);
+		for (uint64_t k = 0; k < len / 512; k++)
+			atomic_fetch_or(&f->bad[k / 64], 1ull << (k % 64));
+	}
+	atomic_store(&f->bad_off, off);
+	atomic_store(&f->bad_len, len);
+	int old = atomic_exchange(&f->mode, (int)mode);
+	if (old == BDEV_FAULT_HANG && mode != BDEV_FAULT_HANG)
+		release_held(f);
+	return 0;
+}
+
+void bdev_fault_counts(struct bdev *dev, uint64_t *reads, uint64_t *writes, uint64_t *errors)
+{
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	*reads = atomic_load(&f->reads);
+	*writes = atomic_load(&f->writes);
+	*errors = atomic_load(&f->errors);
+}

@@ -123,6 +123,7 @@ struct mem_bdev {
 	_Atomic uint64_t hop_rnd;
 	struct wlog *log;
 	bool borrowed;          /* data belongs to the caller (mem_borrow) */
+	uint8_t *touched;       /* the caller's bitmap of 4 KiB pages written, or NULL */
 	char name[32];
 };
 
@@ -153,6 +154,14 @@ static inline void mem_complete(void *arg)
 		wlog_append(d->m->log, WL_DONE, -1, false, false, 0, 0, NULL, d->logi);
 	free(d);
 	req->done(req, err);
+}
+
+static inline void mem_touch(struct mem_bdev *m, uint64_t off, uint64_t len)
+{
+	if (!m->touched || !len)
+		return;
+	for (uint64_t p = off / 4096; p <= (off + len - 1) / 4096; p++)
+		__atomic_fetch_or(&m->touched[p / 8], (uint8_t)(1u << (p % 8)), __ATOMIC_RELAXED);
 }
 
 static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
@@ -186,6 +195,7 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 			}
 			break;
 		case BDEV_WRITE: {
+			mem_touch(m, req->offset, req->len);
 			uint8_t *tmp = malloc(req->len);
 			uint64_t k = 0;
 			for (int i = 0; i < req->iovcnt; i++) {
@@ -207,6 +217,7 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 			break;
 		case BDEV_UNMAP:
 		case BDEV_WRITE_ZEROES: {
+			mem_touch(m, req->offset, req->len);
 			uint8_t *z = calloc(1, req->len);
 			memset(m->data + req->offset, 0, req->len);
 			d->logi = wlog_append(m->log, WL_SUBMIT, m->id, false, true, req->offset, req->len, z, 0);
@@ -369,21 +380,17 @@ static inline void stamp_fill(uint8_t *buf, uint64_t lba, uint32_t nsect, uint64
 /* 0 = zero sector, 1 = valid stamp (seq out), -1 = garbage */
 static inline int stamp_check(const uint8_t *s, uint64_t lba, uint64_t *seq)
 {
+	static const uint8_t zero[512];
 	struct stamp st;
 	memcpy(&st, s, sizeof(st));
-	bool zero = true;
-	for (int i = 0; i < 512; i++)
-		if (s[i]) {
-			zero = false;
-			break;
-		}
-	if (zero)
+	if (!memcmp(s, zero, 512))
 		return 0;
 	if (st.lba != lba || st.crc != stamp_crc(lba, st.seq))
 		return -1;
-	for (size_t i = sizeof(st); i < 512; i++)
-		if (s[i] != (uint8_t)(st.seq & 0xff))
-			return -1;
+	uint8_t fill[512];
+	memset(fill, (int)(st.seq & 0xff), sizeof(fill));
+	if (memcmp(s + sizeof(st), fill, 512 - sizeof(st)))
+		return -1;
 	*seq = st.seq;
 	return 1;
 }

@@ -1638,6 +1638,11 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	uint64_t busy;
 	cleaner_stats(cs->cleaner, &st->cleaner_rate_bps, &busy);
 	st->lost_ios = atomic_load(&cs->st_lost_ios);
+	st->leg_read_errors = atomic_load(&cs->st_read_errors);
+	st->leg_repairs = atomic_load(&cs->st_repairs);
+	uint64_t parked;
+	uint32_t regions;
+	intent_stats(cs, &st->intent_writes, &parked, &regions);
 	pthread_mutex_lock(&cs->lost_lock);
 	for (int i = 0; i < cs->nlost; i++) {
 		memcpy(st->lost[i].lun, cs->lost[i].lun, sizeof(st->lost[i].lun));

@@ -43,6 +43,9 @@ struct cache_set_status {
 	uint64_t topups;             /* fills of the invalid blocks of resident extents */
 	uint64_t cleaner_rate_bps;   /* current destage rate target */
 	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
+	uint64_t leg_read_errors;    /* reads a leg failed that the other served (queued for rewrite) */
+	uint64_t leg_repairs;        /* such ranges rewritten on the failing leg */
+	uint64_t intent_writes;      /* write-intent page writes (a region's first write since idle) */
 	/* Dirty data found lost (both legs gone) by the reads that met it:
 	 * byte ranges of the LUN (backing offsets), overlapping and adjacent
 	 * ones merged, sorted by LUN then offset; at most CACHE_LOST_MAX per

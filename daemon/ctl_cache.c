@@ -265,6 +265,9 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "destaged_bytes", st->destaged_bytes },
 		{ "cleaner_rate_bps", st->cleaner_rate_bps },
 		{ "lost_ios", st->lost_ios },
+		{ "leg_read_errors", st->leg_read_errors },
+		{ "leg_repairs", st->leg_repairs },
+		{ "intent_writes", st->intent_writes },
 	};
 	json_object_object_add(o, "hit_ratio", json_object_new_double(st->hit_ratio));
 	for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)

@@ -163,6 +163,7 @@ struct mirror {
 	_Atomic uint64_t resync_chunk_gen;
 	_Atomic uint32_t resync_chunk_inflight;
 	_Atomic uint64_t resync_chunk_start, resync_chunk_end;
+	_Atomic uint64_t resync_started_ms;  /* for the rate and ETA status shows */
 	pthread_mutex_t lock;            /* the waiters list */
 	struct mirror_waiter *waiters;
 	/* set.c persists a new failed mask and then calls mirror_persisted */

@@ -100,8 +100,15 @@ static void chunk_read(struct bdev_req *req, int err)
 {
 	struct resync *rs = req->priv;
 	if (err) {
-		/* the source leg failed: mirror_leg_failed already logged; nothing left to copy from */
-		mirror_leg_failed(&rs->cs->mirror, rs->src, err);
+		/*
+		 * The source could not read this chunk (a bad sector, or worse).
+		 * It still holds the only copy of everything else: keep it in
+		 * service and give up the rebuild (md does the same); a source
+		 * that is really dead fails on its next write.
+		 */
+		log_err("cache %s: reading %s at %llu for the resync failed; the resync stops, %s stays in "
+			"service", rs->cs->name, rs->cs->legs[rs->src]->name, (unsigned long long)req->offset,
+			rs->cs->legs[rs->src]->name);
 		resync_fail(rs, err);
 		return;
 	}
@@ -171,6 +178,7 @@ int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, ch
 	rs->pos = 2 * CACHE_PAGE;
 	rs->end = cs->lay.data_off + (uint64_t)cs->lay.nslots * cs->lay.extent_size;
 	rs->started_ms = now_ms();
+	atomic_store(&cs->mirror.resync_started_ms, rs->started_ms);
 	cs->old_legs[cs->nold_legs++] = cs->legs[leg];
 	atomic_store(&m->resync_pos, rs->pos);
 	atomic_store(&m->resync_end, rs->end);

@@ -1617,6 +1617,13 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 		if (resync & (1u << i)) {
 			st->legs[i].resync_done = atomic_load(&cs->mirror.resync_pos) - 2 * CACHE_PAGE;
 			st->legs[i].resync_total = atomic_load(&cs->mirror.resync_end) - 2 * CACHE_PAGE;
+			uint64_t ms = now_ms() - atomic_load(&cs->mirror.resync_started_ms);
+			uint64_t done = st->legs[i].resync_done, total = st->legs[i].resync_total;
+			st->legs[i].resync_rate_bps = ms ? done * 1000 / ms : 0;
+			st->legs[i].resync_eta_s = st->legs[i].resync_rate_bps
+							   ? (int64_t)((total - (done < total ? done : total)) /
+								       st->legs[i].resync_rate_bps)
+							   : -1;
 		}
 	}
 	st->degraded = failed || resync;

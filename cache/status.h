@@ -26,6 +26,8 @@ struct cache_leg_status {
 	enum cache_leg_health health;
 	uint64_t errors;
 	uint64_t resync_done, resync_total; /* bytes, while resyncing */
+	uint64_t resync_rate_bps;           /* average since the resync started */
+	int64_t resync_eta_s;               /* seconds left at that rate, -1 unknown */
 };
 
 struct cache_set_status {

@@ -136,6 +136,9 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 			if (st.legs[k].health == LEG_RESYNCING) {
 				json_object_object_add(lg, "resync_done", json_object_new_int64((int64_t)st.legs[k].resync_done));
 				json_object_object_add(lg, "resync_total", json_object_new_int64((int64_t)st.legs[k].resync_total));
+				json_object_object_add(lg, "resync_rate_bps",
+						       json_object_new_int64((int64_t)st.legs[k].resync_rate_bps));
+				json_object_object_add(lg, "resync_eta_seconds", json_object_new_int64(st.legs[k].resync_eta_s));
 			}
 			json_object_array_add(legs, lg);
 		}

@@ -264,6 +264,11 @@ void intent_destroy(struct intent *wi);
  */
 bool intent_enter(struct cache_set *cs, uint32_t slot, struct intent_wait *w);
 void intent_leave(struct cache_set *cs, uint32_t region);
+/*
+ * Worker thread: write the page to every leg again (a resync just ended:
+ * its copy of the page may predate writes that bypassed the mirror).
+ */
+void intent_rewrite(struct cache_set *cs);
 /* Worker 0, on the set's tick: clear the bits of regions idle a whole tick. */
 void intent_tick(struct cache_set *cs);
 /*

@@ -147,6 +147,7 @@ static void wi_leg_done(struct bdev_req *req, int err)
 		else
 			pthread_mutex_unlock(&wi->lock);
 	}
+	atomic_fetch_sub(&cs->bg_inflight, 1); /* the last access */
 }
 
 /*
@@ -185,6 +186,7 @@ static void wi_build_and_issue(struct intent *wi, bool clearing)
 	}
 	wi->busy = true;
 	wi->pending = n ? n : 1;
+	atomic_fetch_add(&cs->bg_inflight, 1); /* shutdown waits for it */
 	pthread_mutex_unlock(&wi->lock);
 	if (!n) {
 		wi_leg_done(&wi->req[0], 0);
@@ -245,6 +247,19 @@ bool intent_enter(struct cache_set *cs, uint32_t slot, struct intent_wait *w)
 void intent_leave(struct cache_set *cs, uint32_t region)
 {
 	atomic_fetch_sub(&cs->intent.word[region], 1);
+}
+
+void intent_rewrite(struct cache_set *cs)
+{
+	struct intent *wi = &cs->intent;
+	pthread_mutex_lock(&wi->lock);
+	memset(wi->last, 0xa5, CACHE_PAGE); /* differs from any page: the next build writes */
+	if (wi->busy) {
+		wi->again = true;
+		pthread_mutex_unlock(&wi->lock);
+		return;
+	}
+	wi_issue(wi); /* unlocks */
 }
 
 void intent_tick(struct cache_set *cs)
@@ -339,9 +354,10 @@ int intent_recover(struct cache_set *cs, int src, bool all, char *err, size_t er
 				continue;
 			int r = cache_sync_io(cs->legs[i], BDEV_READ, CACHE_WI_OFF, page, CACHE_PAGE, 0);
 			if (r < 0) {
-				snprintf(err, errlen, "cache %s: cannot read the write-intent page of %s: %s",
-					 cs->name, cs->legs[i]->name, strerror(-r));
-				goto out;
+				/* unknown: everything may be in doubt */
+				log_warn("cache %s: cannot read the write-intent page of %s (%s); reconciling every "
+					 "region", cs->name, cs->legs[i]->name, strerror(-r));
+				memset(page, 0xff, CACHE_PAGE);
 			}
 			for (uint32_t k = 0; k < CACHE_PAGE; k++)
 				mask[k] |= page[k];

@@ -4,10 +4,10 @@
  * Writes (and flushes) go to every healthy leg; reads go to one healthy leg,
  * alternating. A leg that returns a write error is marked failed and never
  * used again until it is replaced; a write that reached the other leg
- * succeeds. A read error (-EIO) is retried on the other leg and, when that
- * serves it, the range is handed to repair.c to be rewritten on the failing
- * leg (a latent sector error, which a drive remaps on write); the leg fails
- * only if the rewrite does. So one dying leg produces no
+ * succeeds. A read error (-EIO) is retried on the other leg and the range
+ * handed to repair.c to be rewritten on the failing leg (a latent sector
+ * error, which a drive remaps on write); the leg fails only if the rewrite
+ * does, or if more bad ranges wait than repair.c holds. So one dying leg produces no
  * error upward; only when no leg is left does the engine see -EIO (and
  * volume.c then fails dirty blocks with MEDIUM ERROR and reads clean
  * blocks from the backing store).
@@ -48,7 +48,6 @@ struct mreq {
 	int ok;              /* legs that succeeded */
 	int result;
 	uint32_t tried;      /* read: legs tried */
-	uint32_t deferred;   /* read: legs whose error was handed to repair.c */
 	bool in_chunk;       /* counted in the resync chunk */
 	struct mirror_waiter wait;
 };
@@ -226,15 +225,19 @@ static void sub_done(struct bdev_req *sub, int err)
 
 	bool one_leg = r->up->flags & MIRROR_F_LEGS;
 	if (err && !one_leg) {
-		/* a read another leg can serve: rewrite the range later instead of failing the leg */
-		bool elsewhere = r->up->op == BDEV_READ && err == -EIO && m->read_error &&
-				 pick_read_leg(m, r->tried | (1u << leg)) >= 0;
-		if (!elsewhere || m->read_error(m, leg, r->up->offset, r->up->len, m->persist_arg) < 0) {
+		/*
+		 * A read error (-EIO) is a bad range, not a dead leg: it is
+		 * retried on another leg and queued to be rewritten (repair.c).
+		 * A leg is failed by write errors, by a rewrite that fails, or by
+		 * more bad ranges than the queue holds; a range no leg can read
+		 * is MEDIUM ERROR for its dirty blocks only (volume.c), not the
+		 * loss of the whole set.
+		 */
+		bool bad_range = r->up->op == BDEV_READ && err == -EIO && m->read_error;
+		if (!bad_range || m->read_error(m, leg, r->up->offset, r->up->len, m->persist_arg) < 0)
 			mirror_leg_failed(m, leg, err);
-		} else {
+		else
 			atomic_fetch_add(&m->errors[leg], 1);
-			r->deferred |= 1u << leg;
-		}
 	}
 	if (!err)
 		r->ok++;
@@ -246,10 +249,6 @@ static void sub_done(struct bdev_req *sub, int err)
 		r->tried |= 1u << leg;
 		int next = pick_read_leg(m, r->tried);
 		if (next < 0) {
-			/* no leg could read it: the ones given the benefit of the doubt are failing too */
-			for (int i = 0; i < m->nlegs; i++)
-				if (r->deferred & (1u << i))
-					mirror_leg_failed(m, i, -EIO);
 			complete(r, -EIO);
 			return;
 		}
@@ -275,7 +274,6 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	r->up = req;
 	r->ok = 0;
 	r->tried = 0;
-	r->deferred = 0;
 	r->in_chunk = false;
 	if (req->flags & MIRROR_F_LEGS) {
 		/* repair.c: exactly this leg, if it is in service */

@@ -67,7 +67,7 @@ static void repair_end(struct repair *rp)
 	struct cache_set *cs = rp->cs;
 	struct slot *sl = &cs->slots[rp->slot];
 	slot_lock(sl);
-	atomic_fetch_and(&sl->bits, ~(SB_TOPUP | SB_TOPUP_WR));
+	atomic_fetch_and(&sl->bits, ~(SB_TOPUP | SB_TOPUP_WR | SB_CANCEL));
 	slot_unlock(sl);
 	cache_slot_wake(cs, rp->slot);
 	atomic_fetch_sub(&sl->users, SU_READER);
@@ -103,7 +103,8 @@ static void repair_read(struct bdev_req *req, int err)
 	}
 	slot_lock(sl);
 	uint32_t bits = atomic_fetch_or(&sl->bits, SB_TOPUP_WR);
-	bool moved = (bits >> SB_WGEN_SHIFT) != rp->wgen0 || (bits & SB_STATE_MASK) != SB_READY;
+	bool moved = (bits >> SB_WGEN_SHIFT) != rp->wgen0 || (bits & SB_STATE_MASK) != SB_READY ||
+		     (bits & SB_CANCEL);
 	slot_unlock(sl);
 	if (moved) {
 		repair_end(rp); /* a write came: the next read error asks again */

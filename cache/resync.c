@@ -90,6 +90,7 @@ static void chunk_written(struct bdev_req *req, int err)
 		atomic_store(&m->resync_chunk_start, 0);
 		atomic_store(&m->resync_chunk_end, 0);
 		atomic_fetch_and(&m->resyncing, ~(1u << rs->leg));
+		intent_rewrite(rs->cs);
 		cache_sb_write(rs->cs, resync_sb_done, rs);
 		return;
 	}

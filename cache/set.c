@@ -178,15 +178,17 @@ static void sb_leg_done(struct bdev_req *req, int err)
 	int res = cs->sb_ok ? 0 : -EIO;
 	cs->sb_inflight = NULL;
 	cs->sb_busy = false;
+	int done = 0;
 	while (list) {
 		struct sb_job *j = list;
 		list = j->next;
 		j->cb(j->arg, res);
 		free(j);
-		atomic_fetch_sub(&cs->sb_jobs, 1);
+		done++;
 	}
 	if (cs->sb_waiting)
 		sb_issue(cs);
+	atomic_fetch_sub(&cs->sb_jobs, done); /* the last access: shutdown may free the set after it */
 }
 
 static void sb_fail_async(void *arg)
@@ -1044,6 +1046,33 @@ static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * Main thread, after an unclean recovery from one leg: the block each ring
+ * was writing at the stop may have reached another leg only. Recovery
+ * stopped before it on the leg it read; a later recovery from the other
+ * leg would replay it (its position and checksum are right), with sequence
+ * numbers this run hands out again. Zero each ring's next block on every
+ * healthy leg before anything is appended.
+ */
+static int journal_cut_heads(struct cache_set *cs)
+{
+	uint8_t *zero = buf_get(CACHE_PAGE);
+	if (!zero)
+		return -ENOMEM;
+	memset(zero, 0, CACHE_PAGE);
+	uint32_t failed = atomic_load(&cs->mirror.failed);
+	int rc = 0;
+	for (int j = 0; j < CACHE_NJOURNALS && !rc; j++) {
+		uint64_t head = atomic_load(&cs->journals[j].head);
+		uint64_t off = cs->lay.journal_off + ((uint64_t)j * cs->lay.jblocks + head % cs->lay.jblocks) * CACHE_PAGE;
+		for (int i = 0; i < cs->mirror.nlegs && !rc; i++)
+			if (!(failed & (1u << i)))
+				rc = cache_sync_io(cs->legs[i], BDEV_WRITE, off, zero, CACHE_PAGE, BDEV_F_FUA);
+	}
+	buf_put(zero, CACHE_PAGE);
+	return rc;
+}
+
 static bool all_zero(const void *p, size_t n)
 {
 	const uint8_t *b = p;
@@ -1252,6 +1281,11 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		if (unclean &&
 		    intent_recover(cs, leg, le32_get(nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)
 			goto out;
+		int jr = unclean ? journal_cut_heads(cs) : 0;
+		if (jr < 0) {
+			fail(err, errlen, "cache %s: cannot write the journal: %s", cfg->name, strerror(-jr));
+			goto out;
+		}
 	} else if (format_set(cs, err, errlen) < 0) {
 		goto out;
 	}

@@ -805,9 +805,10 @@ static void read_sub_done(struct bdev_req *req, int err)
 	struct piece *p = s->p;
 	struct cache_set *cs = p->parent->v->cs;
 
-	if (err && s->from_cache && mirror_all_failed(&cs->mirror)) {
+	if (err && s->from_cache) {
+		/* every leg gone, or this range unreadable on every leg still in service */
 		if (!slot_any_dirty(cs, p->slot, s->first, s->count)) {
-			/* clean copy lost with the legs: the backing store has the same data */
+			/* clean copy lost: the backing store has the same data */
 			s->from_cache = false;
 			read_sub_issue(p, s);
 			return;
@@ -963,7 +964,7 @@ static void to_cache_cont(void *arg) { to_cache(arg); }
 static void record_done(struct jwait *w, int err)
 {
 	struct piece *p = caa_container_of(w, struct piece, jw);
-	piece_end(p, err);
+	piece_end(p, err ? err : p->err); /* p->err: the backing write's, after an INVALIDATE */
 }
 
 static void record(struct piece *p, int op, int next_stage)
@@ -980,8 +981,24 @@ static void write_step(struct bdev_req *req, int err)
 	int mode = atomic_load(&v->mode);
 
 	if (err) {
+		struct cache_set *cs = v->cs;
+		bool to_back = p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL;
+		if (to_back)
+			atomic_fetch_add(&v->bw_volatile, 1); /* it may have landed in part */
 		if (p->stage == ST_CACHE_DATA && mode != CACHE_WRITE_BACK) {
 			/* backing has the data; the stale cached copy must go */
+			record(p, JOP_INVALIDATE, ST_RECORD);
+			return;
+		}
+		if (to_back && p->pin && (atomic_load(&cs->slots[p->slot].bits) & SB_STATE_MASK) == SB_READY &&
+		    !slot_any_dirty(cs, p->slot, p->first, p->count)) {
+			/*
+			 * The backing store may now hold part of the new data: a
+			 * clean cached copy of the old must not stay (an eviction
+			 * would change what the block reads). Dirty blocks stay:
+			 * they are the only copy of acknowledged data.
+			 */
+			p->err = err;
 			record(p, JOP_INVALIDATE, ST_RECORD);
 			return;
 		}
@@ -1674,6 +1691,8 @@ struct cache_vol *cache_vol_new(struct cache_set *cs, const char *lun, struct bd
 	v->backing = backing;
 	v->bid = bid;
 	atomic_init(&v->mode, (int)mode);
+	/* writes of an earlier run may still sit in the backing store's cache: the first fill flushes */
+	atomic_init(&v->bw_volatile, 1);
 	snprintf(v->name, sizeof(v->name), "%s", lun);
 	pthread_mutex_init(&v->own_mu, NULL);
 	v->ops = vol_ops;

@@ -37,7 +37,8 @@ struct ring_cmd {
 };
 
 static struct tcmu_xdev xd;
-static sem_t done_sem;
+static sem_t done_sem;      /* one post per completed command (ring_done) */
+static sem_t submitted_sem; /* one post per batch, once submit_batch is done with it */
 static struct scsi_lu *lu;
 
 static void ring_done(struct tcmu_xdev *d, struct tcmu_xcmd *xc, void *ring_cmd, int result)
@@ -61,15 +62,25 @@ static void submit_batch(void *arg)
 		struct ring_cmd *rc = b->cmds[i];
 		tcmu_xlate_submit(&xd, &rc->xc, rc, rc->cdb, rc->iov, rc->iovcnt, rc->sense);
 	}
+	/* the last touch of *b: after this the caller may return */
+	sem_post(&submitted_sem);
 }
 
-/* Submit n ring commands from one worker call and wait for all. */
+/*
+ * Submit n ring commands from one worker call and wait for all. A command
+ * may complete inside tcmu_xlate_submit (xlate.h allows it: TEST UNIT
+ * READY, INQUIRY and every CHECK CONDITION raised before the media do), so
+ * n completions can arrive while submit_batch is still looping over *b,
+ * which lives in this frame: wait for the loop to finish too, not only
+ * for the completions, before the frame goes away.
+ */
 static void run_batch(struct ring_cmd **cmds, int n)
 {
 	struct batch b = { cmds, n };
 	worker_post(worker_get(0), submit_batch, &b);
 	for (int i = 0; i < n; i++)
 		sem_wait(&done_sem);
+	sem_wait(&submitted_sem);
 }
 
 static void run1(struct ring_cmd *rc)
@@ -345,6 +356,7 @@ int main(void)
 		return 2;
 	snprintf(path, sizeof(path), "%s/lun.img", dir);
 	sem_init(&done_sem, 0, 0);
+	sem_init(&submitted_sem, 0, 0);
 	if (workers_start(1) < 0) {
 		fprintf(stderr, "cannot start a worker (io_uring unavailable?)\n");
 		return 2;

@@ -5,12 +5,22 @@
 #   tc_tmpdir            -> $T, a scratch directory removed at exit
 #   tc_free_port         -> prints a free TCP port on 127.0.0.1
 #   tc_start CONF [ARGS] -> starts build/tiercached on CONF in the background,
-#                           log in $T/daemon.log, waits until every listen
-#                           port accepts; sets TC_PID
+#                           log in $T/daemon.log, waits (up to 60 s) until
+#                           every listen port accepts; sets TC_PID
 #   tc_stop              -> SIGTERM, waits; fails the test if the daemon did
-#                           not exit 0 within 20 s
+#                           not exit 0 within 60 s
+#   tc_wait_for SECS WHAT CMD [ARGS] -> runs CMD every 0.1 s until it
+#                           succeeds; fails the test with WHAT after SECS s
+#   tc_until SECS CMD [ARGS] -> the same, but returns 1 on timeout (for
+#                           callers that must clean up before failing)
 #   fail MSG / skip MSG / pass MSG
 #   expect_eq A B WHAT   -> fail unless A = B
+#
+# Waits: a test waits for the thing it needs (a log line, a file's content,
+# a process gone) with tc_wait_for, never with a fixed sleep, and bounds
+# the wait generously (30-60 s): two busy cores make anything slow, and
+# only a wait that never ends is a failure. A sleep is for letting a load
+# run for a while on purpose.
 
 set -u
 TC_ROOT=${TC_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
@@ -48,9 +58,34 @@ s.close()
 PY
 }
 
+# tc_until SECS CMD [ARGS...]: run CMD (quietly is the caller's business)
+# until it succeeds, every 0.1 s, for up to SECS seconds. 0 once it
+# succeeded, 1 if SECS passed without (CMD has then run at least once
+# after the deadline).
+tc_until() {
+	local secs=$1 end
+	shift
+	end=$((SECONDS + secs))
+	until "$@"; do
+		[ "$SECONDS" -lt "$end" ] || return 1
+		sleep 0.1
+	done
+}
+
+# tc_wait_for SECS WHAT CMD [ARGS...]: tc_until, failing the test with
+# "WHAT: not within SECS s" on timeout.
+tc_wait_for() {
+	local secs=$1 what=$2
+	shift 2
+	tc_until "$secs" "$@" || fail "$what: not within $secs s"
+}
+
+# tc_gone PID: true once PID has exited (for tc_wait_for)
+tc_gone() { ! kill -0 "$1" 2>/dev/null; }
+
 # wait until host:port accepts a TCP connection (up to $2 seconds)
 tc_wait_port() {
-	local port=$1 secs=${2:-20} i
+	local port=$1 secs=${2:-60} i
 	for ((i = 0; i < secs * 10; i++)); do
 		if (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then
 			return 0
@@ -68,7 +103,7 @@ tc_start() {
 	TC_PID=$!
 	local port
 	for port in $(sed -n 's/^[[:space:]]*listen[[:space:]]*=.*:\([0-9][0-9]*\).*/\1/p' "$conf"); do
-		tc_wait_port "$port" 20 || fail "daemon did not start listening on port $port"
+		tc_wait_port "$port" 60 || fail "daemon did not start listening on port $port"
 	done
 }
 
@@ -76,13 +111,13 @@ tc_stop() {
 	[ -n "$TC_PID" ] || return 0
 	kill -TERM "$TC_PID" 2>/dev/null
 	local i rc
-	for ((i = 0; i < 200; i++)); do
+	for ((i = 0; i < 600; i++)); do
 		kill -0 "$TC_PID" 2>/dev/null || break
 		sleep 0.1
 	done
 	if kill -0 "$TC_PID" 2>/dev/null; then
 		kill -KILL "$TC_PID"
-		fail "daemon did not exit within 20 s of SIGTERM"
+		fail "daemon did not exit within 60 s of SIGTERM"
 	fi
 	wait "$TC_PID"
 	rc=$?

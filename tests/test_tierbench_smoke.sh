@@ -57,14 +57,24 @@ print("ok: %d IOPS, %d reads checked, %d blocks read back, 0 mismatches" % (r["i
 PY
 pass "verify mode: no mismatch, JSON has nonzero IOPS, every session busy, ordered percentiles"
 
-# --- verification catches corruption: stamp every block of 16 MiB, then,
-# while the read phase runs, zero the backing file under the daemon ---
+# --- verification catches corruption: stamp blocks of 16 MiB with random
+# writes; once that run is over (its row is printed), zero the backing file
+# under the daemon while tierbench is stopped, so that no write comes after
+# the zeroing and the final read-back of every written block comes after
+# it, however slow the machine is ---
 "$TB" --verify -w 4k-randwrite,4k-randread -t 2 -q 8 -T 2 --size 16M --seed 7 "$url" \
 	>"$T/c.out" 2>"$T/c.err" &
 tb=$!
-sleep 3
+write_run_done() {
+	grep -q '^4k-randwrite ' "$T/c.out" && return 0
+	tc_gone "$tb" && fail "tierbench ended before its read run: $(cat "$T/c.err")"
+	return 1
+}
+tc_wait_for 60 "the 4k-randwrite run of tierbench --verify" write_run_done
+kill -STOP "$tb"
 dd if=/dev/zero of="$T/disk0.img" bs=1M count=16 conv=notrunc oflag=direct status=none ||
 	dd if=/dev/zero of="$T/disk0.img" bs=1M count=16 conv=notrunc,fsync status=none
+kill -CONT "$tb"
 wait "$tb"
 rc=$?
 [ "$rc" = 1 ] || fail "verify after zeroing the backing file: exit $rc, expected 1 (mismatch); $(cat "$T/c.err")"

@@ -68,20 +68,17 @@ out=$(ctl leg replace fast "$T/leg1.img" "$T/leg1-new.img" 2>&1)
 expect_eq "$?" 1 "replacing a healthy leg is refused"
 [[ "$out" == *"is healthy; only a failed leg can be replaced"* ]] || fail "message: $out"
 ctl leg fail fast "$T/leg1.img" >/dev/null || fail "tierctl leg fail"
-sleep 0.5
-expect_eq "$(ctl --json status | jget 'd["caches"][0]["state"]')" degraded "set degraded after leg fail"
+set_state_is() { [ "$(ctl --json status | jget 'd["caches"][0]["state"]')" = "$1" ]; }
+tc_wait_for 60 "the set degraded after leg fail" set_state_is degraded
+pass "set degraded after leg fail"
 expect_eq "$(ctl --json status | jget 'd["caches"][0]["legs"][1]["health"]')" failed "leg1 failed"
 out=$(ctl leg fail fast "$T/leg0.img" 2>&1)
 expect_eq "$?" 1 "failing the last healthy leg is refused"
 [[ "$out" == *"is the last healthy leg"* ]] || fail "message: $out"
 qemu-io -f raw -c 'write -P 0x42 2M 1M' "$url" >/dev/null || fail "write while degraded"
 ctl leg replace fast "$T/leg1.img" "$T/leg1-new.img" >/dev/null || fail "tierctl leg replace"
-for _ in $(seq 150); do
-	state=$(ctl --json status | jget 'd["caches"][0]["state"]')
-	[ "$state" = healthy ] && break
-	sleep 0.2
-done
-expect_eq "$state" healthy "set healthy again after the resync"
+tc_wait_for 60 "the set healthy again after the resync" set_state_is healthy
+pass "set healthy again after the resync"
 expect_eq "$(ctl --json status | jget 'd["caches"][0]["legs"][1]["path"]')" "$T/leg1-new.img" "new leg in place"
 out=$(qemu-io -f raw -c 'read -P 0x77 0 1M' -c 'read -P 0x42 2M 1M' "$url" 2>&1)
 [[ "$out" != *"verification failed"* ]] || fail "data after leg replace: $out"

@@ -68,18 +68,24 @@ CONF
 
 # reload: SIGHUP, then wait for the n-th "reload:" summary or refusal line
 nreload=0
+reloads_at_least() {
+	[ "$(grep -cE 'reload: [0-9]+ LUN\(s\) added|reload refused' "$T/daemon.log")" -ge "$1" ] && return 0
+	kill -0 "$TC_PID" 2>/dev/null || fail "daemon died on SIGHUP"
+	return 1
+}
 hup() {
-	local want=$((nreload + 1)) i got
+	local want=$((nreload + 1))
 	kill -HUP "$TC_PID" || fail "cannot send SIGHUP"
-	for ((i = 0; i < 300; i++)); do
-		got=$(grep -cE 'reload: [0-9]+ LUN\(s\) added|reload refused' "$T/daemon.log")
-		[ "$got" -ge "$want" ] && break
-		kill -0 "$TC_PID" 2>/dev/null || fail "daemon died on SIGHUP"
-		sleep 0.1
-	done
-	[ "$got" -ge "$want" ] || fail "no reload summary in the log 30 s after SIGHUP"
+	# a reload may wait 10 s for sessions to log out and 30 s for the
+	# commands of removed LUNs; the rest is room for busy cores
+	tc_wait_for 90 "a reload summary in the log after SIGHUP" reloads_at_least "$want"
 	nreload=$want
 }
+
+# logins_of INITIATOR: how many sessions INITIATOR logged in so far
+logins_of() { grep -c ": $1 logged in to " "$T/daemon.log"; }
+# logged_in INITIATOR N: at least N of them (a load is connected and busy)
+logged_in() { [ "$(logins_of "$1")" -ge "$2" ]; }
 
 # LUN numbers REPORT LUNS lists for the target, one per line
 luns_of() {
@@ -120,20 +126,23 @@ pass "tierctl status shows the added LUN"
 
 # ---- remove lun1 while lun0 serves a verified read/write load (and lun1
 # itself is busy: its commands in flight drain before it is closed) ----
-"$TB" --json --verify -w 8k-7030 -t 2 -q 8 -T 6 --size 16M --no-progress "$base/0" \
+# (each load logs in under its own initiator name, so that the daemon's log
+# tells when both are connected: their commands start right after)
+ini0=iqn.2026-11.test:reload-load0 ini1=iqn.2026-11.test:reload-load1
+"$TB" --json --verify -w 8k-7030 -t 2 -q 8 -T 10 --size 16M --no-progress --initiator $ini0 "$base/0" \
 	>"$T/load.json" 2>"$T/load.err" &
 tb=$!
-"$TB" -w 4k-randwrite -t 2 -q 16 -T 20 --no-progress "$base/1" >"$T/load1.out" 2>&1 &
+"$TB" -w 4k-randwrite -t 2 -q 16 -T 20 --no-progress --initiator $ini1 "$base/1" >"$T/load1.out" 2>&1 &
 tb1=$!
-sleep 2
+tc_wait_for 60 "both sessions of the load on LUN 0 logged in" logged_in $ini0 2
+tc_wait_for 60 "both sessions of the load on LUN 1 logged in" logged_in $ini1 2
 kill -0 "$tb" 2>/dev/null || fail "the load on LUN 0 ended early: $(cat "$T/load.err")"
 kill -0 "$tb1" 2>/dev/null || fail "the load on LUN 1 ended early: $(cat "$T/load1.out")"
 write_conf 0 0
 hup
 wait "$tb"
 rc=$?
-for ((i = 0; i < 100; i++)); do kill -0 "$tb1" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$tb1" 2>/dev/null && { kill "$tb1"; fail "the load on the removed LUN 1 did not end"; }
+tc_until 60 tc_gone "$tb1" || { kill "$tb1"; fail "the load on the removed LUN 1 did not end within 60 s"; }
 wait "$tb1"
 rc1=$?
 [ "$rc1" != 0 ] || fail "the load on the removed LUN 1 did not notice the removal"
@@ -220,14 +229,15 @@ grep -q "lun cached removed and drained; its cache volume stays open (unreachabl
 expect_eq "$(luns_of "$iqn" | tr '\n' ' ')" "0 " "the cached LUN 2 is gone after its removal"
 
 # ---- remove the new target while a session on it is busy ----
-"$TB" -w 4k-randread -t 1 -q 8 -T 30 --no-progress "iscsi://127.0.0.1:$port/$iqn2/0" >"$T/load2.out" 2>&1 &
+ini2=iqn.2026-11.test:reload-load2
+"$TB" -w 4k-randread -t 1 -q 8 -T 30 --no-progress --initiator $ini2 "iscsi://127.0.0.1:$port/$iqn2/0" \
+	>"$T/load2.out" 2>&1 &
 tb2=$!
-sleep 2
+tc_wait_for 60 "the load on the second target logged in" logged_in $ini2 1
 kill -0 "$tb2" 2>/dev/null || fail "the load on the second target ended early: $(cat "$T/load2.out")"
 write_conf 0 0
 hup
-for ((i = 0; i < 150; i++)); do kill -0 "$tb2" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$tb2" 2>/dev/null && { kill "$tb2"; fail "the session on the removed target was not closed"; }
+tc_until 60 tc_gone "$tb2" || { kill "$tb2"; fail "the session on the removed target was not closed within 60 s"; }
 wait "$tb2"
 grep -q "target $iqn2 was removed from the configuration; asking the initiator to log out" "$T/daemon.log" ||
 	fail "the session on the removed target was not asked to log out"

@@ -70,8 +70,17 @@ fi
 timeout 120 qemu-io -f raw -c 'aio_write -P 0x55 0 64M' -c 'aio_write -P 0x56 64M 64M' -c aio_flush "$url" \
 	>"$T/drain.out" 2>&1 &
 qpid=$!
-sleep 0.3
+# SIGTERM once the write is under way: its first data is in the backing
+# file (offset 0 held 0x11 until now)
+write_landed() {
+	[ "$(od -An -tx1 -N1 "$T/disk0.img" | tr -d ' ')" = 55 ] && return 0
+	tc_gone "$qpid" && fail "qemu-io ended before its write reached the backing file: $(cat "$T/drain.out")"
+	return 1
+}
+tc_wait_for 60 "the large write reaching the backing file" write_landed
 tc_stop
+# the target is gone: qemu-io would only retry its connection until timeout
+kill "$qpid" 2>/dev/null
 wait "$qpid"
 grep -q "iSCSI portal drained" "$T/daemon.log" || fail "no drain reported"
 pass "SIGTERM during a large write: drained and exited 0"

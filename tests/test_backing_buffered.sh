@@ -57,30 +57,40 @@ pass "buffered: 8 MiB of random data is in the backing file once acknowledged (w
 # Reads of 32K or more whose pages all sit in the page cache leave with
 # sendfile (file to socket, no copy through the daemon); the others are
 # read as usual. Both must return the same bytes; strace tells which ran.
-# readback NAME: read the 8 MiB back over iSCSI, print the daemon's sendfile count
+# all_traced TRACER: every thread of the daemon is traced by TRACER
+all_traced() {
+	local s
+	tc_gone "$1" && fail "strace could not attach to the daemon: $(cat "$T/strace.err")"
+	for s in /proc/"$TC_PID"/task/*/status; do
+		grep -q "^TracerPid:[[:space:]]*$1\$" "$s" || return 1
+	done
+}
+# readback NAME: read the 8 MiB back over iSCSI; sets n to the daemon's
+# sendfile count (-1 without strace). Not in a subshell: fail must end the test.
 readback() {
-	local n=-1 sp=
+	local sp=
+	n=-1
 	if command -v strace >/dev/null; then
-		strace -f -qq -e trace=sendfile -o "$T/strace.$1" -p "$TC_PID" & sp=$!
-		sleep 0.5
+		strace -f -qq -e trace=sendfile -o "$T/strace.$1" -p "$TC_PID" 2>"$T/strace.err" & sp=$!
+		tc_wait_for 60 "strace attached to every thread of the daemon" all_traced "$sp"
 	fi
 	qemu-img convert -f raw -O raw "$url" "$T/$1.img" || fail "read back over iSCSI ($1)"
 	if [ -n "$sp" ]; then
-		sleep 0.2
+		# strace writes each call as it returns, and its file is complete
+		# once it has exited
 		kill "$sp"
 		wait "$sp" 2>/dev/null
 		n=$(grep -c '^[0-9]* *sendfile(' "$T/strace.$1")
 	fi
 	cmp <(head -c 8M "$T/$1.img") "$T/rand.img" || fail "read back ($1): not the data written"
-	echo "$n"
 }
-n=$(readback cached)
+readback cached
 [ "$n" != 0 ] || fail "page-cached reads: no sendfile ran"
 pass "buffered: page-cached data reads back correctly, sent from the page cache ($n sendfile calls)"
 python3 -c 'import os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$T/disk0.img"
-n=$(readback cold)
+readback cold
 [ "$n" = 0 ] || [ "$n" = -1 ] || fail "reads of data not in the page cache used sendfile ($n calls)"
 pass "buffered: data not in the page cache is read as usual and correct (sendfile calls: $n)"
 tc_stop

@@ -59,26 +59,31 @@ EOF
 mkdir -p "$T/state"
 "$HDD" exec "$HDD_NAME" -- "$TC_BIN" -c "$T/t.conf" >>"$T/daemon.log" 2>&1 &
 TC_PID=$!
-tc_wait_port "$port" 20 || fail "daemon did not start"
+tc_wait_port "$port" 60 || fail "daemon did not start"
 
+# A stalled daemon never answers; a slow one (an HDD at 300 IOPS, two busy
+# cores) only answers late. The deadlines below catch the first and leave
+# room for the second: 300 s for a run of 4-6 s or a mode switch's flush,
+# 120 s for one command, 600 s for the verify run (its final read-back of
+# 96 MiB in 8 KiB units is bound by the HDD's IOPS).
 rounds=${TC_DESTAGE_ROUNDS:-4}
 for ((r = 1; r <= rounds; r++)); do
 	# write-back first, so the flush of the next switch has much to destage
-	timeout 60 "$TB" --no-progress -w 4k-randwrite -t 16 -q 16 --size 64M -T 4 --io-timeout 40 \
+	timeout 300 "$TB" --no-progress -w 4k-randwrite -t 16 -q 16 --size 64M -T 4 --io-timeout 120 \
 		"$url" >>"$T/tb.log" 2>&1 || fail "round $r: write-back load failed (exit $?)"
-	timeout 60 "$TB" --no-progress -w 8k-7030 -t 16 -q 16 --size 64M -T 6 --io-timeout 40 \
+	timeout 300 "$TB" --no-progress -w 8k-7030 -t 16 -q 16 --size 64M -T 6 --io-timeout 120 \
 		"$url" >>"$T/tb.log" 2>&1 &
 	tb=$!
 	for m in write-through write-back write-around write-through write-back; do
-		sleep 1
-		timeout 60 "$CTL" -c "$T/t.conf" mode disk0 "$m" >>"$T/ctl.log" 2>&1 ||
-			fail "round $r: mode $m did not finish within 60 s (daemon stalled?)"
+		sleep 1 # the load runs a while in each mode
+		timeout 300 "$CTL" -c "$T/t.conf" mode disk0 "$m" >>"$T/ctl.log" 2>&1 ||
+			fail "round $r: mode $m did not finish within 300 s (daemon stalled?)"
 	done
 	wait "$tb" || fail "round $r: the write load did not finish in time (exit $?; daemon stalled?)"
 done
 pass "$rounds rounds of 16x16 I/O with cache mode switches finished"
 
-timeout 120 "$TB" --no-progress -w 8k-7030 -t 4 -q 16 --size 96M -T 4 --verify --io-timeout 40 "$url" \
+timeout 600 "$TB" --no-progress -w 8k-7030 -t 4 -q 16 --size 96M -T 4 --verify --io-timeout 120 "$url" \
 	>"$T/verify.log" 2>&1 || { tail -n 5 "$T/verify.log" >&2; fail "verify run failed"; }
 pass "data verifies after the switches"
 tc_stop

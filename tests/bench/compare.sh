@@ -58,11 +58,8 @@ tgtd_start() {
 	TGTD_CTL=$((10000 + $1 % 20000))
 	tgtd -f -C "$TGTD_CTL" --iscsi portal=127.0.0.1:"$1" >"$2" 2>&1 &
 	TGTD_PID=$!
-	local i
-	for ((i = 0; i < 50; i++)); do
-		tgtadm -C "$TGTD_CTL" --op show --mode target >/dev/null 2>&1 && break
-		sleep 0.1
-	done
+	# up to 60 s: a busy machine; if it never answers, the setup after says so
+	tc_until 60 tgtadm -C "$TGTD_CTL" --op show --mode target >/dev/null 2>&1
 }
 
 tgtd_stop() {
@@ -125,7 +122,7 @@ start_tiercached() { # CONF [HDD-NAME]
 		"$TC_BIN" -c "$1" >>"$T/daemon.log" 2>&1 &
 	fi
 	TC_PID=$!
-	tc_wait_port "$port" 20 || { echo "compare: tiercached did not start; log:" >&2; tail -n 20 "$T/daemon.log" >&2; exit 2; }
+	tc_wait_port "$port" 60 || { echo "compare: tiercached did not start; log:" >&2; tail -n 20 "$T/daemon.log" >&2; exit 2; }
 }
 
 stop_tiercached() {

@@ -65,34 +65,58 @@ all_traced() {
 		grep -q "^TracerPid:[[:space:]]*$1\$" "$s" || return 1
 	done
 }
-# readback NAME: read the 8 MiB back over iSCSI; sets n to the daemon's
-# sendfile count (-1 without strace). Not in a subshell: fail must end the test.
-readback() {
-	local sp=
+# traced NAME CMD [ARGS]: run CMD (an initiator) while strace watches the
+# daemon; sets n to the daemon's sendfile calls meanwhile (-1 without
+# strace) and returns CMD's status. Not in a subshell: fail must end the test.
+traced() {
+	local name=$1 sp= rc
+	shift
 	n=-1
 	if command -v strace >/dev/null; then
-		strace -f -qq -e trace=sendfile -o "$T/strace.$1" -p "$TC_PID" 2>"$T/strace.err" & sp=$!
+		strace -f -qq -e trace=sendfile -o "$T/strace.$name" -p "$TC_PID" 2>"$T/strace.err" & sp=$!
 		tc_wait_for 60 "strace attached to every thread of the daemon" all_traced "$sp"
 	fi
-	qemu-img convert -f raw -O raw "$url" "$T/$1.img" || fail "read back over iSCSI ($1)"
+	"$@"
+	rc=$?
 	if [ -n "$sp" ]; then
 		# strace writes each call as it returns, and its file is complete
 		# once it has exited
 		kill "$sp"
 		wait "$sp" 2>/dev/null
-		n=$(grep -c '^[0-9]* *sendfile(' "$T/strace.$1")
+		n=$(grep -c '^[0-9]* *sendfile(' "$T/strace.$name")
 	fi
-	cmp <(head -c 8M "$T/$1.img") "$T/rand.img" || fail "read back ($1): not the data written"
+	return $rc
 }
-readback cached
+# drop the backing file's pages from the page cache (written back first:
+# dirty pages would stay)
+drop_page_cache() {
+	python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.fdatasync(fd)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$T/disk0.img"
+}
+traced cached qemu-img convert -f raw -O raw "$url" "$T/cached.img" || fail "read back over iSCSI (page-cached)"
+cmp <(head -c 8M "$T/cached.img") "$T/rand.img" || fail "read back (page-cached): not the data written"
 [ "$n" != 0 ] || fail "page-cached reads: no sendfile ran"
 pass "buffered: page-cached data reads back correctly, sent from the page cache ($n sendfile calls)"
-python3 -c 'import os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$T/disk0.img"
-readback cold
-[ "$n" = 0 ] || [ "$n" = -1 ] || fail "reads of data not in the page cache used sendfile ($n calls)"
+# Data not in the page cache: one READ of 256 KiB (a pattern written for
+# it) right after the file's pages were dropped, so that nothing can have
+# brought them back. A long sequential read would not do: the kernel's
+# readahead fills the page cache ahead of it, and how many of its later
+# commands then find their pages cached (and use sendfile) is timing.
+out=$(qemu-io -f raw -c 'write -P 0x6b 12M 256k' "$url" 2>&1) || fail "qemu-io write at 12 MiB: $out"
+drop_page_cache
+traced cold qemu-io -f raw -c 'read -P 0x6b 12M 256k' "$url" >"$T/cold.out" 2>&1 ||
+	fail "qemu-io read of data not in the page cache: $(cat "$T/cold.out")"
+grep -q "Pattern verification failed" "$T/cold.out" && fail "data not in the page cache: pattern mismatch"
+[ "$n" = 0 ] || [ "$n" = -1 ] || fail "a read of data not in the page cache used sendfile ($n calls)"
 pass "buffered: data not in the page cache is read as usual and correct (sendfile calls: $n)"
+# and a long read of dropped pages returns the same bytes, whichever way
+# each of its commands went
+drop_page_cache
+traced dropped qemu-img convert -f raw -O raw "$url" "$T/dropped.img" || fail "read back over iSCSI (dropped)"
+cmp <(head -c 8M "$T/dropped.img") "$T/rand.img" || fail "read back (dropped pages): not the data written"
+pass "buffered: 8 MiB dropped from the page cache read back correctly ($n sendfile calls after readahead)"
 tc_stop
 tc_start "$T/direct.conf"
 qemu-img convert -f raw -O raw "$url" "$T/back.img" || fail "read after restart"

@@ -79,10 +79,7 @@ pass "mode changes across restarts keep every write"
 
 # write-back: the idle cleaner destages to the backing file
 qemu-img convert -n -f raw -O raw "$T/rand.img" "$url" || fail "write-back write"
-for ((i = 0; i < 100; i++)); do
-	cmp -s <(head -c 16M "$T/disk0.img") "$T/rand.img" && break
-	sleep 0.2
-done
-cmp -s <(head -c 16M "$T/disk0.img") "$T/rand.img" || fail "the cleaner did not destage dirty data within 20 s of idling"
+destaged() { cmp -s <(head -c 16M "$T/disk0.img") "$T/rand.img"; }
+tc_wait_for 60 "the idle cleaner destaging every dirty block" destaged
 pass "idle cleaner destaged every dirty block to the backing file"
 tc_stop

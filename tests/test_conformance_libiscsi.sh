@@ -165,8 +165,13 @@ if [ -z "${TC_CU_NO_TGT:-}" ] && command -v tgtd >/dev/null; then
 	tgt_pid=$!
 	# tgtd ignores SIGTERM while targets exist
 	trap 'kill -KILL $tgt_pid 2>/dev/null; wait $tgt_pid 2>/dev/null; _tc_cleanup' EXIT
+	tgtd_listening() {
+		(exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0
+		kill -0 "$tgt_pid" 2>/dev/null || fail "tgtd exited at start: $(tail -5 "$T/tgtd.log")"
+		return 1
+	}
 	for p in $tport $tport2; do
-		for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
+		tc_wait_for 60 "tgtd listening on port $p" tgtd_listening "$p"
 	done
 	tgtadm -C "$cport" --lld iscsi --op new --mode target --tid 1 -T iqn.2026-11.test:tgt &&
 		tgtadm -C "$cport" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$T/tgt.img" &&

@@ -36,7 +36,7 @@ pass "backing file is sparse"
 
 # a second daemon on the same port is refused with a clear sentence
 tc_basic_conf "$port" | sed "s#disk0.img#other.img#; s#$T/state#$T/state2#g" >"$T/t2.conf"
-out=$(timeout 10 "$TC_BIN" -c "$T/t2.conf" 2>&1)
+out=$(timeout 60 "$TC_BIN" -c "$T/t2.conf" 2>&1)
 rc=$?
 [ "$rc" != 0 ] || fail "second daemon on a taken port started"
 [[ "$out" == *"127.0.0.1:$port"* ]] || fail "port clash message does not name the address: $out"

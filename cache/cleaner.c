@@ -315,6 +315,14 @@ static void pump(struct cleaner *c)
 	struct cache_set *cs = c->cs;
 	if (atomic_load(&cs->stopping) && !atomic_load(&cs->flush_req))
 		return;
+	/*
+	 * With every leg gone the dirty data is lost: a destage could only
+	 * fail at once (posted back to this worker) and start the next one,
+	 * for ever while the rate is unlimited, and worker 0 would serve
+	 * nothing else, the portal's listeners included.
+	 */
+	if (mirror_all_failed(&cs->mirror))
+		return;
 	bool regathered = false;
 	while (atomic_load(&c->inflight) < CLEAN_OPS && (c->unlimited || atomic_load(&cs->flush_req) ||
 							  c->budget > 0)) {

@@ -143,6 +143,8 @@ int main(void)
 	b = mem_new(0, BACK_SIZE, img[0]);
 	l0 = mem_new(1, LEG_SIZE, img[1]);
 	l1 = mem_new(2, LEG_SIZE, img[2]);
+	for (int i = 0; i < 3; i++)
+		free(img[i]); /* mem_new copied them */
 	legs[0] = &l0->dev;
 	legs[1] = &l1->dev;
 	cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));

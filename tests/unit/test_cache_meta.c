@@ -203,12 +203,14 @@ static void test_recovery(void)
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
 	REQUIRE(!cs && strstr(err, "checksum mismatch") && strstr(err, "zero its first 8 KiB"),
 	      "corrupt superblock refused: %s", err);
+	bdev_close(&b->dev); /* a refused set closed its legs; the backing store is ours */
 	memcpy(img[1], keep1, LEG);
 
 	cfg.extent_size = 256u << 10;
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
 	REQUIRE(!cs && strstr(err, "formatted with extent = 64K") && strstr(err, "set extent = 64K"),
 	      "changed extent refused: %s", err);
+	bdev_close(&b->dev);
 	cfg.extent_size = 64u << 10;
 
 	/* a leg of another set */
@@ -226,6 +228,7 @@ static void test_recovery(void)
 	cs = reopen(&b, &l0, &l1, err, sizeof(err));
 	REQUIRE(!cs && strstr(err, "belongs to another cache set") && strstr(err, "other"),
 	      "foreign leg refused: %s", err);
+	bdev_close(&b->dev);
 	memcpy(img[2], keep2, LEG);
 	free(keep2);
 	free(keep1);

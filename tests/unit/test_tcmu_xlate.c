@@ -57,9 +57,11 @@ struct batch {
 
 static void submit_batch(void *arg)
 {
-	struct batch *b = arg;
-	for (int i = 0; i < b->n; i++) {
-		struct ring_cmd *rc = b->cmds[i];
+	/* a copy: once the last command completes, run_batch returns and the
+	 * batch on its stack is gone, perhaps before this loop checks i < n */
+	const struct batch b = *(struct batch *)arg;
+	for (int i = 0; i < b.n; i++) {
+		struct ring_cmd *rc = b.cmds[i];
 		tcmu_xlate_submit(&xd, &rc->xc, rc, rc->cdb, rc->iov, rc->iovcnt, rc->sense);
 	}
 	/* the last touch of *b: after this the caller may return */

@@ -2,7 +2,8 @@
 #
 #   make            build build/tiercached and build/tierctl
 #   make run        install deps if missing, build, start the quickstart daemon
-#   make check      every test (unit, integration over loopback, conformance, fuzz)
+#   make check      every test (unit, integration over loopback, conformance, fuzz,
+#                   and the ASan + UBSan build of make asan)
 #   make check-long longer soaks
 #   make bench      benchmarks (print numbers, assert nothing about speed)
 #   make conformance  libiscsi's suite against tiercached and tgtd
@@ -23,9 +24,11 @@ PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
-CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter \
+# everything but the optimisation and debug flags, shared with make asan
+BASE_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter \
 	  -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	  -D_GNU_SOURCE -I. $(PKG_CFLAGS) -MMD -MP
+CFLAGS += $(BASE_CFLAGS)
 # libtcmu2 ships only libtcmu.so.2 (no -dev symlink, no header): link it by
 # name, and GLib (its dependency) for the main loop its D-Bus registration needs.
 LDLIBS += $(PKG_LIBS) -l:libtcmu.so.2 -l:libglib-2.0.so.0 -lpthread
@@ -54,7 +57,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
 PROGS := $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 
-.PHONY: all deps run check check-long conformance bench fuzz tsan unit clean install check-system
+.PHONY: all deps run check check-long conformance bench fuzz tsan asan unit clean install check-system
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
 deps:
@@ -121,6 +124,35 @@ $(TSAN_BINS):
 
 tsan: $(TSAN_BINS)
 
+# AddressSanitizer + UndefinedBehaviorSanitizer builds of the daemon and of
+# every unit test, in $(BUILD)/asan/: the library sources compiled again with
+# the instrumentation (as for fuzz), with $(CC) (gcc or clang). tests/run.sh
+# runs them as asan/NAME, the daemon under the shell tests in its ASAN_SHELL
+# list; tests/unit/lsan.supp says why each leak suppression is there.
+ASAN_DIR := $(BUILD)/asan
+ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	-fno-omit-frame-pointer $(BASE_CFLAGS)
+ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(ASAN_DIR)/obj/%.o)
+ASAN_DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(ASAN_DIR)/obj/%.o)
+ASAN_UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(ASAN_DIR)/tests/%)
+
+$(ASAN_DIR)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -c $< -o $@
+
+$(ASAN_DIR)/libtiercache.a: $(ASAN_LIB_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+$(ASAN_DIR)/tiercached: $(ASAN_DAEMON_OBJS) $(ASAN_DIR)/libtiercache.a
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(ASAN_DIR)/tests/%: tests/unit/%.c $(ASAN_DIR)/libtiercache.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $< $(ASAN_DIR)/libtiercache.a $(LDLIBS)
+
+asan: $(ASAN_DIR)/tiercached $(ASAN_UNIT_BINS)
+
 run: deps
 	@$(MAKE) --no-print-directory all
 	@mkdir -p var/quickstart/state
@@ -129,11 +161,11 @@ run: deps
 unit: $(UNIT_BINS)
 
 check: deps
-	@$(MAKE) --no-print-directory all fuzz tsan
+	@$(MAKE) --no-print-directory all fuzz tsan asan
 	@tests/run.sh
 
 check-long: deps
-	@$(MAKE) --no-print-directory all fuzz tsan
+	@$(MAKE) --no-print-directory all fuzz tsan asan
 	@TC_LONG=1 tests/run.sh
 
 # The libiscsi conformance suite against tiercached (plain, write-back and
@@ -177,4 +209,4 @@ install: $(BUILD)/tiercached $(BUILD)/tierctl
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/asan/obj -name '*.d' 2>/dev/null)

@@ -9,6 +9,10 @@ tc_tmpdir
 cp "$TC_BIN" "$T/tiercached" || fail "no daemon binary at $TC_BIN; run make"
 TC_BIN=$T/tiercached # a rebuild while the test restarts the daemon must not matter
 command -v qemu-io >/dev/null || skip "qemu-io not installed"
+# libiscsi reconnects for ever to a target that died: bound each initiator
+# run so that a crashed daemon fails the test instead of hanging it
+qemu-io() { timeout 120 qemu-io "$@"; }
+qemu-img() { timeout 120 qemu-img "$@"; }
 
 port=$(tc_free_port)
 url=iscsi://127.0.0.1:$port/iqn.2026-11.io.tiercache:test/0

@@ -8,11 +8,15 @@
 #                           log in $T/daemon.log, waits (up to 60 s) until
 #                           every listen port accepts; sets TC_PID
 #   tc_stop              -> SIGTERM, waits; fails the test if the daemon did
-#                           not exit 0 within 60 s
+#                           not exit 0 within 60 s, or its log holds a
+#                           sanitizer report
 #   tc_wait_for SECS WHAT CMD [ARGS] -> runs CMD every 0.1 s until it
 #                           succeeds; fails the test with WHAT after SECS s
 #   tc_until SECS CMD [ARGS] -> the same, but returns 1 on timeout (for
 #                           callers that must clean up before failing)
+#   tc_check_sanitizers [LOG] -> fails the test if LOG ($T/daemon.log) holds
+#                           an ASan, LSan or UBSan report; the exit trap
+#                           checks $T/daemon.log too, after any kill -9
 #   fail MSG / skip MSG / pass MSG
 #   expect_eq A B WHAT   -> fail unless A = B
 #
@@ -25,7 +29,11 @@
 set -u
 TC_ROOT=${TC_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 TC_BIN=${TC_BIN:-$TC_ROOT/build/tiercached}
+# where a test keeps the logs worth a look after it (tests/run.sh points the
+# ASan runs at a folder of their own)
+TC_LOGS=${TC_LOGS:-$TC_ROOT/build/test-logs}
 TC_PID=
+_tc_reported=
 T=
 
 fail() { echo "FAIL: $*" >&2; [ -n "$T" ] && [ -f "$T/daemon.log" ] && { echo "--- daemon log (tail) ---" >&2; tail -n 30 "$T/daemon.log" >&2; }; exit 1; }
@@ -33,12 +41,36 @@ skip() { echo "SKIP: $*"; exit 77; }
 pass() { echo "ok: $*"; }
 expect_eq() { [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"; pass "$3"; }
 
+# the first sanitizer report in a log, with the stack under it; status 1 if none
+_tc_sanitizer_report() {
+	grep -m1 -A40 -E '^==[0-9]+==ERROR: [A-Za-z]+Sanitizer|runtime error:' "$1" 2>/dev/null
+}
+
+tc_check_sanitizers() {
+	local log=${1:-$T/daemon.log} report
+	[ -f "$log" ] || return 0
+	report=$(_tc_sanitizer_report "$log") || return 0
+	_tc_reported=1
+	echo "FAIL: a sanitizer report in the daemon log:" >&2
+	echo "$report" >&2
+	exit 1
+}
+
 _tc_cleanup() {
 	if [ -n "$TC_PID" ] && kill -0 "$TC_PID" 2>/dev/null; then
 		kill -KILL "$TC_PID" 2>/dev/null
 		wait "$TC_PID" 2>/dev/null
 	fi
+	# a daemon of an ASan build that died of a report the test did not
+	# notice (a kill -9 test takes a dead daemon for its own kill)
+	local report=
+	[ -n "$T" ] && [ -f "$T/daemon.log" ] && [ -z "${_tc_reported:-}" ] && report=$(_tc_sanitizer_report "$T/daemon.log")
 	[ -n "$T" ] && [ -z "${TC_KEEP:-}" ] && rm -rf "$T"
+	if [ -n "$report" ]; then
+		echo "FAIL: a sanitizer report in the daemon log:" >&2
+		echo "$report" >&2
+		exit 1
+	fi
 	return 0
 }
 
@@ -122,6 +154,7 @@ tc_stop() {
 	wait "$TC_PID"
 	rc=$?
 	TC_PID=
+	tc_check_sanitizers
 	[ "$rc" = 0 ] || fail "daemon exited with status $rc after SIGTERM"
 }
 

@@ -32,7 +32,7 @@ listed=$(iscsi-test-cu -l 2>/dev/null | awk -F. '$1 == "ALL" && NF == 3' | wc -l
 	fail "iscsi-test-cu -l lists $listed tests under ALL, not $full: a libiscsi with other tests; review $skips_file and the count"
 
 # usage: run_cu NAME URL...   the whole suite, transcript in $T/cu-NAME.log
-# (copied to build/test-logs/), initiator names of its own; returns the exit
+# (copied to $TC_LOGS, build/test-logs/ unless run.sh says), initiator names of its own; returns the exit
 # status of iscsi-test-cu: 0 when CUnit recorded no failure, 1 when it did,
 # 255 when it could not log in or set up, 10 on a usage error (its main());
 # 124 from timeout.
@@ -43,7 +43,7 @@ run_cu() {
 		-i "iqn.2026-11.test:$name-1" -I "iqn.2026-11.test:$name-2" "$@" >"$T/cu-$name.log" 2>&1
 	rc=$?
 	echo "$name: the suite took $((SECONDS - t0)) s, iscsi-test-cu exited $rc"
-	cp "$T/cu-$name.log" "$TC_ROOT/build/test-logs/" 2>/dev/null
+	cp "$T/cu-$name.log" "$TC_LOGS/" 2>/dev/null
 	return $rc
 }
 declare -A cu_pid cu_rc
@@ -73,7 +73,7 @@ check() {
 
 # usage: check_run KIND RC   the verdict on one tiercached run; sets nskipped
 check_run() {
-	local kind=$1 rc=$2 log="build/test-logs/cu-$1.log" out
+	local kind=$1 rc=$2 log="$TC_LOGS/cu-$1.log" out
 	nskipped=
 	if [ "$rc" = 124 ]; then
 		check "did not finish" "finished" "$kind: iscsi-test-cu within $cu_timeout s (see $log)"
@@ -193,7 +193,7 @@ kill -0 "$TC_PID" 2>/dev/null || fail "tiercached died during the suite"
 tc_stop
 # kept for a look at a failure; out of $T so that fail() below ends with
 # the verdict, not the tail of a daemon that stopped cleanly
-mv "$T/daemon.log" "$TC_ROOT/build/test-logs/conformance-daemon.log" 2>/dev/null || rm -f "$T/daemon.log"
+mv "$T/daemon.log" "$TC_LOGS/conformance-daemon.log" 2>/dev/null || rm -f "$T/daemon.log"
 
 declare -A skipped_by
 for kind in $kinds; do

@@ -315,11 +315,13 @@ struct tio {
 static inline void tio_done(struct bdev_req *req, int err)
 {
 	struct tio *t = req->priv;
+	_Atomic int *outstanding = t->outstanding;
 	t->err = err;
 	t->ack_index = wlog_len();
+	/* the last touch of t: a tio_sync caller returns (and its t goes) as soon as it sees done */
 	atomic_store(&t->done, true);
-	if (t->outstanding)
-		atomic_fetch_sub(t->outstanding, 1);
+	if (outstanding)
+		atomic_fetch_sub(outstanding, 1);
 }
 
 static inline void tio_start(void *arg)

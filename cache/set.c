@@ -1242,6 +1242,27 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			     (unsigned long long)lay.leg_size, (unsigned long long)lay.leg_size);
 			goto out;
 		}
+		/*
+		 * The geometry is a function of leg size and extent size
+		 * (meta_layout, unchanged since the first format): anything
+		 * else is a superblock that passed its checksum but cannot be
+		 * ours, and trusting it divides by a zero rec_size, reads a
+		 * ring of zero blocks or sizes the slot array from garbage.
+		 */
+		struct cache_layout want;
+		if (le32_get(nsb->block_size) != CACHE_SECTOR || le32_get(nsb->njournals) != CACHE_NJOURNALS ||
+		    meta_layout(lay.leg_size, ext, &want) < 0 || want.rec_size != lay.rec_size ||
+		    want.nslots != lay.nslots || want.jblocks != lay.jblocks || want.table_off != lay.table_off ||
+		    want.journal_off != lay.journal_off || want.data_off != lay.data_off) {
+			fail(err, errlen, "cache %s: the superblock of %s describes a layout tiercached never writes "
+				"(%u slots of %u bytes, %u journal blocks per ring, table at %llu, journal at %llu, "
+				"data at %llu for %llu-byte legs); the set cannot be trusted: restore the leg from "
+				"the other one, or delete both legs to start with an empty cache (dirty data in it "
+				"will be lost)", cfg->name, cs->legs[best]->name, lay.nslots, lay.rec_size, lay.jblocks,
+			     (unsigned long long)lay.table_off, (unsigned long long)lay.journal_off,
+			     (unsigned long long)lay.data_off, (unsigned long long)lay.leg_size);
+			goto out;
+		}
 		cs->lay = lay;
 		cs->sb_gen = le64_get(nsb->gen);
 		cs->ckpt_seq = le64_get(nsb->ckpt_seq);

@@ -930,7 +930,10 @@ static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 					break;
 				uint8_t *rec = buf + p * CACHE_PAGE + (size_t)k * cs->lay.rec_size;
 				const struct cache_slot_disk *h = (const void *)rec;
-				if (!meta_slot_ok(rec, cs->lay.rec_size) || le64_get(h->nblocks) != cs->lay.bpe) {
+				/* a key naming a backing id the superblock cannot hold is no record of ours */
+				uint64_t rkey = le64_get(h->key);
+				if (!meta_slot_ok(rec, cs->lay.rec_size) || le64_get(h->nblocks) != cs->lay.bpe ||
+				    (rkey != CACHE_KEY_NONE && key_bid(rkey) >= CACHE_MAX_BACKINGS)) {
 					buf_put(buf, chunk);
 					return fail(err, errlen,
 						    "cache %s: slot record %u on %s is corrupt; the set cannot be "
@@ -994,7 +997,8 @@ static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 					.op = le16_get(d->op), .first = le16_get(d->first), .count = le16_get(d->count),
 				};
 				if (x.seq < cs->ckpt_seq || x.slot >= cs->lay.nslots || x.op < JOP_DIRTY ||
-				    x.op > JOP_FREE || (uint32_t)x.first + x.count > cs->lay.bpe)
+				    x.op > JOP_FREE || (uint32_t)x.first + x.count > cs->lay.bpe ||
+				    (x.op != JOP_FREE && key_bid(x.key) >= CACHE_MAX_BACKINGS))
 					continue;
 				if (n == cap) {
 					cap *= 2;

@@ -998,7 +998,7 @@ static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 				};
 				if (x.seq < cs->ckpt_seq || x.slot >= cs->lay.nslots || x.op < JOP_DIRTY ||
 				    x.op > JOP_FREE || (uint32_t)x.first + x.count > cs->lay.bpe ||
-				    (x.op != JOP_FREE && key_bid(x.key) >= CACHE_MAX_BACKINGS))
+				    (x.op != JOP_FREE && (!x.count || key_bid(x.key) >= CACHE_MAX_BACKINGS)))
 					continue;
 				if (n == cap) {
 					cap *= 2;

@@ -1273,7 +1273,23 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		for (int j = 0; j < CACHE_NJOURNALS; j++)
 			cs->jtail[j] = le64_get(nsb->jtail[j]);
 		memcpy(cs->backing, nsb->backing, sizeof(cs->backing));
-		failed = le32_get(nsb->failed_mask) & ((1u << cfg->nlegs) - 1);
+		/*
+		 * failed_mask is by leg index (the superblock's leg_index), and
+		 * so is cs->legs[] with two legs. One leg listed alone is index
+		 * 0 of the mirror whatever its index was: it may run alone only
+		 * if it is not the one recorded stale; the other is gone.
+		 */
+		failed = le32_get(nsb->failed_mask) & ((1u << CACHE_MAX_LEGS) - 1);
+		if (cfg->nlegs == 1) {
+			uint32_t self = le32_get(nsb->leg_index);
+			if (self >= CACHE_MAX_LEGS || (failed & (1u << self))) {
+				fail(err, errlen, "cache %s: leg %s is recorded as failed in the set's superblock (it "
+					"missed writes the other leg took); it cannot serve alone: list the other leg",
+				     cfg->name, cs->legs[0]->name);
+				goto out;
+			}
+			failed = 0;
+		}
 		if (!le32_get(nsb->clean))
 			log_warn("cache %s: not shut down cleanly; recovering from the journal", cfg->name);
 	} else if (meta_layout(cs->legs[0]->size, cfg->extent_size, &cs->lay) < 0) {

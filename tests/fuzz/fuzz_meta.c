@@ -19,10 +19,11 @@
  * flush followed), and the last image is the clean shutdown.
  *
  * Input: byte 0 picks the image (modulo NCUT) and the open variant (the
- * quotient: bit 0 legs swapped, bit 1 one leg only); byte 1 the extras
- * (bit 0 write after the open and read it back, bit 1 shut down and open
- * again, bit 2 run the set's tick: destage, evict, clear intent bits, then
- * read again); then mutation records:
+ * quotient: bit 0 legs swapped, bit 1 one leg only); byte 1 the extras:
+ * bit 0 write after the open and read it back (the input's last 12 bytes,
+ * 3 per write: lba, 2 bytes big-endian, then the sector count - 1), bit 1
+ * shut down and open again, bit 2 run the set's tick (destage, evict,
+ * clear intent bits) and read again; then mutation records:
  *
  *   hdr   bits 0-2 region: 0 superblock A, 1 superblock B, 2 write-intent
  *         page, 3 slot table, 4 journal rings, 5 the newest superblock copy
@@ -557,6 +558,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memcpy(work[i], img[cut][i], dev_size[i]);
 	const uint8_t *p = data + 2;
 	size_t left = size - 2, n;
+	/* extras bit 0: the last 12 bytes (or fewer) are the writes after the open, 3 bytes each */
+	const uint8_t *wp = p + left;
+	size_t wleft = 0;
+	if (extras & 1) {
+		wleft = left < 12 ? left : 12;
+		left -= wleft;
+		wp = p + left;
+	}
 	int nmut = 0;
 	while (nmut < 64 && (n = apply(p, left)) > 0) {
 		p += n;
@@ -577,10 +586,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (extras & 1) {
 		/* writes after recovery: allocation from the recovered free list, overwrites */
 		uint8_t *b = buf_get(EXT * 2);
-		for (int i = 0; i < 4 && left >= 3; i++) {
-			uint32_t lba = ((uint32_t)p[0] << 8 | p[1]) % NSECT, cnt = 1 + p[2] % 128;
-			p += 3;
-			left -= 3;
+		for (int i = 0; i < 4 && wleft >= 3; i++) {
+			uint32_t lba = ((uint32_t)wp[0] << 8 | wp[1]) % NSECT, cnt = 1 + wp[2] % 128;
+			wp += 3;
+			wleft -= 3;
 			if (lba + cnt > NSECT)
 				cnt = NSECT - lba;
 			posts[nposts] = (struct post){ lba, cnt, POST_SEQ + (uint32_t)nposts, false };

@@ -23,7 +23,9 @@
  * bit 0 write after the open and read it back (the input's last 12 bytes,
  * 3 per write: lba, 2 bytes big-endian, then the sector count - 1), bit 1
  * shut down and open again, bit 2 run the set's tick (destage, evict,
- * clear intent bits) and read again; then mutation records:
+ * clear intent bits) and read again, bit 3 after the first read a leg
+ * fails every I/O from then on (bit 4: leg 1's image, not leg 0's; bit 5:
+ * both); then mutation records:
  *
  *   hdr   bits 0-2 region: 0 superblock A, 1 superblock B, 2 write-intent
  *         page, 3 slot table, 4 journal rings, 5 the newest superblock copy
@@ -452,6 +454,7 @@ ORACLE static void read_all(struct bdev *vol, size_t cut, bool strict, const str
 struct opened {
 	struct cache_set *cs;
 	struct bdev *vol;
+	struct mem_bdev *leg[2];  /* by image: leg[0] holds work[DEV_LEG0] (NULL: not opened) */
 };
 
 /* Open the set on the work images (borrowed: the devices write them in place). */
@@ -465,9 +468,12 @@ static bool open_set(uint8_t variant, struct opened *o, char *err, size_t errlen
 		legs[0] = &leg[1]->dev;
 		legs[1] = &leg[0]->dev;
 	}
+	o->leg[0] = leg[0];
+	o->leg[1] = leg[1];
 	if (variant & 2) { /* one leg, the other lost */
 		cfg.nlegs = 1;
 		cfg.allow_single_leg = true;
+		o->leg[(variant & 1) ? 0 : 1] = NULL;
 		bdev_close(legs[1]);
 	}
 	cfg.legs[0] = legs[0]->name;
@@ -481,6 +487,8 @@ static bool open_set(uint8_t variant, struct opened *o, char *err, size_t errlen
 			DIE("the set was refused without a message");
 		*refused = true;
 		st_refused++;
+		if (getenv("TC_FUZZ_META_STATS"))
+			fprintf(stderr, "fuzz_meta: refused: %s\n", err);
 		return false;
 	}
 	struct mem_bdev *back = mem_borrow(0, BACK_SIZE, work[DEV_BACK]);
@@ -582,6 +590,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct post posts[4];
 	int nposts = 0;
 	read_all(o.vol, cut_at[cut], strict, NULL, 0, "after the open");
+	if (extras & 8) {
+		/* a leg (bit 4: the other one; bit 5: both) fails every I/O from now on */
+		for (int l = 0; l < 2; l++)
+			if (o.leg[l] && ((extras & 0x20) || l == ((extras >> 4) & 1)))
+				atomic_store(&o.leg[l]->fail_after, 0);
+	}
 
 	if (extras & 1) {
 		/* writes after recovery: allocation from the recovered free list, overwrites */

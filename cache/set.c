@@ -164,16 +164,9 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 
 static void sb_issue(struct cache_set *cs);
 
-static void sb_leg_done(struct bdev_req *req, int err)
+/* Worker 0: the generation in flight is done (on sb_ok legs): answer its jobs, start the next. */
+static void sb_finish(struct cache_set *cs)
 {
-	struct cache_set *cs = req->priv;
-	int leg = (int)(req - cs->sbreq);
-	if (err)
-		mirror_leg_failed(&cs->mirror, leg, err);
-	else
-		cs->sb_ok++;
-	if (--cs->sb_pending)
-		return;
 	struct sb_job *list = cs->sb_inflight;
 	int res = cs->sb_ok ? 0 : -EIO;
 	cs->sb_inflight = NULL;
@@ -191,12 +184,26 @@ static void sb_leg_done(struct bdev_req *req, int err)
 	atomic_fetch_sub(&cs->sb_jobs, done); /* the last access: shutdown may free the set after it */
 }
 
+static void sb_leg_done(struct bdev_req *req, int err)
+{
+	struct cache_set *cs = req->priv;
+	int leg = (int)(req - cs->sbreq);
+	if (err)
+		mirror_leg_failed(&cs->mirror, leg, err);
+	else
+		cs->sb_ok++;
+	if (--cs->sb_pending)
+		return;
+	sb_finish(cs);
+}
+
+/* Worker 0. No leg to write to: the jobs fail with -EIO (sbreq[] was not issued: no leg erred). */
 static void sb_fail_async(void *arg)
 {
 	struct cache_set *cs = arg;
-	cs->sb_pending = 1;
+	cs->sb_pending = 0;
 	cs->sb_ok = 0;
-	sb_leg_done(&cs->sbreq[0], -EIO);
+	sb_finish(cs);
 }
 
 /* Worker 0. Writes one generation to every healthy leg, serving every waiter. */
@@ -1289,6 +1296,11 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 				goto out;
 			}
 			failed = 0;
+		} else if (failed == 3) {
+			fail(err, errlen, "cache %s: both legs are recorded as failed in the set's superblock; no leg "
+				"holds data that can be trusted: delete both legs to start with an empty cache (dirty "
+				"data in it is lost)", cfg->name);
+			goto out;
 		}
 		if (!le32_get(nsb->clean))
 			log_warn("cache %s: not shut down cleanly; recovering from the journal", cfg->name);

@@ -4,27 +4,34 @@
 #   unit tests      build/tests/test_*          (C programs, exit 0 = pass)
 #   TSan builds     build/tests/tsan/test_*     (the map and policy under TSan)
 #   shell tests     tests/test_*.sh             (exit 0 pass, 77 skip)
+#   fuzz regression build/fuzz/fuzz_* over tests/fuzz/regress/NAME/ (inputs
+#                                                that once crashed or hung a
+#                                                harness: each must run clean)
 #   fuzz smoke      build/fuzz/fuzz_*           (libFuzzer, a short time each,
 #                                                seeded from tests/fuzz/corpus/NAME)
 #   ASan + UBSan    build/asan/tests/test_*     (make asan: every unit test, and
 #                   build/asan/tiercached        the shell tests in asan_shell_tests
 #                                                run on that daemon), as asan/NAME
-# Logs go to build/test-logs/. TC_LONG=1 runs the long variants. A pattern
-# argument runs only the tests whose name contains it.
+# Logs go to build/test-logs/. TC_LONG=1 runs the long variants: each fuzzer
+# then runs for at least 20 minutes and at least a million executions
+# (TC_FUZZ_LONG_SECS, TC_FUZZ_LONG_RUNS), and its execution count is printed.
+# A pattern argument runs only the tests whose name contains it.
 set -u
 cd "$(dirname "$0")/.."
 logs=build/test-logs
-mkdir -p "$logs/unit" "$logs/tsan" "$logs/fuzz" "$logs/asan"
+mkdir -p "$logs/unit" "$logs/tsan" "$logs/fuzz" "$logs/fuzz-regress" "$logs/asan"
 filter=${1:-}
 passed=0 failed=0 skipped=0
 failures=()
 fuzz_secs=${TC_FUZZ_SECS:-20}
-[ -n "${TC_LONG:-}" ] && fuzz_secs=300
+fuzz_long_secs=${TC_FUZZ_LONG_SECS:-1200}
+fuzz_long_runs=${TC_FUZZ_LONG_RUNS:-1000000}
 
 run_one() {
 	local name=$1
 	shift
 	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && return
+	ran=1
 	local start=$SECONDS rc
 	"$@" >"$logs/$name.log" 2>&1 </dev/null
 	rc=$?
@@ -91,15 +98,77 @@ for name in $asan_shell_tests; do
 	fi
 done
 
+# libFuzzer flags every fuzz run shares. -error_exitcode/-timeout_exitcode:
+# libFuzzer's defaults may be 77, the skip code here.
+fuzz_flags=(-timeout=10 -rss_limit_mb=2048 -error_exitcode=1 -timeout_exitcode=1)
+
+# Regression inputs: every file of tests/fuzz/regress/NAME/ (but README*
+# and flags) through its harness once; the folder's flags file, if any, adds
+# libFuzzer flags (e.g. a shorter -timeout and -runs=N repeats, for inputs
+# that crashed only when libFuzzer's alarm came during them). A folder with
+# no input still proves the harness starts and runs the empty input.
+for f in build/fuzz/fuzz_*; do
+	[ -x "$f" ] || continue
+	name=$(basename "$f")
+	dir=tests/fuzz/regress/${name#fuzz_}
+	inputs=() extra=()
+	if [ -d "$dir" ]; then
+		for i in "$dir"/*; do
+			case $(basename "$i") in README* | flags) continue ;; esac
+			[ -f "$i" ] && inputs+=("$i")
+		done
+		[ -f "$dir/flags" ] && read -r -a extra <"$dir/flags"
+	fi
+	empty=
+	if [ ${#inputs[@]} = 0 ]; then
+		empty=$(mktemp -d)
+		inputs=("$empty")
+		extra+=(-runs=0)
+	fi
+	run_one "fuzz-regress/$name" "$f" "${fuzz_flags[@]}" -artifact_prefix="$logs/$name-regress-" "${extra[@]}" \
+		"${inputs[@]}"
+	[ -n "$empty" ] && rm -rf "$empty"
+done
+
+# One fuzzing campaign in work dir $2 with harness $1. Short (make check):
+# fuzz_secs seconds. Long (TC_LONG): max(fuzz_long_secs, fuzz_long_runs
+# executions): libFuzzer stops at whichever of -max_total_time and -runs
+# comes first, so run for the time, and if that did fewer executions than
+# wanted, go on in the same corpus with -runs for the rest.
+fuzz_campaign() {
+	local bin=$1 work=$2 name
+	name=$(basename "$bin")
+	if [ -z "${TC_LONG:-}" ]; then
+		"$bin" "${fuzz_flags[@]}" -max_total_time="$fuzz_secs" -artifact_prefix="$logs/$name-" \
+			-print_final_stats=1 "$work"
+		return
+	fi
+	"$bin" "${fuzz_flags[@]}" -max_total_time="$fuzz_long_secs" -artifact_prefix="$logs/$name-" \
+		-print_final_stats=1 "$work" || return
+	local done_runs
+	done_runs=$(fuzz_execs "$logs/fuzz/$name.log")
+	if [ "${done_runs:-0}" -lt "$fuzz_long_runs" ]; then
+		echo "== $done_runs executions in ${fuzz_long_secs} s: $((fuzz_long_runs - done_runs)) more to reach $fuzz_long_runs"
+		"$bin" "${fuzz_flags[@]}" -runs=$((fuzz_long_runs - done_runs)) -artifact_prefix="$logs/$name-" \
+			-print_final_stats=1 "$work"
+	fi
+}
+
+# Executions a fuzz log reports, summed over its runs.
+fuzz_execs() {
+	awk '/^stat::number_of_executed_units:/ { n += $2 } END { print n + 0 }' "$1"
+}
+
 for f in build/fuzz/fuzz_*; do
 	[ -x "$f" ] || continue
 	name=$(basename "$f")
 	corpus=tests/fuzz/corpus/${name#fuzz_}
 	work=$(mktemp -d)
 	[ -d "$corpus" ] && cp -r "$corpus/." "$work/"
-	# -error_exitcode: libFuzzer's default (77) is the skip code here
-	run_one "fuzz/$name" "$f" -max_total_time="$fuzz_secs" -timeout=10 -rss_limit_mb=2048 -error_exitcode=1 \
-		-artifact_prefix="$logs/$name-" -print_final_stats=1 "$work"
+	start=$SECONDS ran=
+	run_one "fuzz/$name" fuzz_campaign "$f" "$work"
+	[ -n "$ran" ] && printf '      %s: %d executions in %d s\n' "$name" "$(fuzz_execs "$logs/fuzz/$name.log")" \
+		$((SECONDS - start))
 	rm -rf "$work"
 done
 

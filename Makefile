@@ -4,7 +4,7 @@
 #   make run        install deps if missing, build, start the quickstart daemon
 #   make check      every test (unit, integration over loopback, conformance, fuzz,
 #                   and the ASan + UBSan build of make asan)
-#   make check-long longer soaks
+#   make check-long longer soaks (each fuzzer max(20 min, 1M executions))
 #   make bench      benchmarks (print numbers, assert nothing about speed)
 #   make conformance  libiscsi's suite against tiercached and tgtd
 #   make deps       install the Debian packages the build and tests need

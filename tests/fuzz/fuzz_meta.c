@@ -523,7 +523,7 @@ static void tick_on_worker(void *arg)
 /*
  * What a second of the daemon's life would do, now: the set's tick on
  * worker 0 (reclaim, cleaner, write-intent clearing) a few times, the
- * cleaner unthrottled, then wait for the destages it started.
+ * cleaner unthrottled, then wait a little for the destages it started.
  */
 static void run_ticks(struct cache_set *cs, int n)
 {
@@ -533,7 +533,7 @@ static void run_ticks(struct cache_set *cs, int n)
 		worker_post(worker_get(0), tick_on_worker, &t);
 		while (!atomic_load(&t.done))
 			usleep(20);
-		for (int k = 0; k < 2000; k++) {
+		for (int k = 0; k < 200; k++) { /* 10-20 ms: with no leg left a destage can stay busy far longer */
 			uint64_t rate, busy;
 			cleaner_stats(cs->cleaner, &rate, &busy);
 			if (!busy)

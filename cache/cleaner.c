@@ -74,6 +74,7 @@ struct cleaner {
 	double integral;
 	int64_t budget;
 	bool unlimited;
+	bool stalled;           /* a destage failed: no new one before the next tick */
 	struct dirty_ent *order;
 	uint32_t norder, pos, scan;
 	struct destage ops[CLEAN_OPS];
@@ -165,6 +166,12 @@ static void step(struct bdev_req *req, int err)
 		if (d->stage == 2)
 			log_err("cache %s: destage to %s failed: %s; the data stays dirty in the cache",
 				cs->name, cache_vol_backing(d->v)->name, strerror(-d->err));
+		/*
+		 * Wait for the next tick before destaging again: retried at once,
+		 * a range the legs cannot read (or a backing store that refuses
+		 * writes) would fail at once again, for ever, and hold worker 0.
+		 */
+		d->c->stalled = true;
 		clear_destaging(cs, d->slot);
 		op_end(d);
 		return;
@@ -321,7 +328,7 @@ static void pump(struct cleaner *c)
 	 * for ever while the rate is unlimited, and worker 0 would serve
 	 * nothing else, the portal's listeners included.
 	 */
-	if (mirror_all_failed(&cs->mirror))
+	if (mirror_all_failed(&cs->mirror) || c->stalled)
 		return;
 	bool regathered = false;
 	while (atomic_load(&c->inflight) < CLEAN_OPS && (c->unlimited || atomic_load(&cs->flush_req) ||
@@ -371,6 +378,7 @@ void cleaner_tick(struct cleaner *c)
 		rate = (double)CLEAN_MAX_RATE;
 	atomic_store(&c->rate, dirty ? (uint64_t)rate : 0);
 	c->budget = dirty ? (int64_t)(rate > 1e12 ? 1e12 : rate) : 0;
+	c->stalled = false;
 	pump(c);
 }
 

@@ -334,10 +334,10 @@ static void journal_on_one_leg(void)
 	uint64_t first = block_seq(b);
 	/* a clean stop, then leg 0 is lost: leg 1 alone */
 	cache_set_shutdown(cs);
-	bdev_close(vol);
 	uint8_t *leg1 = malloc(LEG_SIZE), *back = malloc(BACK_SIZE);
+	memcpy(back, e[DEV_BACK]->data, BACK_SIZE); /* before the volume closes its backing device */
+	bdev_close(vol);
 	memcpy(leg1, e[DEV_LEG1]->data, LEG_SIZE);
-	memcpy(back, e[DEV_BACK]->data, BACK_SIZE);
 	cache_set_close(cs);
 	char err[512];
 	struct mem_bdev *l1 = mem_new(DEV_LEG1, LEG_SIZE, leg1), *bk = mem_new(DEV_BACK, BACK_SIZE, back);

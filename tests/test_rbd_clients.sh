@@ -92,10 +92,24 @@ pass "the grown part of the LUN takes data"
 
 # --- a lost cluster: BUSY after ceph_timeout, not a hang -----------------
 osd_pid=$(cat "$CEPH_DIR"/run/osd.*.pid)
+[[ "$osd_pid" =~ ^[0-9]+$ ]] && [ -d "/proc/$osd_pid" ] || fail "no running OSD in the pid file: '$osd_pid'"
+# every thread of the OSD stopped (state T): kill only queues SIGSTOP, and a
+# thread that has not taken it yet may still answer a request
+osd_threads() { # STATE... of each thread, one per line
+	local f
+	for f in /proc/"$osd_pid"/task/*/stat; do
+		sed 's/.*) //' "$f" 2>/dev/null | cut -d' ' -f1
+	done
+}
+osd_stopped() { ! osd_threads | grep -qv '^[Tt]$'; }
 : >"$T/ua.out"
 echo "read 1000" >&7
 wait_line '^good' 60 || fail "a read before the freeze: $(cat "$T/ua.out")"
-kill -STOP "$osd_pid"
+kill -STOP "$osd_pid" || fail "kill -STOP of the OSD ($osd_pid)"
+if ! tc_until 30 osd_stopped; then
+	kill -CONT "$osd_pid"
+	fail "the OSD's threads did not all stop within 30 s: $(osd_threads | sort | uniq -c | tr '\n' ' ')"
+fi
 : >"$T/ua.out"
 echo "read 2000" >&7 # object 0 exists: the OSD must answer (the object map knows holes)
 if ! wait_line '^\(good\|status\|check\)' 60; then
@@ -105,8 +119,10 @@ fi
 res=$(head -1 "$T/ua.out")
 st=$(tierctl --json status)
 cl=$(rbd_field cluster)
+osd_state=$(osd_threads | sort | uniq -c | tr '\n' ' ')
 kill -CONT "$osd_pid"
-[[ "$res" == "status 08 in "* ]] || fail "a read with the OSD frozen: expected BUSY (status 08), got '$res'"
+[[ "$res" == "status 08 in "* ]] ||
+	fail "a read with the OSD frozen: expected BUSY (status 08), got '$res' (cluster '$cl'; OSD thread states: $osd_state; ceph-osd processes: $(pgrep -c ceph-osd))"
 pass "with the OSD frozen a read fails with BUSY: $res"
 expect_eq "$cl" lost "status while the OSD is frozen"
 # back: the host's retry succeeds (the driver may first report other state

@@ -59,9 +59,28 @@ struct bdev_req {
 	void *link;             /* a driver's list link (bdev_rbd: completions) */
 };
 
+/*
+ * What a request its submitter stops waiting for (a leg that does not answer
+ * within leg_timeout) may still do to its READ buffers. See bdev_ops.abandon.
+ */
+enum bdev_abandon {
+	BDEV_ABANDON_UNSAFE = 0, /* it may still copy into the buffers' addresses
+				  * (buffered I/O, librbd): they stay its own */
+	BDEV_ABANDON_PINNED,     /* at most into the pages pinned when it was
+				  * sent (O_DIRECT; the fault device's held
+				  * requests, which touch none): fresh pages
+				  * mapped at those addresses give the buffers back */
+};
+
 struct bdev_ops {
 	void (*submit)(struct bdev *dev, struct bdev_req *req);
 	void (*close)(struct bdev *dev);
+	/*
+	 * req is in flight on dev: what it may still do to its buffers if its
+	 * submitter gives up on it (its done() is still called once, whenever
+	 * the device answers). On the worker that submitted req. NULL: UNSAFE.
+	 */
+	enum bdev_abandon (*abandon)(struct bdev *dev, struct bdev_req *req);
 	/*
 	 * Provisioning of the range at offset: sets *mapped and returns the
 	 * length in bytes (>= block_size) over which that state holds, or
@@ -162,6 +181,11 @@ static inline void bdev_submit(struct bdev *dev, struct bdev_req *req)
 	dev->ops->submit(dev, req);
 }
 
+static inline enum bdev_abandon bdev_abandon(struct bdev *dev, struct bdev_req *req)
+{
+	return dev->ops->abandon ? dev->ops->abandon(dev, req) : BDEV_ABANDON_UNSAFE;
+}
+
 static inline void bdev_close(struct bdev *dev)
 {
 	if (dev)
@@ -191,7 +215,12 @@ enum bdev_fault { BDEV_FAULT_NONE, BDEV_FAULT_EIO, BDEV_FAULT_RANGE, BDEV_FAULT_
 struct bdev *bdev_fault_wrap(struct bdev *inner);
 bool bdev_is_fault(const struct bdev *dev);
 int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_t len);
-void bdev_fault_counts(struct bdev *dev, uint64_t *reads, uint64_t *writes, uint64_t *errors);
+struct bdev_fault_counts {
+	uint64_t reads, writes; /* passed on to the inner device */
+	uint64_t errors;        /* failed here (held ones when released) */
+	uint64_t held_reads, held_writes; /* held without an answer (BDEV_FAULT_HANG) */
+};
+void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c);
 
 /* Register the resize listener of dev (no-op for fixed-size devices). */
 static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size),

@@ -30,7 +30,7 @@ struct fault_bdev {
 	_Atomic uint64_t bad_off, bad_len;
 	_Atomic uint64_t *bad;   /* a bit per 512-byte sector of the range: still bad */
 	uint64_t bad_words;
-	_Atomic uint64_t reads, writes, errors;
+	_Atomic uint64_t reads, writes, errors, held_reads, held_writes;
 	pthread_mutex_t lock;    /* held list */
 	struct held {
 		struct held *next;
@@ -87,6 +87,10 @@ static void fault_submit(struct bdev *dev, struct bdev_req *req)
 		}
 		h->req = req;
 		h->w = worker_self();
+		if (req->op == BDEV_READ)
+			atomic_fetch_add(&f->held_reads, 1);
+		else
+			atomic_fetch_add(&f->held_writes, 1);
 		pthread_mutex_lock(&f->lock);
 		h->next = f->held;
 		f->held = h;
@@ -123,7 +127,8 @@ static void fault_submit(struct bdev *dev, struct bdev_req *req)
 	bdev_submit(f->inner, req);
 }
 
-static void release_held(struct fault_bdev *f)
+/* now: complete on this thread (the device closes, the workers may be gone) */
+static void release_held(struct fault_bdev *f, bool now)
 {
 	pthread_mutex_lock(&f->lock);
 	struct held *h = f->held;
@@ -132,16 +137,35 @@ static void release_held(struct fault_bdev *f)
 	while (h) {
 		struct held *n = h->next;
 		atomic_fetch_add(&f->errors, 1);
-		fault_fail_on(h->w, h->req, -EIO);
+		if (now)
+			h->req->done(h->req, -EIO);
+		else
+			fault_fail_on(h->w, h->req, -EIO);
 		free(h);
 		h = n;
 	}
 }
 
+/* A request held here is never passed on (it fails when released, touching no
+ * page: PINNED holds, and the caller's remapping of its buffers is exercised
+ * as for an O_DIRECT read); any other is the inner device's */
+static enum bdev_abandon fault_abandon(struct bdev *dev, struct bdev_req *req)
+{
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	bool held = false;
+	pthread_mutex_lock(&f->lock);
+	for (struct held *h = f->held; h && !held; h = h->next)
+		held = h->req == req;
+	pthread_mutex_unlock(&f->lock);
+	return held ? BDEV_ABANDON_PINNED : bdev_abandon(f->inner, req);
+}
+
 static void fault_close(struct bdev *dev)
 {
 	struct fault_bdev *f = (struct fault_bdev *)dev;
-	release_held(f); /* nothing should be left: the set waited for its I/O */
+	/* only requests their submitter gave up on can be left (leg_guard.c):
+	 * the set waited for the rest, and the workers may have stopped */
+	release_held(f, true);
 	bdev_close(f->inner);
 	free(f->bad);
 	pthread_mutex_destroy(&f->lock);
@@ -157,6 +181,7 @@ static int64_t fault_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 static const struct bdev_ops fault_ops = {
 	.submit = fault_submit,
 	.close = fault_close,
+	.abandon = fault_abandon,
 	.lba_status = fault_lba_status,
 };
 
@@ -208,14 +233,16 @@ int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_
 	atomic_store(&f->bad_len, len);
 	int old = atomic_exchange(&f->mode, (int)mode);
 	if (old == BDEV_FAULT_HANG && mode != BDEV_FAULT_HANG)
-		release_held(f);
+		release_held(f, false);
 	return 0;
 }
 
-void bdev_fault_counts(struct bdev *dev, uint64_t *reads, uint64_t *writes, uint64_t *errors)
+void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c)
 {
 	struct fault_bdev *f = (struct fault_bdev *)dev;
-	*reads = atomic_load(&f->reads);
-	*writes = atomic_load(&f->writes);
-	*errors = atomic_load(&f->errors);
+	c->reads = atomic_load(&f->reads);
+	c->writes = atomic_load(&f->writes);
+	c->errors = atomic_load(&f->errors);
+	c->held_reads = atomic_load(&f->held_reads);
+	c->held_writes = atomic_load(&f->held_writes);
 }

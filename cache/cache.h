@@ -50,6 +50,7 @@ struct cache_set_cfg {
 	uint32_t admit_hits;    /* misses before promotion (policy) */
 	uint64_t seq_cutoff;    /* sequential bypass, bytes (0 = never) */
 	uint32_t dirty_target;  /* percent of slots the cleaner aims to keep dirty at most */
+	uint32_t leg_timeout_ms; /* a leg that takes longer to answer is failed (0 = never) */
 	bool fault_injection;   /* tests only: legs wrapped by bdev_fault (tierctl leg fault) */
 };
 
@@ -117,11 +118,12 @@ int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const
 int cache_set_fail_leg(struct cache_set *cs, const char *path, const char *why, char *err, size_t errlen);
 /*
  * Tests only (a set opened with fault_injection): set the fault of leg
- * path (enum bdev_fault, bdev.h) and return the reads, writes and errors it
- * has seen. Any thread. 0, or -1 with a sentence in err.
+ * path (enum bdev_fault, bdev.h) and return what its fault device has seen.
+ * Any thread. 0, or -1 with a sentence in err.
  */
+struct bdev_fault_counts;
 int cache_set_leg_fault(struct cache_set *cs, const char *path, int fault, uint64_t off, uint64_t len,
-			uint64_t *reads, uint64_t *writes, uint64_t *errors, char *err, size_t errlen);
+			struct bdev_fault_counts *counts, char *err, size_t errlen);
 
 /*
  * Quiesce and write the final checkpoint with the clean-shutdown flag.

@@ -178,6 +178,17 @@ struct mirror {
 	void (*all_failed)(struct mirror *m, void *arg);
 };
 
+/*
+ * leg_guard.c: inner (taken over) as a bdev whose requests are given up on
+ * after timeout_ms (see there); timed_out(arg, leg) runs on a worker for
+ * each. leg_guard_inner: what a guard wraps, or dev itself.
+ */
+struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, void (*timed_out)(void *arg, int leg),
+			    void *arg, int leg);
+struct bdev *leg_guard_inner(struct bdev *dev);
+/* set.c: the timed_out of a set's guards (arg: the set); fails the leg. */
+void cache_leg_timed_out(void *arg, int leg);
+
 /* Main thread. I/O: bdev_submit(&m->dev, req) on a worker, as any bdev. */
 int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed);
 void mirror_destroy(struct mirror *m);
@@ -350,7 +361,7 @@ struct cache_set {
 	pthread_mutex_t repair_lock;
 	struct repair_ent repair_q[REPAIR_MAX];
 	int nrepair;
-	_Atomic uint64_t st_read_errors, st_repairs;
+	_Atomic uint64_t st_read_errors, st_repairs, st_leg_timeouts;
 	/* in-flight writes that bypass the cache, hashed by extent (fills check) */
 	_Atomic uint32_t bypass[1024];
 	/* statistics */

@@ -76,10 +76,10 @@ int cache_set_fail_leg(struct cache_set *cs, const char *path, const char *why, 
 }
 
 int cache_set_leg_fault(struct cache_set *cs, const char *path, int fault, uint64_t off, uint64_t len,
-			uint64_t *reads, uint64_t *writes, uint64_t *errors, char *err, size_t errlen)
+			struct bdev_fault_counts *counts, char *err, size_t errlen)
 {
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
-		struct bdev *l = cs->mirror.leg[i];
+		struct bdev *l = leg_guard_inner(cs->mirror.leg[i]);
 		if (strcmp(l->name, path))
 			continue;
 		if (bdev_fault_set(l, (enum bdev_fault)fault, off, len) < 0) {
@@ -89,7 +89,7 @@ int cache_set_leg_fault(struct cache_set *cs, const char *path, int fault, uint6
 		}
 		log_warn("cache %s: leg %s: fault injected (%d, %llu+%llu) by tierctl leg fault", cs->name, path,
 			 fault, (unsigned long long)off, (unsigned long long)len);
-		bdev_fault_counts(l, reads, writes, errors);
+		bdev_fault_counts(l, counts);
 		return 0;
 	}
 	snprintf(err, errlen, "cache %s has no leg %s", cs->name, path);

@@ -220,6 +220,15 @@ int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const
 	struct bdev *dev = bdev_file_open(new_path, cs->lay.leg_size, CACHE_SECTOR, true, err, errlen);
 	if (!dev)
 		return -1;
+	if (cs->cfg.leg_timeout_ms) {
+		struct bdev *g = leg_guard_wrap(dev, cs->cfg.leg_timeout_ms, cache_leg_timed_out, cs, leg);
+		if (!g) {
+			bdev_close(dev);
+			snprintf(err, errlen, "cache %s: out of memory", cs->name);
+			return -1;
+		}
+		dev = g;
+	}
 	if (cache_set_leg_replace(cs, leg, dev, err, errlen) < 0) {
 		bdev_close(dev);
 		return -1;

@@ -1099,6 +1099,17 @@ static void uuid_str(const uint8_t u[16], char out[37])
 		 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
+/* A worker: a request to leg took longer than leg_timeout (leg_guard.c). */
+void cache_leg_timed_out(void *arg, int leg)
+{
+	struct cache_set *cs = arg;
+	atomic_fetch_add(&cs->st_leg_timeouts, 1);
+	if (!(atomic_load(&cs->mirror.failed) & (1u << leg)))
+		log_err("cache %s: leg %s did not answer within leg_timeout (%u ms): failing it", cs->name,
+			cs->legs[leg]->name, cs->cfg.leg_timeout_ms);
+	mirror_leg_failed(&cs->mirror, leg, -ETIMEDOUT);
+}
+
 struct cache_set *cache_set_open(const struct cache_set_cfg *cfg, char *err, size_t errlen)
 {
 	struct bdev *legs[CACHE_MAX_LEGS] = { NULL };
@@ -1140,8 +1151,18 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		fail(err, errlen, "out of memory");
 		return NULL;
 	}
-	for (int i = 0; i < cfg->nlegs; i++)
-		cs->legs[i] = legdevs[i];
+	for (int i = 0; i < cfg->nlegs; i++) {
+		struct bdev *g = cfg->leg_timeout_ms ? leg_guard_wrap(legdevs[i], cfg->leg_timeout_ms, cache_leg_timed_out, cs, i)
+						     : legdevs[i];
+		if (!g) {
+			for (int k = 0; k < cfg->nlegs; k++)
+				bdev_close(k < i ? cs->legs[k] : legdevs[k]);
+			free(cs);
+			fail(err, errlen, "out of memory");
+			return NULL;
+		}
+		cs->legs[i] = g;
+	}
 	if (!rcu_registered++)
 		rcu_register_thread(); /* call_rcu/synchronize_rcu from this thread */
 	cs->cfg = *cfg;
@@ -1733,6 +1754,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	cleaner_stats(cs->cleaner, &st->cleaner_rate_bps, &busy);
 	st->lost_ios = atomic_load(&cs->st_lost_ios);
 	st->leg_read_errors = atomic_load(&cs->st_read_errors);
+	st->leg_timeouts = atomic_load(&cs->st_leg_timeouts);
 	st->leg_repairs = atomic_load(&cs->st_repairs);
 	uint64_t parked;
 	uint32_t regions;

@@ -46,6 +46,7 @@ struct cache_set_status {
 	uint64_t cleaner_rate_bps;   /* current destage rate target */
 	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
 	uint64_t leg_read_errors;    /* reads a leg failed that the other served (queued for rewrite) */
+	uint64_t leg_timeouts;       /* requests a leg did not answer within leg_timeout */
 	uint64_t leg_repairs;        /* such ranges rewritten on the failing leg */
 	uint64_t intent_writes;      /* write-intent page writes (a region's first write since idle) */
 	/* Dirty data found lost (both legs gone) by the reads that met it:

@@ -318,6 +318,7 @@ static int begin_section(struct parse_state *ps, const char *section)
 		c->admit_hits = 2;
 		c->seq_cutoff = 4u << 20;
 		c->dirty_target = 10;
+		c->leg_timeout = 10;
 		c->line = line;
 		ps->sec = SEC_CACHE;
 	} else {
@@ -736,6 +737,22 @@ static int handle_cache(struct parse_state *ps, const char *key, const char *val
 			return 0;
 		}
 		c->dirty_target = (uint32_t)u;
+	} else if (!strcmp(key, "leg_timeout")) {
+		const char *v = val;
+		size_t n = strlen(v);
+		char num[32];
+		if (n && n < sizeof(num) && v[n - 1] == 's') { /* "10s" as well as "10" */
+			memcpy(num, v, n - 1);
+			num[n - 1] = 0;
+			v = num;
+		}
+		if (parse_uint(v, 3600, &u)) {
+			fail_at(ps, ps->line, "[cache %s] leg_timeout = %s: give the seconds a leg may take to "
+				"answer before it is failed, 1 to 3600, or 0 to wait for the device however long "
+				"(default 10)", c->name, val);
+			return 0;
+		}
+		c->leg_timeout = (unsigned)u;
 	} else if (!strcmp(key, "fault_injection")) {
 		if (parse_bool(val, &c->fault_injection)) {
 			fail_at(ps, ps->line, "[cache %s] fault_injection = %s: use yes or no (yes is for tests: "
@@ -745,7 +762,7 @@ static int handle_cache(struct parse_state *ps, const char *key, const char *val
 	} else {
 		fail_at(ps, ps->line,
 			"[cache %s] has no key \"%s\"; known keys: legs, allow_single_leg, size, extent, mode, "
-			"admit_hits, seq_cutoff, dirty_target", c->name, key);
+			"admit_hits, seq_cutoff, dirty_target, leg_timeout", c->name, key);
 		return 0;
 	}
 	return 1;

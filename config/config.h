@@ -73,6 +73,7 @@ struct cfg_cache {
 	uint32_t admit_hits;   /* misses before promotion (default 2) */
 	uint64_t seq_cutoff;   /* sequential bypass (default 4 MiB; 0 = off) */
 	uint32_t dirty_target; /* percent (default 10) */
+	unsigned leg_timeout;  /* seconds before a leg that does not answer is failed (default 10; 0 = never) */
 	bool fault_injection;  /* tests only: tierctl leg fault may fail the legs */
 	int line;
 };

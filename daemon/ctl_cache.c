@@ -234,12 +234,14 @@ static int ctl_leg_fault(struct json_object *req, struct json_object *resp, void
 		if (!g_cfg->caches[i].fault_injection)
 			return control_error(resp, "cache set %s was not configured with fault_injection = yes (a key "
 					     "for tests only)", set);
-		uint64_t r, w, e;
-		if (cache_set_leg_fault(g_sets[i], leg, f, off, len, &r, &w, &e, err, sizeof(err)))
+		struct bdev_fault_counts c;
+		if (cache_set_leg_fault(g_sets[i], leg, f, off, len, &c, err, sizeof(err)))
 			return control_error(resp, "%s", err);
-		json_object_object_add(resp, "reads", json_object_new_int64((int64_t)r));
-		json_object_object_add(resp, "writes", json_object_new_int64((int64_t)w));
-		json_object_object_add(resp, "errors", json_object_new_int64((int64_t)e));
+		json_object_object_add(resp, "reads", json_object_new_int64((int64_t)c.reads));
+		json_object_object_add(resp, "writes", json_object_new_int64((int64_t)c.writes));
+		json_object_object_add(resp, "errors", json_object_new_int64((int64_t)c.errors));
+		json_object_object_add(resp, "held_reads", json_object_new_int64((int64_t)c.held_reads));
+		json_object_object_add(resp, "held_writes", json_object_new_int64((int64_t)c.held_writes));
 		return 0;
 	}
 	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
@@ -266,6 +268,7 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "cleaner_rate_bps", st->cleaner_rate_bps },
 		{ "lost_ios", st->lost_ios },
 		{ "leg_read_errors", st->leg_read_errors },
+		{ "leg_timeouts", st->leg_timeouts },
 		{ "leg_repairs", st->leg_repairs },
 		{ "intent_writes", st->intent_writes },
 	};

@@ -263,6 +263,7 @@ static int open_caches(struct daemon *d)
 			.admit_hits = c->admit_hits,
 			.seq_cutoff = c->seq_cutoff,
 			.dirty_target = c->dirty_target,
+			.leg_timeout_ms = c->leg_timeout * 1000u,
 			.fault_injection = c->fault_injection,
 		};
 		for (int k = 0; k < c->nlegs; k++)

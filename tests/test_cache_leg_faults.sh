@@ -20,6 +20,11 @@
 #      ranges before any host reads them; a lost LBA reads CHECK CONDITION,
 #      MEDIUM ERROR, UNRECOVERED READ ERROR (03/11/00); clean LBAs (destaged
 #      by flush --wait, or only ever on the backing store) read correctly.
+#   5. On fresh legs, leg 1 stops answering (hang) in the middle of a verify
+#      load, with leg_timeout = 2: the reads and writes it holds finish on
+#      leg 0 (the load ends while leg 1 still holds them), no initiator
+#      error, status degraded with leg 1 failed; a stop with leg 1 still
+#      hung finishes, and the restart keeps leg 1 out.
 # Every wait polls a condition with a bound.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
@@ -47,6 +52,7 @@ size = 32M
 extent = 256K
 mode = write-back
 seq_cutoff = 0
+leg_timeout = 2
 fault_injection = yes
 CONF
 } >"$T/t.conf"
@@ -289,4 +295,49 @@ unlimited() { [ "$(cst 'c["cleaner_rate_bps"]')" = $((1 << 40)) ]; }
 wait_for 15 "part 4: the cleaner running unlimited on an idle host" unlimited
 out=$(timeout 15 "$T/lba_io" read "$url" "$c_lba" 2048 --expect "$T/c.img")
 expect_eq "$out" good "part 4: a new session is served with the cleaner unlimited and every leg gone"
+tc_stop
+
+# ---- 5. leg 1 stops answering in the middle of a verify load (leg_timeout = 2) -------------
+fresh
+tc_start "$T/t.conf"
+expect_eq "$(lba_io write "$r_lba" 8192 "$T/r.img")" good "part 5: 4 MiB written on two healthy legs"
+held() { # -> "held_reads held_writes errors" of leg 1's fault device
+	ctl --json leg fault fast "$leg1" "$1" |
+		python3 -c "import json,sys; d=json.load(sys.stdin); print(d['held_reads'], d['held_writes'], d['errors'])"
+}
+read -r _ w0 _ < <(fault "$leg1" ok)
+bench 8 0 16M &
+tb_pid=$!
+wait_for 20 "part 5: the load writing to leg 1" leg1_writes_past
+kill -0 $tb_pid 2>/dev/null || fail "part 5: the load ended before the fault could be injected"
+fault "$leg1" hang >/dev/null || fail "part 5: tierctl leg fault hang"
+pass "part 5: leg 1 answers nothing from the middle of the load on"
+# leg 1 keeps what it holds until told otherwise: the load can only end if
+# every command it held finished on leg 0
+wait_for 60 "part 5: the load ending while leg 1 holds its requests" tc_gone $tb_pid
+wait $tb_pid
+bench_check $? "part 5: load across leg 1 hanging"
+read -r hr hw _ < <(held hang)
+[ "$hr" -gt 0 ] && [ "$hw" -gt 0 ] ||
+	fail "part 5: leg 1 held $hr reads and $hw writes: the hang did not catch both in flight"
+expect_eq "$(cst 'c["state"], c["legs"][0]["health"], c["legs"][1]["health"]')" \
+	"('degraded', 'healthy', 'failed')" "part 5: status degraded, leg 1 failed after it held $hr reads and $hw writes"
+[ "$(cst 'c["leg_timeouts"]')" -gt 0 ] || fail "part 5: status counts no leg timeout"
+grep -q "did not answer within leg_timeout" "$T/daemon.log" || fail "part 5: the log does not say why leg 1 failed"
+expect_eq "$(lba_io read "$r_lba" 8192 --times 2 --expect "$T/r.img")" good \
+	"part 5: data written before the hang reads back"
+expect_eq "$(lba_io write "$r2_lba" 8192 "$T/r2.img")" good "part 5: 4 MiB written with leg 1 still hung"
+expect_eq "$(lba_io read "$r2_lba" 8192 --times 2 --expect "$T/r2.img")" good \
+	"part 5: data written with leg 1 hung reads back"
+tc_stop # leg 1 still holds its requests: they fail when its device closes
+pass "part 5: the daemon stops with leg 1 still holding $((hr + hw)) requests"
+tc_start "$T/t.conf"
+read -r rd0 _ _ < <(fault "$leg1" ok)
+[ "$rd0" -le 2 ] || fail "part 5: the daemon read leg 1 $rd0 times at start (no more than its 2 superblock copies)"
+expect_eq "$(cst 'c["state"], c["legs"][1]["health"]')" "('degraded', 'failed')" \
+	"part 5: after the restart the set is degraded, leg 1 still failed"
+expect_eq "$(lba_io read "$r_lba" 8192 --times 2 --expect "$T/r.img")" good \
+	"part 5: after the restart, data written before the hang reads back"
+expect_eq "$(lba_io read "$r2_lba" 8192 --times 2 --expect "$T/r2.img")" good \
+	"part 5: after the restart, data written with leg 1 hung reads back"
 tc_stop

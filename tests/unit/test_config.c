@@ -104,6 +104,8 @@ static const struct bad_case bad[] = {
 	{ "[cache c]\nlegs = /a /b\nmode = write-sometimes\n", "bad.conf:3: [cache c] mode = write-sometimes: use write-back" },
 	{ "[cache c]\nlegs = /a /b\nadmit_hits = 0\n", "bad.conf:3: [cache c] admit_hits = 0" },
 	{ "[cache c]\nlegs = /a /b\nspeed = fast\n", "bad.conf:3: [cache c] has no key \"speed\"" },
+	{ "[cache c]\nlegs = /a /b\nleg_timeout = 5m\n", "bad.conf:3: [cache c] leg_timeout = 5m: give the seconds" },
+	{ "[cache c]\nlegs = /a /b\nleg_timeout = 3601\n", "bad.conf:3: [cache c] leg_timeout = 3601" },
 	{ "[cache c]\nlegs = /a /b\n[cache c]\nlegs = /d /e\n", "bad.conf:3: [cache c] is defined twice" },
 	{ "[lun a]\nbacking = /x\ncache = nope\n", "bad.conf:3: [lun a] cache = nope: there is no [cache nope]" },
 	{ "[lun a]\nbacking = /x\n[cache c]\nlegs = /x /y\n", "bad.conf:3: [cache c] leg /x is the backing store of [lun a]" },
@@ -197,6 +199,7 @@ static void test_cache_sections(void)
 		"mode = write-through\n"
 		"admit_hits = 3\n"
 		"seq_cutoff = 0\n"
+		"leg_timeout = 3s\n"
 		"[cache one]\n"
 		"legs = var/c.img\n"
 		"allow_single_leg = yes\n"
@@ -212,9 +215,11 @@ static void test_cache_sections(void)
 	CHECK(f->size == 256u << 20 && f->extent == 1u << 20 && f->admit_hits == 3 && f->seq_cutoff == 0,
 	      "size, extent, admit_hits, seq_cutoff");
 	CHECK(f->mode == CACHE_WRITE_THROUGH, "mode = write-through");
+	CHECK(f->leg_timeout == 3, "leg_timeout = 3s (got %u)", f->leg_timeout);
 	struct cfg_cache *o = config_find_cache(cfg, "one");
 	CHECK(o && o->nlegs == 1 && o->allow_single_leg && o->extent == 256u << 10 && o->mode == CACHE_WRITE_BACK &&
-	      o->seq_cutoff == 4u << 20, "defaults: 256K extents, write-back, 4M sequential cutoff");
+	      o->seq_cutoff == 4u << 20 && o->leg_timeout == 10,
+	      "defaults: 256K extents, write-back, 4M sequential cutoff, leg_timeout 10 s");
 	CHECK(cfg->luns[0].cache_set == f && cfg->luns[1].cache_set == f && !cfg->luns[2].cache_set,
 	      "two LUNs share one set, the third is uncached");
 	config_free(cfg);

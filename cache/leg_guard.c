@@ -1,0 +1,263 @@
+/*
+ * leg_guard.c - a cache leg that answers within leg_timeout, or is given up on.
+ *
+ * Every leg of a set with leg_timeout is wrapped by a guard, so everything
+ * that talks to a leg (the mirror, superblock and write-intent writes, the
+ * resync copier) meets the same rule. Each worker keeps a list of the
+ * requests it sent through guards; about once a second (a worker tick) it
+ * looks for one older than its guard's timeout. Then:
+ *  - the set is told (timed_out: it fails the leg, so new I/O avoids it);
+ *  - a write, flush or unmap is answered -ETIMEDOUT at once: the mirror
+ *    finishes it with the other leg, as after a write error. Whatever the
+ *    late write puts on the failed leg no longer matters; the leg comes
+ *    back only through a full resync;
+ *  - a read is answered -ETIMEDOUT (and the mirror reads the other leg) only
+ *    if the late answer can no longer reach its buffers (bdev_abandon): an
+ *    O_DIRECT read lands in the pages pinned when it was sent, so once
+ *    fresh pages are mapped at the buffers' addresses they are the
+ *    caller's again (buffers of whole pages only). Any other read waits
+ *    for the device's own answer or error (the kernel's NVMe timeout
+ *    aborts a hung command) and is then retried on the other leg.
+ * A request given up on keeps its context (a "zombie") until the device
+ * hands it back; then only that context is freed: it refers to nothing else.
+ *
+ * Threading: submit and completion on the same worker (bdev.h); the list
+ * and the free list are per thread, so the path takes no lock. The cost
+ * per I/O is a coarse clock read and two list links.
+ */
+#include "cache_int.h"
+
+#include "../common/log.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+struct guard {
+	struct bdev dev;
+	struct bdev *inner;
+	uint64_t timeout_ms;
+	void (*timed_out)(void *arg, int leg);
+	void *arg;
+	int leg;
+};
+
+struct greq {
+	struct greq *prev, *next; /* this worker's requests in flight; next: free list too */
+	struct guard *g;
+	struct bdev_req *up;
+	struct bdev_req sub;
+	uint64_t sent_ms;
+	struct greq *expired_next; /* scan's list of those past their timeout */
+	bool zombie;  /* answered upward; the device still holds sub */
+	bool waiting; /* timed out, but its late answer could reach its buffers */
+};
+
+static __thread struct greq *greq_free;
+static __thread struct greq inflight; /* list head, set up by watch() */
+static __thread struct worker_tick tick;
+static __thread bool tick_on;
+
+static void guard_thread_release(void)
+{
+	while (greq_free) {
+		struct greq *r = greq_free;
+		greq_free = r->next;
+		free(r);
+	}
+}
+
+/* Milliseconds, to a few: enough for timeouts of seconds, cheaper per I/O. */
+static uint64_t coarse_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void unlink_req(struct greq *r)
+{
+	r->prev->next = r->next;
+	r->next->prev = r->prev;
+	r->next = r->prev = NULL;
+}
+
+static void sub_done(struct bdev_req *sub, int err)
+{
+	struct greq *r = sub->priv;
+	if (r->zombie) {
+		/* maybe on another thread than the one that sent it (a device
+		 * closed after the workers stopped): free, not a free list */
+		free(r);
+		return;
+	}
+	struct bdev_req *up = r->up;
+	unlink_req(r);
+	r->next = greq_free;
+	greq_free = r;
+	up->done(up, err);
+}
+
+/*
+ * Give the pages under a read's buffers back to their owner: fresh zero
+ * pages at the same addresses, while the pages an O_DIRECT read pinned stay
+ * its own until it ends (the kernel frees them then). Only for buffers
+ * made of whole pages, which nothing else shares.
+ */
+static bool fresh_pages(const struct iovec *iov, int iovcnt)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	for (int i = 0; i < iovcnt; i++)
+		if ((uintptr_t)iov[i].iov_base % pg || iov[i].iov_len % pg)
+			return false;
+	for (int i = 0; i < iovcnt; i++) {
+		if (!iov[i].iov_len)
+			continue;
+		void *p = mmap(iov[i].iov_base, iov[i].iov_len, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+		if (p == MAP_FAILED) {
+			/* entries before this one have fresh pages, which is harmless;
+			 * this one still has the pinned ones, so the read waits */
+			log_err("cannot map fresh pages under a read that timed out: %s", strerror(errno));
+			return false;
+		}
+	}
+	return true;
+}
+
+/* r is past its guard's timeout: give up on it if nothing can reach its buffers. */
+static void expire(struct greq *r)
+{
+	struct guard *g = r->g;
+	g->timed_out(g->arg, g->leg);
+	if (r->sub.op == BDEV_READ) {
+		enum bdev_abandon a = bdev_abandon(g->inner, &r->sub);
+		if (a == BDEV_ABANDON_UNSAFE || !fresh_pages(r->sub.iov, r->sub.iovcnt)) {
+			r->waiting = true; /* the device's answer decides */
+			return;
+		}
+	}
+	struct bdev_req *up = r->up;
+	unlink_req(r);
+	r->zombie = true;
+	up->done(up, -ETIMEDOUT);
+}
+
+static void scan(struct worker_tick *t)
+{
+	(void)t;
+	uint64_t now = coarse_ms();
+	/* collect first: done() may send new requests, which join the list */
+	struct greq *expired = NULL, **tail = &expired;
+	for (struct greq *r = inflight.next; r != &inflight; r = r->next) {
+		if (r->waiting || now - r->sent_ms < r->g->timeout_ms)
+			continue;
+		r->expired_next = NULL;
+		*tail = r;
+		tail = &r->expired_next;
+	}
+	while (expired) {
+		struct greq *r = expired;
+		expired = r->expired_next;
+		expire(r);
+	}
+}
+
+static void watch(void)
+{
+	if (tick_on)
+		return;
+	tick_on = true;
+	inflight.next = inflight.prev = &inflight;
+	tick.fn = scan;
+	worker_tick_add(&tick);
+	worker_exit_hook(guard_thread_release);
+}
+
+static void guard_submit(struct bdev *dev, struct bdev_req *req)
+{
+	struct guard *g = (struct guard *)dev;
+	struct greq *r = greq_free;
+	if (r)
+		greq_free = r->next;
+	else if (!(r = malloc(sizeof(*r)))) {
+		bdev_submit(g->inner, req); /* no memory: unguarded beats failed */
+		return;
+	}
+	watch();
+	r->g = g;
+	r->up = req;
+	r->zombie = false;
+	r->waiting = false;
+	r->sent_ms = coarse_ms();
+	r->sub = (struct bdev_req){
+		.op = req->op,
+		.flags = req->flags,
+		.offset = req->offset,
+		.len = req->len,
+		.iov = req->iov,
+		.iovcnt = req->iovcnt,
+		.done = sub_done,
+		.priv = r,
+	};
+	r->next = &inflight;
+	r->prev = inflight.prev;
+	inflight.prev->next = r;
+	inflight.prev = r;
+	bdev_submit(g->inner, &r->sub);
+}
+
+static void guard_close(struct bdev *dev)
+{
+	struct guard *g = (struct guard *)dev;
+	bdev_close(g->inner); /* a device that releases held requests now frees their zombies */
+	free(g);
+}
+
+static int64_t guard_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
+{
+	return bdev_lba_status(((struct guard *)dev)->inner, offset, mapped);
+}
+
+static enum bdev_abandon guard_abandon(struct bdev *dev, struct bdev_req *req)
+{
+	(void)dev;
+	(void)req;
+	return BDEV_ABANDON_UNSAFE; /* nothing stacks a timeout on a guard */
+}
+
+static const struct bdev_ops guard_ops = {
+	.submit = guard_submit,
+	.close = guard_close,
+	.abandon = guard_abandon,
+	.lba_status = guard_lba_status,
+};
+
+struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, void (*timed_out)(void *arg, int leg),
+			    void *arg, int leg)
+{
+	struct guard *g = calloc(1, sizeof(*g));
+	if (!g)
+		return NULL;
+	g->inner = inner;
+	g->timeout_ms = timeout_ms;
+	g->timed_out = timed_out;
+	g->arg = arg;
+	g->leg = leg;
+	g->dev.ops = &guard_ops;
+	g->dev.name = inner->name;
+	g->dev.size = inner->size;
+	g->dev.block_size = inner->block_size;
+	g->dev.can_unmap = inner->can_unmap;
+	g->dev.rotational = inner->rotational;
+	return &g->dev;
+}
+
+struct bdev *leg_guard_inner(struct bdev *dev)
+{
+	return dev && dev->ops == &guard_ops ? ((struct guard *)dev)->inner : dev;
+}

@@ -64,13 +64,15 @@ struct bdev_req {
  * within leg_timeout) may still do to its READ buffers. See bdev_ops.abandon.
  */
 enum bdev_abandon {
-	BDEV_ABANDON_UNSAFE = 0, /* it may still copy into the buffers' addresses
-				  * (buffered I/O, librbd): they stay its own */
-	BDEV_ABANDON_PINNED,     /* at most into the pages pinned when it was
-				  * sent (O_DIRECT; the fault device's held
-				  * requests, which touch none): fresh pages
-				  * mapped at those addresses give the buffers back */
+	BDEV_ABANDON_UNSAFE = 0, /* it may still write into its buffers (any
+				  * request the kernel has: even O_DIRECT may be
+				  * queued unpinned, or fall back to buffered) */
+	BDEV_ABANDON_UNTOUCHED,  /* never again (a request the fault device holds) */
 };
+
+/* Set by a submitter on a request it gave up on (leg_guard.c): a device
+ * that closes with it still held completes it; any other it drops. */
+#define BDEV_F_ABANDONED 0x80000000u
 
 struct bdev_ops {
 	void (*submit)(struct bdev *dev, struct bdev_req *req);

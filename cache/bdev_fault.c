@@ -137,18 +137,18 @@ static void release_held(struct fault_bdev *f, bool now)
 	while (h) {
 		struct held *n = h->next;
 		atomic_fetch_add(&f->errors, 1);
-		if (now)
-			h->req->done(h->req, -EIO);
-		else
+		if (!now)
 			fault_fail_on(h->w, h->req, -EIO);
+		else if (h->req->flags & BDEV_F_ABANDONED)
+			h->req->done(h->req, -EIO); /* frees the submitter's leftover context */
+		/* else nobody waits any more (the set is closing): drop it */
 		free(h);
 		h = n;
 	}
 }
 
-/* A request held here is never passed on (it fails when released, touching no
- * page: PINNED holds, and the caller's remapping of its buffers is exercised
- * as for an O_DIRECT read); any other is the inner device's */
+/* A request held here is never passed on (it fails when released, touching
+ * none of its buffers); any other is the inner device's */
 static enum bdev_abandon fault_abandon(struct bdev *dev, struct bdev_req *req)
 {
 	struct fault_bdev *f = (struct fault_bdev *)dev;
@@ -157,14 +157,14 @@ static enum bdev_abandon fault_abandon(struct bdev *dev, struct bdev_req *req)
 	for (struct held *h = f->held; h && !held; h = h->next)
 		held = h->req == req;
 	pthread_mutex_unlock(&f->lock);
-	return held ? BDEV_ABANDON_PINNED : bdev_abandon(f->inner, req);
+	return held ? BDEV_ABANDON_UNTOUCHED : bdev_abandon(f->inner, req);
 }
 
 static void fault_close(struct bdev *dev)
 {
 	struct fault_bdev *f = (struct fault_bdev *)dev;
-	/* only requests their submitter gave up on can be left (leg_guard.c):
-	 * the set waited for the rest, and the workers may have stopped */
+	/* the workers may have stopped: complete what was given up on here,
+	 * drop the rest (nothing waits for it once the set closes) */
 	release_held(f, true);
 	bdev_close(f->inner);
 	free(f->bad);

@@ -35,7 +35,6 @@ struct file_bdev {
 	int fd;
 	bool is_blockdev;
 	bool buffered;        /* BDEV_FILE_BUFFERED: no O_DIRECT */
-	bool direct;          /* opened with O_DIRECT */
 	char path[];
 };
 
@@ -199,14 +198,6 @@ static void file_submit(struct bdev *dev, struct bdev_req *req)
 	file_issue(fb, req);
 }
 
-/* O_DIRECT reads land in the pages pinned at submission; others are copied to
- * the buffer's addresses whenever the kernel gets the data */
-static enum bdev_abandon file_abandon(struct bdev *dev, struct bdev_req *req)
-{
-	(void)req;
-	return ((struct file_bdev *)dev)->direct ? BDEV_ABANDON_PINNED : BDEV_ABANDON_UNSAFE;
-}
-
 static void file_close(struct bdev *dev)
 {
 	struct file_bdev *fb = (struct file_bdev *)dev;
@@ -290,7 +281,6 @@ static int file_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint6
 
 static const struct bdev_ops file_ops = {
 	.submit = file_submit,
-	.abandon = file_abandon,
 	.close = file_close,
 	.lba_status = file_lba_status,
 	.cached_fd = file_cached_fd,
@@ -353,7 +343,6 @@ struct bdev *bdev_file_open_flags(const char *path, uint64_t size, uint32_t bloc
 		return NULL;
 	}
 	fd = (flags_in & BDEV_FILE_BUFFERED) ? -1 : open(path, flags | O_DIRECT);
-	bool direct = fd >= 0;
 	if (fd < 0 && ((flags_in & BDEV_FILE_BUFFERED) || errno == EINVAL))
 		fd = open(path, flags); /* asked for, or a filesystem without O_DIRECT (tmpfs) */
 	if (fd < 0) {
@@ -398,7 +387,6 @@ struct bdev *bdev_file_open_flags(const char *path, uint64_t size, uint32_t bloc
 	fb->fd = fd;
 	fb->is_blockdev = is_blk;
 	fb->buffered = (flags_in & BDEV_FILE_BUFFERED) != 0;
-	fb->direct = direct;
 	fb->dev.ops = &file_ops;
 	fb->dev.name = fb->path;
 	fb->dev.size = size;

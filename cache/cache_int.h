@@ -179,15 +179,16 @@ struct mirror {
 };
 
 /*
- * leg_guard.c: inner (taken over) as a bdev whose requests are given up on
- * after timeout_ms (see there); timed_out(arg, leg) runs on a worker for
- * each. leg_guard_inner: what a guard wraps, or dev itself.
+ * leg_guard.c: inner (taken over) as a bdev whose requests may be given up
+ * on after timeout_ms (see there): timed_out(arg, leg, the guard) runs on a
+ * worker for each and says whether to. leg_guard_inner: what a guard
+ * wraps, or dev itself.
  */
-struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, void (*timed_out)(void *arg, int leg),
-			    void *arg, int leg);
+struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
+			    bool (*timed_out)(void *arg, int leg, struct bdev *dev), void *arg, int leg);
 struct bdev *leg_guard_inner(struct bdev *dev);
-/* set.c: the timed_out of a set's guards (arg: the set); fails the leg. */
-void cache_leg_timed_out(void *arg, int leg);
+/* set.c: the timed_out of a set's guards (arg: the set). */
+bool cache_leg_timed_out(void *arg, int leg, struct bdev *dev);
 
 /* Main thread. I/O: bdev_submit(&m->dev, req) on a worker, as any bdev. */
 int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed);
@@ -333,6 +334,7 @@ struct cache_set {
 	struct cache_set_cfg cfg;
 	struct cache_layout lay;
 	uint8_t uuid[16];
+	uint8_t leg_uuid[CACHE_MAX_LEGS][16]; /* the member at each index (superblock member_uuid) */
 	struct mirror mirror;
 	struct intent intent;
 	struct bdev *legs[CACHE_MAX_LEGS];
@@ -399,6 +401,8 @@ struct cache_set {
 	struct bdev_req sbreq[CACHE_MAX_LEGS];
 	struct iovec sbiov[CACHE_MAX_LEGS];
 	struct bdev *old_legs[8];       /* replaced legs, closed with the set */
+	int blank_leg;                  /* open found this leg blank: resync it (-1: none) */
+	_Atomic bool open_done;         /* cache_set_open finished: legs may be failed by timeouts */
 	int nold_legs;
 	/* activity: last foreground I/O (ms), for idle detection */
 	_Atomic uint64_t last_io_ms;

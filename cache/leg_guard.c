@@ -5,25 +5,30 @@
  * that talks to a leg (the mirror, superblock and write-intent writes, the
  * resync copier) meets the same rule. Each worker keeps a list of the
  * requests it sent through guards; about once a second (a worker tick) it
- * looks for one older than its guard's timeout. Then:
- *  - the set is told (timed_out: it fails the leg, so new I/O avoids it);
+ * looks for one older than its guard's timeout and asks the set
+ * (timed_out) whether to give up on the leg. The set says no while it is
+ * still opening, and for the last leg in service (a stall is better than
+ * declaring every dirty block lost); otherwise it fails the leg, so new
+ * I/O avoids it, and:
  *  - a write, flush or unmap is answered -ETIMEDOUT at once: the mirror
  *    finishes it with the other leg, as after a write error. Whatever the
- *    late write puts on the failed leg no longer matters; the leg comes
- *    back only through a full resync;
+ *    late write puts on the failed leg no longer matters: the leg comes
+ *    back only through a full resync. Its iovec array is the guard's own
+ *    copy, so a late resumption of a short transfer reads nothing freed;
  *  - a read is answered -ETIMEDOUT (and the mirror reads the other leg) only
- *    if the late answer can no longer reach its buffers (bdev_abandon): an
- *    O_DIRECT read lands in the pages pinned when it was sent, so once
- *    fresh pages are mapped at the buffers' addresses they are the
- *    caller's again (buffers of whole pages only). Any other read waits
- *    for the device's own answer or error (the kernel's NVMe timeout
- *    aborts a hung command) and is then retried on the other leg.
- * A request given up on keeps its context (a "zombie") until the device
- * hands it back; then only that context is freed: it refers to nothing else.
+ *    if its late answer can no longer reach its buffers (bdev_abandon: a
+ *    request the fault device holds). A read the kernel has may still land
+ *    in them whatever the flags (O_DIRECT may be queued unpinned, or fall
+ *    back to buffered I/O; TCMU's buffers are the kernel's shared ring), so
+ *    it waits for the device's own answer or error (the kernel's NVMe
+ *    timeout aborts a hung command) and is then retried on the other leg.
+ * A request given up on keeps its context (a "zombie", flagged
+ * BDEV_F_ABANDONED) until the device hands it back; then only that context
+ * is freed: it refers to nothing else.
  *
  * Threading: submit and completion on the same worker (bdev.h); the list
  * and the free list are per thread, so the path takes no lock. The cost
- * per I/O is a coarse clock read and two list links.
+ * per I/O is a coarse clock read, an iovec copy and two list links.
  */
 #include "cache_int.h"
 
@@ -33,18 +38,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 struct guard {
 	struct bdev dev;
 	struct bdev *inner;
 	uint64_t timeout_ms;
-	void (*timed_out)(void *arg, int leg);
+	bool (*timed_out)(void *arg, int leg, struct bdev *dev);
 	void *arg;
 	int leg;
 };
+
+#define GUARD_IOV 32 /* more: not copied, so never given up on */
 
 struct greq {
 	struct greq *prev, *next; /* this worker's requests in flight; next: free list too */
@@ -53,6 +58,7 @@ struct greq {
 	struct bdev_req sub;
 	uint64_t sent_ms;
 	struct greq *expired_next; /* scan's list of those past their timeout */
+	struct iovec iov[GUARD_IOV]; /* the caller's, copied: a zombie outlives it */
 	bool zombie;  /* answered upward; the device still holds sub */
 	bool waiting; /* timed out, but its late answer could reach its buffers */
 };
@@ -102,48 +108,22 @@ static void sub_done(struct bdev_req *sub, int err)
 	up->done(up, err);
 }
 
-/*
- * Give the pages under a read's buffers back to their owner: fresh zero
- * pages at the same addresses, while the pages an O_DIRECT read pinned stay
- * its own until it ends (the kernel frees them then). Only for buffers
- * made of whole pages, which nothing else shares.
- */
-static bool fresh_pages(const struct iovec *iov, int iovcnt)
-{
-	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-	for (int i = 0; i < iovcnt; i++)
-		if ((uintptr_t)iov[i].iov_base % pg || iov[i].iov_len % pg)
-			return false;
-	for (int i = 0; i < iovcnt; i++) {
-		if (!iov[i].iov_len)
-			continue;
-		void *p = mmap(iov[i].iov_base, iov[i].iov_len, PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-		if (p == MAP_FAILED) {
-			/* entries before this one have fresh pages, which is harmless;
-			 * this one still has the pinned ones, so the read waits */
-			log_err("cannot map fresh pages under a read that timed out: %s", strerror(errno));
-			return false;
-		}
-	}
-	return true;
-}
-
 /* r is past its guard's timeout: give up on it if nothing can reach its buffers. */
 static void expire(struct greq *r)
 {
 	struct guard *g = r->g;
-	g->timed_out(g->arg, g->leg);
-	if (r->sub.op == BDEV_READ) {
-		enum bdev_abandon a = bdev_abandon(g->inner, &r->sub);
-		if (a == BDEV_ABANDON_UNSAFE || !fresh_pages(r->sub.iov, r->sub.iovcnt)) {
-			r->waiting = true; /* the device's answer decides */
-			return;
-		}
+	bool own_iov = r->sub.iov == r->iov || !r->sub.iovcnt;
+	/* the leg is failed (or kept, if the set says so) first; then this
+	 * request is let go only if nothing of the caller's can be touched */
+	if (!g->timed_out(g->arg, g->leg, &g->dev) || !own_iov ||
+	    (r->sub.op == BDEV_READ && bdev_abandon(g->inner, &r->sub) != BDEV_ABANDON_UNTOUCHED)) {
+		r->waiting = true; /* the device's answer decides */
+		return;
 	}
 	struct bdev_req *up = r->up;
 	unlink_req(r);
 	r->zombie = true;
+	r->sub.flags |= BDEV_F_ABANDONED;
 	up->done(up, -ETIMEDOUT);
 }
 
@@ -204,6 +184,10 @@ static void guard_submit(struct bdev *dev, struct bdev_req *req)
 		.done = sub_done,
 		.priv = r,
 	};
+	if (req->iovcnt > 0 && req->iovcnt <= GUARD_IOV) {
+		memcpy(r->iov, req->iov, (size_t)req->iovcnt * sizeof(*req->iov));
+		r->sub.iov = r->iov;
+	}
 	r->next = &inflight;
 	r->prev = inflight.prev;
 	inflight.prev->next = r;
@@ -237,8 +221,8 @@ static const struct bdev_ops guard_ops = {
 	.lba_status = guard_lba_status,
 };
 
-struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, void (*timed_out)(void *arg, int leg),
-			    void *arg, int leg)
+struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
+			    bool (*timed_out)(void *arg, int leg, struct bdev *dev), void *arg, int leg)
 {
 	struct guard *g = calloc(1, sizeof(*g));
 	if (!g)

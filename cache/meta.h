@@ -127,8 +127,19 @@ struct cache_sb_disk {
 	le64 jtail[CACHE_NJOURNALS]; /* first journal block (absolute) to replay */
 	char set_name[64];
 	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
+	/*
+	 * Which device each leg index is: this leg's own identity, and the
+	 * identities of every member as the writer knew them. A leg whose own
+	 * identity is not the member the newest superblock names for its
+	 * index is not part of the set any more (it was replaced), however
+	 * good its contents look. All zero in superblocks written before they
+	 * existed (then nothing is checked); new ones are made at format and
+	 * at every `leg replace`.
+	 */
+	uint8_t leg_uuid[16];
+	uint8_t member_uuid[CACHE_MAX_LEGS][16];
 	uint8_t pad[4096 - 8 - 4 - 4 - 16 - 8 - 4 * 8 - 8 * 4 - 4 - 4 - 8 - 8 * CACHE_NJOURNALS - 64 -
-		    224 * CACHE_MAX_BACKINGS];
+		    224 * CACHE_MAX_BACKINGS - 16 - 16 * CACHE_MAX_LEGS];
 };
 _Static_assert(sizeof(struct cache_sb_disk) == 4096, "superblock is one 4 KiB block");
 

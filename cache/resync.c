@@ -13,9 +13,12 @@
  * last write to it, or written to both legs.
  *
  * When the cursor reaches the end, the leg is healthy: the superblocks of
- * both legs are rewritten without it in the failed mask. A crash during
- * the resync leaves the new leg without a superblock, so the next start
- * names it and asks for the replacement again.
+ * both legs are rewritten without it in the failed mask, naming the new
+ * leg's identity (a fresh leg_uuid) as the member at its index, so the
+ * device it replaced is never taken back even if the configuration still
+ * lists it. The copy starts by zeroing the new leg's superblocks: a crash
+ * during the resync leaves it blank, and the next start rebuilds a blank
+ * leg that sits beside one holding the set by itself.
  *
  * Threading: cache_set_leg_replace on the main (control) thread; the copy
  * runs on worker 0.
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #define RESYNC_CHUNK (1u << 20)
 
@@ -133,9 +137,31 @@ static void copy_chunk(struct resync *rs)
 	bdev_submit(rs->cs->legs[rs->src], &rs->req);
 }
 
+static void blanked(struct bdev_req *req, int err)
+{
+	struct resync *rs = req->priv;
+	if (err) {
+		resync_fail(rs, err);
+		return;
+	}
+	copy_chunk(rs);
+}
+
+/*
+ * Worker 0. First the new leg's superblocks are zeroed (FUA): until the copy
+ * is done and both legs get a superblock naming it, the leg is blank, so a
+ * crash in the middle leaves a leg the next start rebuilds again, never an
+ * old superblock that could pass for a member.
+ */
 static void resync_start(void *arg)
 {
-	copy_chunk(arg);
+	struct resync *rs = arg;
+	memset(rs->buf, 0, 2 * CACHE_PAGE);
+	rs->iov.iov_base = rs->buf;
+	rs->iov.iov_len = 2 * CACHE_PAGE;
+	rs->req = (struct bdev_req){ .op = BDEV_WRITE, .flags = BDEV_F_FUA, .offset = 0, .len = 2 * CACHE_PAGE,
+				     .iov = &rs->iov, .iovcnt = 1, .done = blanked, .priv = rs };
+	bdev_submit(rs->cs->legs[rs->leg], &rs->req);
 }
 
 /*
@@ -180,7 +206,11 @@ int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, ch
 	rs->end = cs->lay.data_off + (uint64_t)cs->lay.nslots * cs->lay.extent_size;
 	rs->started_ms = now_ms();
 	atomic_store(&cs->mirror.resync_started_ms, rs->started_ms);
-	cs->old_legs[cs->nold_legs++] = cs->legs[leg];
+	if (newdev != cs->legs[leg]) /* else: the leg found blank at open, rebuilt in place */
+		cs->old_legs[cs->nold_legs++] = cs->legs[leg];
+	/* a new member at this index: the device it replaces is never taken back */
+	if (getrandom(cs->leg_uuid[leg], 16, 0) != 16)
+		memset(cs->leg_uuid[leg], 0, 16);
 	atomic_store(&m->resync_pos, rs->pos);
 	atomic_store(&m->resync_end, rs->end);
 	atomic_store(&m->resync_chunk_start, 0);

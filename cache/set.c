@@ -159,6 +159,8 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 		sb->jtail[j] = le64_of(cs->jtail[j]);
 	snprintf(sb->set_name, sizeof(sb->set_name), "%s", cs->name);
 	memcpy(sb->backing, cs->backing, sizeof(cs->backing));
+	memcpy(sb->leg_uuid, cs->leg_uuid[leg], 16);
+	memcpy(sb->member_uuid, cs->leg_uuid, sizeof(sb->member_uuid));
 	meta_sb_seal(sb);
 }
 
@@ -850,7 +852,7 @@ static int alloc_memory(struct cache_set *cs)
 
 static int format_set(struct cache_set *cs, char *err, size_t errlen)
 {
-	if (getrandom(cs->uuid, 16, 0) != 16)
+	if (getrandom(cs->uuid, 16, 0) != 16 || getrandom(cs->leg_uuid, sizeof(cs->leg_uuid), 0) != sizeof(cs->leg_uuid))
 		return fail(err, errlen, "cache %s: cannot get random bytes for the set UUID", cs->name);
 	/* an all-free table */
 	size_t chunk = 1u << 20;
@@ -1099,15 +1101,34 @@ static void uuid_str(const uint8_t u[16], char out[37])
 		 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
-/* A worker: a request to leg took longer than leg_timeout (leg_guard.c). */
-void cache_leg_timed_out(void *arg, int leg)
+/*
+ * A worker: a request to leg (guard dev) took longer than leg_timeout
+ * (leg_guard.c). Give up on it, failing the leg, unless the set is still
+ * opening (nothing to fail over to yet) or this is the last leg in service
+ * (failing it would declare every dirty block lost: better a stall). A
+ * guard no longer in the set (a replaced leg's) is given up on freely.
+ */
+bool cache_leg_timed_out(void *arg, int leg, struct bdev *dev)
 {
 	struct cache_set *cs = arg;
-	atomic_fetch_add(&cs->st_leg_timeouts, 1);
-	if (!(atomic_load(&cs->mirror.failed) & (1u << leg)))
+	if (!atomic_load(&cs->open_done))
+		return false;
+	if (cs->legs[leg] != dev)
+		return true;
+	struct mirror *m = &cs->mirror;
+	uint32_t out = atomic_load(&m->failed) | atomic_load(&m->resyncing);
+	if (!(atomic_load(&m->failed) & (1u << leg))) {
+		bool other = false;
+		for (int k = 0; k < m->nlegs; k++)
+			other |= k != leg && !(out & (1u << k));
+		if (!other)
+			return false;
 		log_err("cache %s: leg %s did not answer within leg_timeout (%u ms): failing it", cs->name,
 			cs->legs[leg]->name, cs->cfg.leg_timeout_ms);
-	mirror_leg_failed(&cs->mirror, leg, -ETIMEDOUT);
+	}
+	atomic_fetch_add(&cs->st_leg_timeouts, 1);
+	mirror_leg_failed(m, leg, -ETIMEDOUT);
+	return true;
 }
 
 struct cache_set *cache_set_open(const struct cache_set_cfg *cfg, char *err, size_t errlen)
@@ -1166,6 +1187,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	if (!rcu_registered++)
 		rcu_register_thread(); /* call_rcu/synchronize_rcu from this thread */
 	cs->cfg = *cfg;
+	cs->blank_leg = -1;
 	cs->name = strdup(cfg->name);
 	pthread_mutex_init(&cs->alloc_lock, NULL);
 	pthread_mutex_init(&cs->sb_lock, NULL);
@@ -1215,12 +1237,24 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 						     le64_get(sbs[best][have[best]]->gen)))
 			best = i;
 	struct cache_sb_disk *nsb = best >= 0 ? sbs[best][have[best]] : NULL;
-	uint32_t failed = 0;
+	uint32_t failed = 0, not_member = 0;
+	int blank = -1; /* config index of a blank leg to resync onto */
 	if (nsb) {
 		memcpy(cs->uuid, nsb->set_uuid, 16);
 		char u[37];
 		uuid_str(cs->uuid, u);
 		for (int i = 0; i < cfg->nlegs; i++) {
+			if (fresh[i] && cfg->nlegs == 2 && !fresh[1 - i]) {
+				/*
+				 * A blank leg beside one that holds the set: a drive
+				 * swapped for a new one, or a resync that a crash
+				 * interrupted (the copy never writes the superblocks
+				 * until it is done). Nothing on it can be lost: rebuild
+				 * it from the other leg once the set is open.
+				 */
+				blank = i;
+				continue;
+			}
 			if (fresh[i]) {
 				fail(err, errlen, "cache %s: leg %s is blank but leg %s holds set %s; a replaced "
 					"leg is rebuilt online with `tierctl leg replace`; to start the daemon now, "
@@ -1250,13 +1284,49 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 				"list both legs", cfg->name, le32_get(nsb->nlegs), cfg->nlegs);
 			goto out;
 		}
-		/* order legs by their recorded index */
-		if (cfg->nlegs == 2 && le32_get(sbs[0][have[0]]->leg_index) == 1) {
+		/* order legs by their recorded index (a blank leg takes the other index) */
+		bool swap = false;
+		if (cfg->nlegs == 2) {
+			int ref = blank == 0 ? 1 : 0;
+			swap = le32_get(sbs[ref][have[ref]]->leg_index) == (uint32_t)(ref == 0 ? 1 : 0);
+		}
+		if (swap) {
 			struct bdev *t = cs->legs[0];
 			cs->legs[0] = cs->legs[1];
 			cs->legs[1] = t;
 			best = 1 - best;
 		}
+		/*
+		 * Which device each index is. A leg whose own identity is not
+		 * the member the newest superblock names for its index was
+		 * replaced (`leg replace` onto another device, the configuration
+		 * still listing the old one): its contents are stale however
+		 * good they look, so it is failed, never read.
+		 */
+		bool members = !all_zero(nsb->member_uuid, sizeof(nsb->member_uuid));
+		for (int c = 0; c < cfg->nlegs; c++) {
+			int i = swap ? 1 - c : c; /* mirror index of config leg c */
+			if (cfg->nlegs == 1)
+				i = (int)le32_get(sbs[c][have[c]]->leg_index) % CACHE_MAX_LEGS;
+			const uint8_t *want = nsb->member_uuid[i];
+			bool want_known = members && !all_zero(want, 16);
+			if (c == blank) {
+				not_member |= 1u << i;
+			} else if (want_known && memcmp(sbs[c][have[c]]->leg_uuid, want, 16)) {
+				log_err("cache %s: leg %s is not the device the set last recorded at its place (it "
+					"was replaced by `tierctl leg replace`): it is out of service; list the "
+					"replacement in legs =", cfg->name, cfg->legs[c]);
+				not_member |= 1u << i;
+			}
+			if (want_known)
+				memcpy(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], want, 16);
+			else if (c != blank && !all_zero(sbs[c][have[c]]->leg_uuid, 16))
+				memcpy(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], sbs[c][have[c]]->leg_uuid, 16);
+			else if (getrandom(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], 16, 0) != 16)
+				memset(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], 0, 16); /* unchecked, as before */
+		}
+		if (blank >= 0)
+			cs->blank_leg = swap ? 1 - blank : blank;
 		struct cache_layout lay = {
 			.leg_size = le64_get(nsb->leg_size),
 			.extent_size = ext,
@@ -1307,7 +1377,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		 * 0 of the mirror whatever its index was: it may run alone only
 		 * if it is not the one recorded stale; the other is gone.
 		 */
-		failed = le32_get(nsb->failed_mask) & ((1u << CACHE_MAX_LEGS) - 1);
+		failed = (le32_get(nsb->failed_mask) | not_member) & ((1u << CACHE_MAX_LEGS) - 1);
 		if (cfg->nlegs == 1) {
 			uint32_t self = le32_get(nsb->leg_index);
 			if (self >= CACHE_MAX_LEGS || (failed & (1u << self))) {
@@ -1407,6 +1477,15 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	for (int i = 0; i < cfg->nlegs; i++)
 		for (int k = 0; k < 2; k++)
 			buf_put(sbs[i][k], CACHE_PAGE);
+	atomic_store(&cs->open_done, true);
+	if (cs->blank_leg >= 0) {
+		int b = cs->blank_leg;
+		char rerr[256];
+		log_warn("cache %s: leg %s is blank (a new drive, or a resync that a crash interrupted): "
+			 "rebuilding it from %s", cfg->name, cs->legs[b]->name, cs->legs[1 - b]->name);
+		if (cache_set_leg_replace(cs, b, cs->legs[b], rerr, sizeof(rerr)) < 0)
+			log_err("%s; the set stays degraded", rerr);
+	}
 	return cs;
 out:
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)

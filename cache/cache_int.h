@@ -187,6 +187,8 @@ struct mirror {
 struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
 			    bool (*timed_out)(void *arg, int leg, struct bdev *dev), void *arg, int leg);
 struct bdev *leg_guard_inner(struct bdev *dev);
+/* Requests of guard dev past its timeout and not answered yet (0: not a guard). */
+uint32_t leg_guard_unanswered(struct bdev *dev);
 /* set.c: the timed_out of a set's guards (arg: the set). */
 bool cache_leg_timed_out(void *arg, int leg, struct bdev *dev);
 

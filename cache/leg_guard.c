@@ -35,6 +35,7 @@
 #include "../common/log.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct guard {
 	bool (*timed_out)(void *arg, int leg, struct bdev *dev);
 	void *arg;
 	int leg;
+	_Atomic uint32_t unanswered; /* given up on, or waiting past the timeout */
 };
 
 #define GUARD_IOV 32 /* more: not copied, so never given up on */
@@ -97,10 +99,14 @@ static void sub_done(struct bdev_req *sub, int err)
 	struct greq *r = sub->priv;
 	if (r->zombie) {
 		/* maybe on another thread than the one that sent it (a device
-		 * closed after the workers stopped): free, not a free list */
+		 * closed after the workers stopped): free, not a free list; the
+		 * guard outlives every request counted here (guard_close) */
+		atomic_fetch_sub(&r->g->unanswered, 1);
 		free(r);
 		return;
 	}
+	if (r->waiting)
+		atomic_fetch_sub(&r->g->unanswered, 1);
 	struct bdev_req *up = r->up;
 	unlink_req(r);
 	r->next = greq_free;
@@ -115,6 +121,7 @@ static void expire(struct greq *r)
 	bool own_iov = r->sub.iov == r->iov || !r->sub.iovcnt;
 	/* the leg is failed (or kept, if the set says so) first; then this
 	 * request is let go only if nothing of the caller's can be touched */
+	atomic_fetch_add(&g->unanswered, 1);
 	if (!g->timed_out(g->arg, g->leg, &g->dev) || !own_iov ||
 	    (r->sub.op == BDEV_READ && bdev_abandon(g->inner, &r->sub) != BDEV_ABANDON_UNTOUCHED)) {
 		r->waiting = true; /* the device's answer decides */
@@ -195,12 +202,28 @@ static void guard_submit(struct bdev *dev, struct bdev_req *req)
 	bdev_submit(g->inner, &r->sub);
 }
 
+/*
+ * Main thread, the workers stopped. A device still holding requests past the
+ * timeout stays open, and the guard with it: closing a file fsyncs it, which
+ * waits on them, and their answers still come here. The process is ending.
+ * The fault device is closed whatever it holds: that answers them all.
+ */
 static void guard_close(struct bdev *dev)
 {
 	struct guard *g = (struct guard *)dev;
-	bdev_close(g->inner); /* a device that releases held requests now frees their zombies */
+	uint32_t n = atomic_load(&g->unanswered);
+	if (n && !bdev_is_fault(g->inner)) {
+		log_warn("cache leg %s: %u request(s) never answered; leaving the device open", dev->name, n);
+		return;
+	}
+	bdev_close(g->inner);
+	if ((n = atomic_load(&g->unanswered))) {
+		log_warn("cache leg %s: %u request(s) still unanswered after its close", dev->name, n);
+		return;
+	}
 	free(g);
 }
+
 
 static int64_t guard_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 {
@@ -244,4 +267,9 @@ struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
 struct bdev *leg_guard_inner(struct bdev *dev)
 {
 	return dev && dev->ops == &guard_ops ? ((struct guard *)dev)->inner : dev;
+}
+
+uint32_t leg_guard_unanswered(struct bdev *dev)
+{
+	return dev && dev->ops == &guard_ops ? atomic_load(&((struct guard *)dev)->unanswered) : 0;
 }

@@ -224,7 +224,9 @@ static void sub_done(struct bdev_req *sub, int err)
 	int leg = (int)(sub - r->sub);
 
 	bool one_leg = r->up->flags & MIRROR_F_LEGS;
-	if (err && !one_leg) {
+	/* an answer from a device replaced since (tierctl leg replace) says
+	 * nothing about the leg now in its place */
+	if (err && !one_leg && sub->dev == m->leg[leg]) {
 		/*
 		 * A read error (-EIO) is a bad range, not a dead leg: it is
 		 * retried on another leg and queued to be rewritten (repair.c).

@@ -247,6 +247,13 @@ int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const
 			 cs->mirror.nlegs > 1 ? cs->legs[1]->name : "");
 		return -1;
 	}
+	uint32_t late = leg_guard_unanswered(cs->legs[leg]);
+	if (late && !strcmp(old_path, new_path)) {
+		snprintf(err, errlen, "cache %s: leg %s still has %u request(s) it never answered, and may yet "
+			 "write them: rebuilding onto the same device now could be overwritten by them; replace "
+			 "it with another device, or restart the daemon first", cs->name, old_path, late);
+		return -1;
+	}
 	struct bdev *dev = bdev_file_open(new_path, cs->lay.leg_size, CACHE_SECTOR, true, err, errlen);
 	if (!dev)
 		return -1;

@@ -162,6 +162,7 @@ struct mirror {
 	_Atomic uint64_t resync_pos, resync_end;
 	_Atomic uint64_t resync_chunk_gen;
 	_Atomic uint32_t resync_chunk_inflight;
+	_Atomic uint32_t resync_catchup_inflight; /* writes caught up on the resyncing leg */
 	_Atomic uint64_t resync_chunk_start, resync_chunk_end;
 	_Atomic uint64_t resync_started_ms;  /* for the rate and ETA status shows */
 	pthread_mutex_t lock;            /* the waiters list */
@@ -398,6 +399,7 @@ struct cache_set {
 	struct sb_job *sb_waiting, *sb_inflight;
 	_Atomic int sb_jobs;            /* cache_sb_write calls whose callback has not run */
 	bool sb_busy;
+	_Atomic uint32_t sb_include;    /* resyncing legs that superblock writes reach anyway (resync.c) */
 	int sb_pending, sb_ok;
 	struct cache_sb_disk *sbbuf[CACHE_MAX_LEGS];
 	struct bdev_req sbreq[CACHE_MAX_LEGS];

@@ -48,6 +48,7 @@ struct mreq {
 	int ok;              /* legs that succeeded */
 	int result;
 	uint32_t tried;      /* read: legs tried */
+	uint32_t skipped;    /* write: resyncing legs it skipped (above the copy cursor) */
 	bool in_chunk;       /* counted in the resync chunk */
 	struct mirror_waiter wait;
 };
@@ -202,7 +203,7 @@ static int pick_read_leg(struct mirror *m, uint32_t exclude)
 	return -1;
 }
 
-static void issue_leg(struct mreq *r, int leg)
+static void issue_leg_done(struct mreq *r, int leg, void (*done)(struct bdev_req *, int))
 {
 	struct bdev_req *s = &r->sub[leg];
 	const struct bdev_req *up = r->up;
@@ -212,9 +213,55 @@ static void issue_leg(struct mreq *r, int leg)
 	s->len = up->len;
 	s->iov = up->iov;
 	s->iovcnt = up->iovcnt;
-	s->done = sub_done;
+	s->done = done;
 	s->priv = r;
 	bdev_submit(r->m->leg[leg], s);
+}
+
+static void issue_leg(struct mreq *r, int leg)
+{
+	issue_leg_done(r, leg, sub_done);
+}
+
+static void catchup_done(struct bdev_req *sub, int err)
+{
+	struct mreq *r = sub->priv;
+	struct mirror *m = r->m;
+	int leg = (int)(sub - r->sub);
+	if (err && sub->dev == m->leg[leg])
+		mirror_leg_failed(m, leg, err); /* the rebuild then fails too */
+	atomic_fetch_sub(&m->resync_catchup_inflight, 1);
+	complete(r, r->ok ? 0 : -EIO);
+}
+
+/*
+ * A write that skipped a resyncing leg (it lay above the copy cursor when it
+ * was sent) is done on the others. If it landed while the copier had its
+ * range in hand, the copier may have read the old data: make it copy that
+ * chunk again (the generation it checks). If the cursor passed it while it
+ * was in flight, the copier is done with that range for good: write it to
+ * the resyncing leg as well (a catch-up) before completing. The generation
+ * goes up before the cursor is read, as the copier moves the cursor before
+ * reading the generation, so one of the two always sees the other. True if
+ * a catch-up was sent (it completes the request).
+ */
+static bool caught_up(struct mreq *r)
+{
+	struct mirror *m = r->m;
+	const struct bdev_req *up = r->up;
+	uint64_t end = up->offset + up->len;
+	if (up->offset < atomic_load(&m->resync_chunk_end) && end > atomic_load(&m->resync_chunk_start))
+		atomic_fetch_add(&m->resync_chunk_gen, 1);
+	if (up->offset >= atomic_load(&m->resync_pos) || !r->ok)
+		return false;
+	uint32_t legs = r->skipped & atomic_load(&m->resyncing) & ~atomic_load(&m->failed);
+	r->skipped = 0;
+	if (!legs)
+		return false;
+	int leg = __builtin_ctz(legs);
+	atomic_fetch_add(&m->resync_catchup_inflight, 1);
+	issue_leg_done(r, leg, catchup_done);
+	return true;
 }
 
 static void sub_done(struct bdev_req *sub, int err)
@@ -259,6 +306,8 @@ static void sub_done(struct bdev_req *sub, int err)
 	}
 	if (--r->pending)
 		return;
+	if (r->skipped && caught_up(r))
+		return;
 	complete(r, r->ok ? 0 : -EIO);
 }
 
@@ -276,6 +325,7 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	r->up = req;
 	r->ok = 0;
 	r->tried = 0;
+	r->skipped = 0;
 	r->in_chunk = false;
 	if (req->flags & MIRROR_F_LEGS) {
 		/* repair.c: exactly this leg, if it is in service */
@@ -310,11 +360,14 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	}
 	int n = 0;
 	bool use[CACHE_MAX_LEGS] = { false };
+	r->skipped = 0;
 	for (int i = 0; i < m->nlegs; i++) {
 		if (failed & (1u << i))
 			continue;
-		if ((resync & (1u << i)) && req->offset >= atomic_load(&m->resync_pos))
-			continue; /* the resync copies it later */
+		if ((resync & (1u << i)) && req->offset >= atomic_load(&m->resync_pos)) {
+			r->skipped |= 1u << i; /* the resync copies it later (or caught_up) */
+			continue;
+		}
 		use[i] = true;
 		n++;
 	}

@@ -57,19 +57,82 @@ static void resync_sb_done(void *arg, int err)
 		 rs->cs->name, rs->cs->legs[rs->leg]->name,
 		 (unsigned long long)(now_ms() - rs->started_ms), rs->redo,
 		 err ? "; the superblock update failed" : "");
+	struct cache_set *cs = rs->cs;
 	buf_put(rs->buf, RESYNC_CHUNK);
 	free(rs);
+	atomic_fetch_sub(&cs->bg_inflight, 1); /* the last access: shutdown may go on */
+}
+
+static void resync_fail(struct resync *rs, int err);
+
+/*
+ * Worker 0: the new leg holds a superblock of its own now (naming it
+ * failed). Only then do both legs get one that names it healthy: if the
+ * power goes while that is written, the new leg still has a valid copy
+ * (superblock writes alternate between two), never two torn ones beside a
+ * superblock that calls it healthy.
+ */
+static void resync_own_sb_done(void *arg, int err)
+{
+	struct resync *rs = arg;
+	struct cache_set *cs = rs->cs;
+	atomic_store(&cs->sb_include, 0);
+	if (err) {
+		resync_fail(rs, err);
+		return;
+	}
+	atomic_fetch_and(&cs->mirror.resyncing, ~(1u << rs->leg));
+	intent_rewrite(cs);
+	cache_sb_write(cs, resync_sb_done, rs);
+}
+
+static void resync_end(struct resync *rs)
+{
+	struct cache_set *cs = rs->cs;
+	atomic_fetch_or(&cs->mirror.failed, 1u << rs->leg);
+	atomic_fetch_and(&cs->mirror.resyncing, ~(1u << rs->leg));
+	buf_put(rs->buf, RESYNC_CHUNK);
+	free(rs);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
 }
 
 static void resync_fail(struct resync *rs, int err)
 {
-	struct mirror *m = &rs->cs->mirror;
 	log_err("cache %s: resync of %s failed: %s; the leg stays out of the mirror", rs->cs->name,
 		rs->cs->legs[rs->leg]->name, strerror(-err));
-	atomic_fetch_or(&m->failed, 1u << rs->leg);
-	atomic_fetch_and(&m->resyncing, ~(1u << rs->leg));
-	buf_put(rs->buf, RESYNC_CHUNK);
-	free(rs);
+	resync_end(rs);
+}
+
+/*
+ * The set is stopping: give the rebuild up where it is. The new leg's
+ * superblocks were zeroed first, so the next start finds it blank and
+ * rebuilds it again from the beginning.
+ */
+static bool resync_stopped(struct resync *rs)
+{
+	if (!atomic_load(&rs->cs->stopping))
+		return false;
+	log_warn("cache %s: the resync of %s stops with the daemon at %llu of %llu MiB; the next start "
+		 "rebuilds it", rs->cs->name, rs->cs->legs[rs->leg]->name, (unsigned long long)(rs->pos >> 20),
+		 (unsigned long long)(rs->end >> 20));
+	resync_end(rs);
+	return true;
+}
+
+/*
+ * Worker 0, every chunk copied. Writes the cursor passed while they were in
+ * flight are being written to the new leg too (mirror.c, caught_up): wait
+ * for them, then the new leg's own superblock, still naming it failed.
+ */
+static void resync_finish(void *arg)
+{
+	struct resync *rs = arg;
+	if (atomic_load(&rs->cs->mirror.resync_catchup_inflight)) {
+		if (worker_post(worker_self(), resync_finish, rs) == 0)
+			return;
+	}
+	atomic_store(&rs->cs->sb_include, 1u << rs->leg);
+	cache_sb_write(rs->cs, resync_own_sb_done, rs);
 }
 
 static void chunk_written(struct bdev_req *req, int err)
@@ -93,9 +156,7 @@ static void chunk_written(struct bdev_req *req, int err)
 	if (rs->pos >= rs->end) {
 		atomic_store(&m->resync_chunk_start, 0);
 		atomic_store(&m->resync_chunk_end, 0);
-		atomic_fetch_and(&m->resyncing, ~(1u << rs->leg));
-		intent_rewrite(rs->cs);
-		cache_sb_write(rs->cs, resync_sb_done, rs);
+		resync_finish(rs);
 		return;
 	}
 	copy_chunk(rs);
@@ -126,6 +187,8 @@ static void chunk_read(struct bdev_req *req, int err)
 static void copy_chunk(struct resync *rs)
 {
 	struct mirror *m = &rs->cs->mirror;
+	if (resync_stopped(rs))
+		return;
 	uint64_t len = rs->end - rs->pos < RESYNC_CHUNK ? rs->end - rs->pos : RESYNC_CHUNK;
 	atomic_store(&m->resync_chunk_start, rs->pos);
 	atomic_store(&m->resync_chunk_end, rs->pos + len);
@@ -222,7 +285,9 @@ int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, ch
 	atomic_fetch_and(&m->failed, ~(1u << leg));
 	log_info("cache %s: resyncing %s from %s (%llu MiB)", cs->name, newdev->name, cs->legs[src]->name,
 		 (unsigned long long)((rs->end - rs->pos) >> 20));
+	atomic_fetch_add(&cs->bg_inflight, 1); /* shutdown waits for the copy to stop */
 	if (worker_post(worker_get(0), resync_start, rs) < 0) {
+		atomic_fetch_sub(&cs->bg_inflight, 1);
 		snprintf(err, errlen, "cache %s: out of memory", cs->name);
 		return -1;
 	}

@@ -216,7 +216,8 @@ static void sb_issue(struct cache_set *cs)
 	cs->sb_waiting = NULL;
 	pthread_mutex_lock(&cs->sb_lock);
 	uint64_t gen = ++cs->sb_gen;
-	uint32_t failed = atomic_load(&cs->mirror.failed) | atomic_load(&cs->mirror.resyncing);
+	uint32_t failed = atomic_load(&cs->mirror.failed) |
+			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb_include));
 	int n = 0;
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
 		if (failed & (1u << i))
@@ -1165,6 +1166,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	struct cache_sb_disk *sbs[CACHE_MAX_LEGS][2] = { { NULL } };
 	int have[CACHE_MAX_LEGS] = { -1, -1 };
 	bool fresh[CACHE_MAX_LEGS] = { false, false };
+	const char *unreadable[CACHE_MAX_LEGS] = { NULL, NULL };
 
 	if (!cs) {
 		for (int i = 0; i < cfg->nlegs; i++)
@@ -1217,12 +1219,34 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			have[i] = 1;
 		else if (all_zero(sbs[i][0], CACHE_PAGE) && all_zero(sbs[i][1], CACHE_PAGE))
 			fresh[i] = true;
-		else {
-			fail(err, errlen, "cache %s: leg %s: %s; if it holds nothing you need, zero its first "
-				"8 KiB (dd if=/dev/zero of=%s bs=4096 count=2 conv=notrunc) so tiercached formats it",
-			     cfg->name, cfg->legs[i], why, cfg->legs[i]);
-			goto out;
+		else
+			unreadable[i] = why; /* refused below, unless its place is recorded failed */
+	}
+	/*
+	 * A leg with no superblock at a place the other leg's newest one
+	 * records as failed holds nothing the set needs: a rebuild the power
+	 * went out on while it zeroed the superblocks. It is rebuilt as a
+	 * blank one. Anywhere else it may be someone's data: refused.
+	 */
+	for (int i = 0; i < cfg->nlegs; i++) {
+		if (!unreadable[i])
+			continue;
+		int o = 1 - i;
+		if (cfg->nlegs == 2 && have[o] >= 0) {
+			const struct cache_sb_disk *osb = sbs[o][have[o]];
+			uint32_t idx = 1 - (le32_get(osb->leg_index) & 1);
+			if (le32_get(osb->failed_mask) & (1u << idx)) {
+				log_warn("cache %s: leg %s has no superblock (%s) and its place is recorded as "
+					 "failed: a rebuild cut short; it is rebuilt", cfg->name, cs->legs[i]->name,
+					 unreadable[i]);
+				fresh[i] = true;
+				continue;
+			}
 		}
+		fail(err, errlen, "cache %s: leg %s: %s; if it holds nothing you need, zero its first "
+			"8 KiB (dd if=/dev/zero of=%s bs=4096 count=2 conv=notrunc) so tiercached formats it",
+		     cfg->name, cs->legs[i]->name, unreadable[i], cs->legs[i]->name);
+		goto out;
 	}
 	if (cfg->nlegs == 2 && cs->legs[0]->size != cs->legs[1]->size) {
 		fail(err, errlen, "cache %s: leg %s is %llu bytes, leg %s is %llu bytes; legs of a mirror must "

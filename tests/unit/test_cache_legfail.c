@@ -11,6 +11,9 @@
  * failed too and every block still reads back from the new leg alone.
  * Finally both legs are lost: clean blocks read from the backing store,
  * dirty ones fail with -EIO (MEDIUM ERROR), none returns stale data.
+ * Then a write the resync cursor passes while it is still in flight (it
+ * skipped the new leg, being above the cursor when sent, and lands on the
+ * old leg only after the copier read that range) must reach the new leg.
  */
 #include "cache/status.h"
 #include "cache_test_util.h"
@@ -101,6 +104,66 @@ struct resync_arg {
 	uint64_t *seq;
 	_Atomic bool stop;
 };
+
+/*
+ * A write sent above the resync cursor skips the new leg (the copier is to
+ * bring it over). Leg 0 takes 5000 re-posts to land it, the copier passes
+ * its range long before: without a catch-up the new leg keeps the old data,
+ * and once leg 0 is gone the LUN reads it back.
+ */
+static void test_write_passed_by_resync(void)
+{
+	char err[512];
+	struct cache_set_status st;
+	struct mem_bdev *b = mem_new(10, BACK_SIZE, NULL);
+	struct mem_bdev *l0 = mem_new(11, LEG_SIZE, NULL), *l1 = mem_new(12, LEG_SIZE, NULL);
+	struct bdev *legs[2] = { &l0->dev, &l1->dev };
+	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	REQUIRE(cs, "open: %s", err);
+	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(vol, "attach: %s", err);
+	uint8_t *old = buf_get(4096), *new = buf_get(4096), *got = buf_get(4096);
+	memset(old, 0x0a, 4096);
+	memset(new, 0x0b, 4096);
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, old, 4096, BDEV_F_FUA) == 0, "write old");
+	REQUIRE(cache_set_fail_leg(cs, l1->name, "by the test", err, sizeof(err)) == 0, "fail leg 1: %s", err);
+	for (int i = 0; i < 20000; i++) {
+		cache_set_status(cs, &st);
+		if (st.legs[1].health == LEG_FAILED)
+			break;
+		usleep(100);
+	}
+	struct mem_bdev *nl = mem_new(13, LEG_SIZE, NULL);
+	/* an overwrite now sets the region's write-intent bit, so the late write
+	 * below sends its data at once (no intent page write first) */
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, old, 4096, BDEV_F_FUA) == 0, "overwrite old");
+	atomic_store(&l0->write_hops, 5000);
+	atomic_store(&l0->write_hops_exact, true);
+	REQUIRE(cache_set_leg_replace(cs, 1, &nl->dev, err, sizeof(err)) == 0, "replace: %s", err);
+	struct tio w;
+	tio_submit(&w, vol, BDEV_WRITE, 0, new, 4096, BDEV_F_FUA, NULL, 0);
+	for (int i = 0; i < 200000 && !atomic_load(&w.done); i++)
+		usleep(50);
+	REQUIRE(atomic_load(&w.done) && w.err == 0, "the late write did not complete (%d)", w.err);
+	atomic_store(&l0->write_hops, 0);
+	atomic_store(&l0->write_hops_exact, false);
+	int spins = 0;
+	do {
+		usleep(1000);
+		cache_set_status(cs, &st);
+	} while (st.legs[1].health == LEG_RESYNCING && ++spins < 20000);
+	REQUIRE(st.legs[1].health == LEG_HEALTHY, "the resync did not finish");
+	atomic_store(&l0->fail_after, 0);
+	REQUIRE(tio_sync(vol, BDEV_READ, 0, got, 4096, 0) == 0, "read from the new leg alone");
+	REQUIRE(!memcmp(got, new, 4096), "the new leg holds the data from before the late write (%#x)", got[0]);
+	printf("ok: a write the resync cursor passed while it was in flight reached the new leg\n");
+	buf_put(old, 4096);
+	buf_put(new, 4096);
+	buf_put(got, 4096);
+	cache_set_shutdown(cs);
+	bdev_close(vol);
+	cache_set_close(cs);
+}
 
 int main(void)
 {
@@ -206,6 +269,7 @@ int main(void)
 	cache_set_shutdown(cs);
 	bdev_close(vol);
 	cache_set_close(cs);
+	test_write_passed_by_resync();
 	workers_stop();
 	return 0;
 }

@@ -11,7 +11,10 @@
  * FLUSH that follows their batch), UNMAP and WRITE ZEROES, reads that
  * promote extents (fills, some of data that a write without FUA just
  * reached, before the FLUSH) and partial hits that top extents up, and a
- * destage of everything half-way.
+ * destage of everything half-way. A third of the way in leg 1 is failed
+ * (the set runs degraded), at two thirds it is rebuilt in place (the
+ * resync copies leg 0 while the workload goes on), so cuts fall before,
+ * during and after a failure and a resync.
  *
  * A write is durable at a cut once it completed with FUA, or completed
  * before a FLUSH of its device that was submitted and completed before the
@@ -23,11 +26,13 @@
  * again. After recovery:
  *  - the volume is read twice: every sector holds its last acknowledged
  *    write (or UNMAP) or a later one, never garbage, the same both times;
- *  - every block the recovered metadata references as valid is equal on
- *    the two legs;
+ *  - a leg found blank (a resync cut short) is rebuilt by the open; once
+ *    that is done, every block the recovered metadata references as valid
+ *    is equal on the two legs (when both are in service);
  *  - every valid clean cached block equals the backing store's (else an
  *    eviction would change what it reads);
- *  - with leg 0 failed the volume reads the same again (leg 1 alone).
+ *  - with leg 0 failed the volume reads the same again (leg 1 alone, when
+ *    it is in service).
  *
  * make check: CUTS cut points per mode (evenly spread) x SUBSETS subsets;
  * TC_LONG=1: every point of the log; PC_CUTS=N: N points. PC_SEED sets the base seed; the
@@ -287,6 +292,7 @@ static double tnow(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 static double t_open, t_read, t_close;
+static unsigned long n_both, n_degraded; /* recoveries with both legs in service, with one */
 
 static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 {
@@ -299,6 +305,19 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 		return 1;
 	}
 	int bad = 0;
+	/* a blank leg (a resync cut short) is rebuilt by the open: wait for it */
+	for (int i = 0; i < 20000 && atomic_load(&cs->mirror.resyncing); i++)
+		usleep(500);
+	if (atomic_load(&cs->mirror.resyncing)) {
+		fprintf(stderr, "%s: the rebuild of a blank leg did not finish\n", what);
+		bad++;
+	}
+	bool both = !atomic_load(&cs->mirror.failed);
+	int blank = cs->blank_leg;
+	if (both)
+		n_both++;
+	else
+		n_degraded++;
 	double t1 = tnow();
 	t_open += t1 - t0;
 	for (int pass = 0; pass < 2; pass++) {
@@ -316,7 +335,7 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 	}
 	/* every referenced block equal on both legs */
 	uint32_t diff = 0;
-	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+	for (uint32_t s = 0; both && s < cs->lay.nslots; s++) {
 		if (atomic_load(&cs->slots[s].key) == CACHE_KEY_NONE)
 			continue;
 		for (uint32_t b = 0; b < cs->lay.bpe; b++) {
@@ -345,7 +364,8 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 				continue;
 			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
 			uint64_t bo = key_ext(key) * EXT + (uint64_t)b * CACHE_SECTOR;
-			if (memcmp(d[DEV_LEG1]->data + o, d[DEV_BACK]->data + bo, CACHE_SECTOR)) {
+			int src = (atomic_load(&cs->mirror.failed) & 2) ? DEV_LEG0 : DEV_LEG1;
+			if (memcmp(d[src]->data + o, d[DEV_BACK]->data + bo, CACHE_SECTOR)) {
 				if (!stale)
 					fprintf(stderr, "%s: lba %llu is cached as clean but the backing store holds other data\n",
 						what, (unsigned long long)(bo / 512));
@@ -356,10 +376,13 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 	bad += stale ? 1 : 0;
 	/* leg 1 alone serves what both did */
 	atomic_store(&d[DEV_LEG0]->fail_after, 0);
-	if (read_all(vol, vol_img[1]) || memcmp(vol_img[0], vol_img[1], BACK_SIZE)) {
+	if (both && (read_all(vol, vol_img[1]) || memcmp(vol_img[0], vol_img[1], BACK_SIZE))) {
 		fprintf(stderr, "%s: with leg 0 failed the volume reads differently\n", what);
 		bad++;
 	}
+	if (bad)
+		fprintf(stderr, "%s: recovered with %s, %s\n", what, both ? "both legs" : "leg 1 out",
+			blank >= 0 ? "leg 1 found blank and rebuilt" : "no rebuild");
 	double t2 = tnow();
 	t_read += t2 - t1;
 	close_set(cs, vol);
@@ -512,7 +535,22 @@ static size_t workload(int nbatches)
 		}
 		if (batch == nbatches / 2)
 			REQUIRE(cache_set_flush(cs, 20000) == 0, "flush did not finish");
+		char err[256];
+		if (batch == nbatches / 3) {
+			REQUIRE(cache_set_fail_leg(cs, d[DEV_LEG1]->name, "by the power-cut test", err, sizeof(err)) == 0,
+				"leg fail: %s", err);
+			for (int i = 0; i < 20000 && atomic_load(&cs->mirror.persisted) != 2; i++)
+				usleep(100);
+		}
+		if (batch == 2 * nbatches / 3)
+			REQUIRE(cache_set_leg_replace(cs, 1, &d[DEV_LEG1]->dev, err, sizeof(err)) == 0,
+				"rebuild in place: %s", err);
 	}
+	/* the rebuild runs beside the rest of the workload; let it end */
+	for (int i = 0; i < 20000 && atomic_load(&cs->mirror.resyncing); i++)
+		usleep(500);
+	REQUIRE(!atomic_load(&cs->mirror.resyncing) && !atomic_load(&cs->mirror.failed),
+		"the rebuild of leg 1 did not finish");
 	/* let fills and top-ups finish, then stop logging */
 	for (int i = 0; i < 2000 && (atomic_load(&cs->bg_inflight) || atomic_load(&cs->fg_inflight)); i++)
 		usleep(1000);
@@ -520,6 +558,20 @@ static size_t workload(int nbatches)
 	pthread_mutex_lock(&g_log.lock);
 	g_log.on = false;
 	pthread_mutex_unlock(&g_log.lock);
+	/* the rebuilt leg holds what leg 0 does, block for block, without any cut */
+	uint32_t differ = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		if (atomic_load(&cs->slots[s].key) == CACHE_KEY_NONE)
+			continue;
+		for (uint32_t b = 0; b < cs->lay.bpe; b++) {
+			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
+			if (slot_all_valid(cs, s, b, 1) &&
+			    memcmp(d[DEV_LEG0]->data + o, d[DEV_LEG1]->data + o, CACHE_SECTOR))
+				differ++;
+		}
+	}
+	REQUIRE(differ == 0, "%s: after the rebuild %u referenced blocks differ between the legs",
+		cache_mode_name(cur_mode), differ);
 	struct cache_set_status st;
 	cache_set_status(cs, &st);
 	printf("%s workload: %d batches, %zu log entries; %llu promotions, %llu top-ups, %llu KiB destaged, "
@@ -595,14 +647,16 @@ int main(void)
 		}
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		printf("%s: %zu cut points x %d subsets (+ the durable-only image): %zu recoveries (%zu with the "
-		       "recovery cut too), %.1f writes in flight per image on average, %d failed, %.1f s\n",
-		       cache_mode_name(cur_mode), npoints, SUBSETS, tried, rcuts,
+		       "recovery cut too; %lu with both legs in service, %lu degraded), %.1f writes in flight per "
+		       "image on average, %d failed, %.1f s\n",
+		       cache_mode_name(cur_mode), npoints, SUBSETS, tried, rcuts, n_both, n_degraded,
 		       tried ? (double)inflight_sum / (double)tried : 0.0, failures,
 		       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 		model_free(&m);
 		if (getenv("PC_PROFILE"))
 			printf("  open %.1f s, reads and checks %.1f s, shutdown %.1f s\n", t_open, t_read, t_close);
 		t_open = t_read = t_close = 0;
+		n_both = n_degraded = 0;
 		log_set_level(LOG_LVL_INFO);
 		verifying = false;
 		total_failures += failures;

@@ -148,8 +148,13 @@ tc_stop() {
 		sleep 0.1
 	done
 	if kill -0 "$TC_PID" 2>/dev/null; then
+		# where each thread is, for the log: a hang is a bug to find
+		if command -v gdb >/dev/null; then
+			echo "--- threads of the daemon that did not stop (gdb) ---" >>"$T/daemon.log"
+			timeout 60 gdb -p "$TC_PID" -batch -ex "thread apply all bt" >>"$T/daemon.log" 2>&1
+		fi
 		kill -KILL "$TC_PID"
-		fail "daemon did not exit within 60 s of SIGTERM"
+		fail "daemon did not exit within 60 s of SIGTERM (thread stacks in its log)"
 	fi
 	wait "$TC_PID"
 	rc=$?

@@ -76,11 +76,11 @@ done
 # tests/unit/lsan.supp says why each leak suppression is there. Under ASan
 # test_cache_powercut recovers 60 power-cut images, not its thousands, and
 # the conformance run leaves tgtd out (the plain run compares against it).
-# test_cache_crash_kill9 is left out for now: in one ASan run of two its
-# daemon did not finish a SIGTERM shutdown within 60 s (stuck before the
-# final checkpoint; no sanitizer report); until that is understood it runs
-# in the plain build only.
-asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults"
+# test_cache_crash_kill9 once had its daemon not finish a SIGTERM shutdown
+# within 60 s here (stuck before the final checkpoint, no sanitizer report,
+# not seen again in 6 runs beside stress-ng); tc_stop now writes every
+# thread's stack to the daemon log if that happens again.
+asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults test_cache_crash_kill9"
 asan_env=(
 	ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:exitcode=66:detect_leaks=1"
 	LSAN_OPTIONS="suppressions=$PWD/tests/unit/lsan.supp:print_suppressions=0:exitcode=66"

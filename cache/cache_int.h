@@ -162,8 +162,15 @@ struct mirror {
 	_Atomic uint64_t resync_pos, resync_end;
 	_Atomic uint64_t resync_chunk_gen;
 	_Atomic uint32_t resync_chunk_inflight;
-	_Atomic uint32_t resync_catchup_inflight; /* writes caught up on the resyncing leg */
-	_Atomic uint64_t resync_chunk_start, resync_chunk_end;
+	/* the chunk the copier has in hand: [start, start + RESYNC_CHUNK), one
+	 * word so a writer never pairs one chunk's start with another's end;
+	 * RESYNC_NO_CHUNK: none */
+	_Atomic uint64_t resync_chunk_start;
+	/* writes in flight that skipped a resyncing leg, until they were caught
+	 * up or found still above the cursor; the resync ends only at 0 */
+	_Atomic uint32_t resync_skip_inflight;
+	void *_Atomic resync_finisher;   /* the resync waiting for that 0 (resync.c) */
+	void (*resync_finish_fn)(void *rs);
 	_Atomic uint64_t resync_started_ms;  /* for the rate and ETA status shows */
 	pthread_mutex_t lock;            /* the waiters list */
 	struct mirror_waiter *waiters;
@@ -192,6 +199,9 @@ struct bdev *leg_guard_inner(struct bdev *dev);
 uint32_t leg_guard_unanswered(struct bdev *dev);
 /* set.c: the timed_out of a set's guards (arg: the set). */
 bool cache_leg_timed_out(void *arg, int leg, struct bdev *dev);
+
+#define RESYNC_CHUNK (1u << 20)
+#define RESYNC_NO_CHUNK UINT64_MAX
 
 /* Main thread. I/O: bdev_submit(&m->dev, req) on a worker, as any bdev. */
 int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed);

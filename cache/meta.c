@@ -58,6 +58,28 @@ void meta_sb_seal(struct cache_sb_disk *sb)
 	sb->crc = le32_of(meta_crc(sb, sizeof(*sb)));
 }
 
+void meta_rebuild_mark(struct cache_sb_disk *page, const uint8_t set_uuid[16])
+{
+	memset(page, 0, sizeof(*page));
+	page->magic = le64_of(CACHE_REBUILD_MAGIC);
+	page->version = le32_of(CACHE_VERSION);
+	memcpy(page->set_uuid, set_uuid, 16);
+	meta_sb_seal(page);
+}
+
+bool meta_rebuild_marked(const struct cache_sb_disk *page, uint8_t set_uuid[16])
+{
+	if (le64_get(page->magic) != CACHE_REBUILD_MAGIC)
+		return false;
+	struct cache_sb_disk tmp;
+	memcpy(&tmp, page, sizeof(tmp));
+	tmp.crc = le32_of(0);
+	if (meta_crc(&tmp, sizeof(tmp)) != le32_get(page->crc))
+		return false;
+	memcpy(set_uuid, page->set_uuid, 16);
+	return true;
+}
+
 int meta_sb_check(const struct cache_sb_disk *sb, const char **why)
 {
 	if (le64_get(sb->magic) != CACHE_MAGIC) {

@@ -65,6 +65,8 @@ static inline le64 le64_of(uint64_t x)
 }
 
 #define CACHE_MAGIC 0x3145484341434354ULL /* "TCCACHE1" little-endian */
+/* a leg being rebuilt: both superblock copies replaced by this mark first */
+#define CACHE_REBUILD_MAGIC 0x31444c4942455254ULL /* "TREBILD1" little-endian */
 /*
  * Version 2 adds the write-intent page at CACHE_WI_OFF; nothing else moved.
  * A version 1 set that was shut down cleanly opens as is; one that was not
@@ -207,6 +209,16 @@ uint32_t meta_crc(const void *buf, size_t len);
 
 /* Seal (compute crc) and check superblocks, slot records, journal blocks. */
 void meta_sb_seal(struct cache_sb_disk *sb);
+/*
+ * The rebuild mark: a page, written over each superblock copy of a leg
+ * before a resync copies anything onto it (one copy, then the other), that
+ * says "this leg of set_uuid is being rebuilt". A leg with a mark in either
+ * copy holds no member of the set, whatever the other copy says, and is
+ * rebuilt again at start; a torn mark leaves the other copy whole. mark:
+ * fill page; marked: true (and *set_uuid) if page is a whole mark.
+ */
+void meta_rebuild_mark(struct cache_sb_disk *page, const uint8_t set_uuid[16]);
+bool meta_rebuild_marked(const struct cache_sb_disk *page, uint8_t set_uuid[16]);
 /* 0 if magic, version (1 or 2) and checksum are right; otherwise -1 and a reason. */
 int meta_sb_check(const struct cache_sb_disk *sb, const char **why);
 

@@ -103,10 +103,11 @@ static void finish_async(struct mreq *r, int err)
 		finish_now(r); /* out of memory: better a nested call than a lost I/O */
 }
 
+/* No leg holds a whole copy: every one failed, or is still being rebuilt. */
 bool mirror_all_failed(struct mirror *m)
 {
 	uint32_t all = (1u << m->nlegs) - 1;
-	return (atomic_load(&m->failed) & all) == all;
+	return ((atomic_load(&m->failed) | atomic_load(&m->resyncing)) & all) == all;
 }
 
 /* Any worker: leg erred; mark it failed and have the set persist that. */
@@ -223,6 +224,8 @@ static void issue_leg(struct mreq *r, int leg)
 	issue_leg_done(r, leg, sub_done);
 }
 
+static void skip_settled(struct mirror *m);
+
 static void catchup_done(struct bdev_req *sub, int err)
 {
 	struct mreq *r = sub->priv;
@@ -230,7 +233,7 @@ static void catchup_done(struct bdev_req *sub, int err)
 	int leg = (int)(sub - r->sub);
 	if (err && sub->dev == m->leg[leg])
 		mirror_leg_failed(m, leg, err); /* the rebuild then fails too */
-	atomic_fetch_sub(&m->resync_catchup_inflight, 1);
+	skip_settled(m);
 	complete(r, r->ok ? 0 : -EIO);
 }
 
@@ -245,22 +248,36 @@ static void catchup_done(struct bdev_req *sub, int err)
  * reading the generation, so one of the two always sees the other. True if
  * a catch-up was sent (it completes the request).
  */
+static bool chunk_overlaps(struct mirror *m, uint64_t off, uint64_t len)
+{
+	uint64_t c = atomic_load(&m->resync_chunk_start);
+	return c != RESYNC_NO_CHUNK && off < c + RESYNC_CHUNK && off + len > c;
+}
+
+/* A write counted in resync_skip_inflight is settled: the last one wakes the resync's end. */
+static void skip_settled(struct mirror *m)
+{
+	if (atomic_fetch_sub(&m->resync_skip_inflight, 1) != 1)
+		return;
+	void *f = atomic_exchange(&m->resync_finisher, NULL);
+	if (f && worker_post(worker_get(0), m->resync_finish_fn, f) < 0)
+		log_err("cannot post the end of a resync; out of memory");
+}
+
 static bool caught_up(struct mreq *r)
 {
 	struct mirror *m = r->m;
 	const struct bdev_req *up = r->up;
-	uint64_t end = up->offset + up->len;
-	if (up->offset < atomic_load(&m->resync_chunk_end) && end > atomic_load(&m->resync_chunk_start))
-		atomic_fetch_add(&m->resync_chunk_gen, 1);
-	if (up->offset >= atomic_load(&m->resync_pos) || !r->ok)
-		return false;
-	uint32_t legs = r->skipped & atomic_load(&m->resyncing) & ~atomic_load(&m->failed);
+	uint32_t skipped = r->skipped;
 	r->skipped = 0;
-	if (!legs)
+	if (chunk_overlaps(m, up->offset, up->len))
+		atomic_fetch_add(&m->resync_chunk_gen, 1);
+	uint32_t legs = skipped & atomic_load(&m->resyncing) & ~atomic_load(&m->failed);
+	if (up->offset >= atomic_load(&m->resync_pos) || !r->ok || !legs) {
+		skip_settled(m);
 		return false;
-	int leg = __builtin_ctz(legs);
-	atomic_fetch_add(&m->resync_catchup_inflight, 1);
-	issue_leg_done(r, leg, catchup_done);
+	}
+	issue_leg_done(r, __builtin_ctz(legs), catchup_done);
 	return true;
 }
 
@@ -288,8 +305,8 @@ static void sub_done(struct bdev_req *sub, int err)
 		else
 			atomic_fetch_add(&m->errors[leg], 1);
 	}
-	if (!err)
-		r->ok++;
+	if (!err && !(atomic_load(&m->resyncing) & (1u << leg)))
+		r->ok++; /* a leg being rebuilt holds no copy a host may count on yet */
 	if (r->up->op == BDEV_READ) {
 		if (!err || one_leg) {
 			complete(r, err);
@@ -351,8 +368,11 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	uint32_t failed = atomic_load(&m->failed);
 	uint32_t resync = atomic_load(&m->resyncing);
 	r->in_chunk = false;
-	if (resync && req->offset < atomic_load(&m->resync_chunk_end) &&
-	    req->offset + req->len > atomic_load(&m->resync_chunk_start)) {
+	/* counted before the cursor is read: the resync ends only when no write
+	 * that may skip its leg is in flight (resync.c, resync_finish) */
+	if (resync)
+		atomic_fetch_add(&m->resync_skip_inflight, 1);
+	if (resync && chunk_overlaps(m, req->offset, req->len)) {
 		/* announce before deciding: the copier re-copies a chunk it saw touched */
 		atomic_fetch_add(&m->resync_chunk_inflight, 1);
 		atomic_fetch_add(&m->resync_chunk_gen, 1);
@@ -370,6 +390,10 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 		}
 		use[i] = true;
 		n++;
+	}
+	if (resync && (!n || !r->skipped)) {
+		r->skipped = 0;
+		skip_settled(m);
 	}
 	if (!n) {
 		finish_async(r, -EIO);
@@ -399,6 +423,7 @@ int mirror_init(struct mirror *m, struct bdev **legs, int nlegs, uint32_t failed
 	for (int i = 0; i < nlegs; i++)
 		m->leg[i] = legs[i];
 	atomic_init(&m->failed, failed);
+	atomic_init(&m->resync_chunk_start, RESYNC_NO_CHUNK);
 	atomic_init(&m->persisted, failed);
 	pthread_mutex_init(&m->lock, NULL);
 	worker_exit_hook(mirror_thread_release);

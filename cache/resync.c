@@ -16,9 +16,11 @@
  * both legs are rewritten without it in the failed mask, naming the new
  * leg's identity (a fresh leg_uuid) as the member at its index, so the
  * device it replaced is never taken back even if the configuration still
- * lists it. The copy starts by zeroing the new leg's superblocks: a crash
- * during the resync leaves it blank, and the next start rebuilds a blank
- * leg that sits beside one holding the set by itself.
+ * lists it. The copy starts by writing the rebuild mark over the new leg's
+ * superblocks: a crash or a stop during the resync leaves it marked, and the
+ * next start rebuilds it again (a marked or blank leg at a place the set
+ * records as failed). The new leg gets its own superblock (naming it
+ * failed) before both get one naming it healthy.
  *
  * Threading: cache_set_leg_replace on the main (control) thread; the copy
  * runs on worker 0.
@@ -34,7 +36,6 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define RESYNC_CHUNK (1u << 20)
 
 struct resync {
 	struct cache_set *cs;
@@ -120,16 +121,26 @@ static bool resync_stopped(struct resync *rs)
 }
 
 /*
- * Worker 0, every chunk copied. Writes the cursor passed while they were in
- * flight are being written to the new leg too (mirror.c, caught_up): wait
- * for them, then the new leg's own superblock, still naming it failed.
+ * Every chunk copied, the cursor at the end. Writes that skipped the new leg
+ * and were still in flight are being caught up on it (mirror.c, caught_up):
+ * wait for the last (it posts this again, on worker 0), then write the new
+ * leg's own superblock, still naming it failed. The cursor is at the end
+ * before the count is read, so no write skips the leg after a 0.
  */
 static void resync_finish(void *arg)
 {
 	struct resync *rs = arg;
-	if (atomic_load(&rs->cs->mirror.resync_catchup_inflight)) {
-		if (worker_post(worker_self(), resync_finish, rs) == 0)
-			return;
+	struct mirror *m = &rs->cs->mirror;
+	if (atomic_load(&m->resync_skip_inflight)) {
+		atomic_store(&m->resync_finisher, rs);
+		if (atomic_load(&m->resync_skip_inflight))
+			return; /* the write that brings it to 0 posts us */
+		if (atomic_exchange(&m->resync_finisher, NULL) != rs)
+			return; /* it did, just now */
+	}
+	if (atomic_load(&m->failed) & (1u << rs->leg)) {
+		resync_fail(rs, -EIO); /* a catch-up failed on it */
+		return;
 	}
 	atomic_store(&rs->cs->sb_include, 1u << rs->leg);
 	cache_sb_write(rs->cs, resync_own_sb_done, rs);
@@ -154,8 +165,7 @@ static void chunk_written(struct bdev_req *req, int err)
 	}
 	rs->pos = end;
 	if (rs->pos >= rs->end) {
-		atomic_store(&m->resync_chunk_start, 0);
-		atomic_store(&m->resync_chunk_end, 0);
+		atomic_store(&m->resync_chunk_start, RESYNC_NO_CHUNK);
 		resync_finish(rs);
 		return;
 	}
@@ -189,9 +199,15 @@ static void copy_chunk(struct resync *rs)
 	struct mirror *m = &rs->cs->mirror;
 	if (resync_stopped(rs))
 		return;
+	uint32_t failed = atomic_load(&m->failed);
+	if (failed & ((1u << rs->leg) | (1u << rs->src))) {
+		/* the source failed (nothing to copy from), or a write to the new
+		 * leg did (mirror.c) */
+		resync_fail(rs, -EIO);
+		return;
+	}
 	uint64_t len = rs->end - rs->pos < RESYNC_CHUNK ? rs->end - rs->pos : RESYNC_CHUNK;
 	atomic_store(&m->resync_chunk_start, rs->pos);
-	atomic_store(&m->resync_chunk_end, rs->pos + len);
 	rs->gen0 = atomic_load(&m->resync_chunk_gen);
 	rs->iov.iov_base = rs->buf;
 	rs->iov.iov_len = len;
@@ -200,31 +216,43 @@ static void copy_chunk(struct resync *rs)
 	bdev_submit(rs->cs->legs[rs->src], &rs->req);
 }
 
-static void blanked(struct bdev_req *req, int err)
+static void mark_copy(struct resync *rs, uint64_t off);
+
+static void marked(struct bdev_req *req, int err)
 {
 	struct resync *rs = req->priv;
 	if (err) {
 		resync_fail(rs, err);
 		return;
 	}
-	copy_chunk(rs);
+	if (req->offset == CACHE_PAGE)
+		mark_copy(rs, 0);
+	else
+		copy_chunk(rs);
+}
+
+static void mark_copy(struct resync *rs, uint64_t off)
+{
+	rs->iov.iov_base = rs->buf;
+	rs->iov.iov_len = CACHE_PAGE;
+	rs->req = (struct bdev_req){ .op = BDEV_WRITE, .flags = BDEV_F_FUA, .offset = off, .len = CACHE_PAGE,
+				     .iov = &rs->iov, .iovcnt = 1, .done = marked, .priv = rs };
+	bdev_submit(rs->cs->legs[rs->leg], &rs->req);
 }
 
 /*
- * Worker 0. First the new leg's superblocks are zeroed (FUA): until the copy
- * is done and both legs get a superblock naming it, the leg is blank, so a
- * crash in the middle leaves a leg the next start rebuilds again, never an
- * old superblock that could pass for a member.
+ * Worker 0. First both superblock copies of the new leg get the rebuild
+ * mark (meta.h), one after the other, each FUA: until the copy is done and
+ * the leg has a superblock of its own again, it is marked, so a crash or a
+ * stop in the middle leaves a leg the next start rebuilds again, never an
+ * old superblock that could pass for a member; a torn mark leaves the
+ * other copy whole.
  */
 static void resync_start(void *arg)
 {
 	struct resync *rs = arg;
-	memset(rs->buf, 0, 2 * CACHE_PAGE);
-	rs->iov.iov_base = rs->buf;
-	rs->iov.iov_len = 2 * CACHE_PAGE;
-	rs->req = (struct bdev_req){ .op = BDEV_WRITE, .flags = BDEV_F_FUA, .offset = 0, .len = 2 * CACHE_PAGE,
-				     .iov = &rs->iov, .iovcnt = 1, .done = blanked, .priv = rs };
-	bdev_submit(rs->cs->legs[rs->leg], &rs->req);
+	meta_rebuild_mark((struct cache_sb_disk *)rs->buf, rs->cs->uuid);
+	mark_copy(rs, CACHE_PAGE);
 }
 
 /*
@@ -268,6 +296,7 @@ int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, ch
 	rs->pos = 2 * CACHE_PAGE;
 	rs->end = cs->lay.data_off + (uint64_t)cs->lay.nslots * cs->lay.extent_size;
 	rs->started_ms = now_ms();
+	m->resync_finish_fn = resync_finish;
 	atomic_store(&cs->mirror.resync_started_ms, rs->started_ms);
 	if (newdev != cs->legs[leg]) /* else: the leg found blank at open, rebuilt in place */
 		cs->old_legs[cs->nold_legs++] = cs->legs[leg];
@@ -276,8 +305,7 @@ int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, ch
 		memset(cs->leg_uuid[leg], 0, 16);
 	atomic_store(&m->resync_pos, rs->pos);
 	atomic_store(&m->resync_end, rs->end);
-	atomic_store(&m->resync_chunk_start, 0);
-	atomic_store(&m->resync_chunk_end, 0);
+	atomic_store(&m->resync_chunk_start, RESYNC_NO_CHUNK);
 	cs->legs[leg] = newdev;
 	m->leg[leg] = newdev;
 	/* resyncing before un-failing: no moment where reads could pick it */

@@ -1109,13 +1109,19 @@ static void uuid_str(const uint8_t u[16], char out[37])
  * (failing it would declare every dirty block lost: better a stall). A
  * guard no longer in the set (a replaced leg's) is given up on freely.
  */
-bool cache_leg_timed_out(void *arg, int leg, struct bdev *dev)
+bool cache_leg_timed_out(void *arg, int hint, struct bdev *dev)
 {
 	struct cache_set *cs = arg;
 	if (!atomic_load(&cs->open_done))
 		return false;
-	if (cs->legs[leg] != dev)
-		return true;
+	/* the place is looked up: open orders the legs by their recorded index */
+	int leg = -1;
+	for (int i = 0; i < cs->mirror.nlegs; i++)
+		if (cs->legs[i] == dev)
+			leg = i;
+	(void)hint;
+	if (leg < 0)
+		return true; /* a replaced leg's: fails nothing */
 	struct mirror *m = &cs->mirror;
 	uint32_t out = atomic_load(&m->failed) | atomic_load(&m->resyncing);
 	if (!(atomic_load(&m->failed) & (1u << leg))) {
@@ -1166,7 +1172,8 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	struct cache_sb_disk *sbs[CACHE_MAX_LEGS][2] = { { NULL } };
 	int have[CACHE_MAX_LEGS] = { -1, -1 };
 	bool fresh[CACHE_MAX_LEGS] = { false, false };
-	const char *unreadable[CACHE_MAX_LEGS] = { NULL, NULL };
+	bool rebuilding[CACHE_MAX_LEGS] = { false, false };
+	uint8_t mark_uuid[CACHE_MAX_LEGS][16];
 
 	if (!cs) {
 		for (int i = 0; i < cfg->nlegs; i++)
@@ -1213,40 +1220,20 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		}
 		const char *why = NULL, *why2 = NULL;
 		int a = meta_sb_check(sbs[i][0], &why), b = meta_sb_check(sbs[i][1], &why2);
-		if (a == 0 && (b != 0 || le64_get(sbs[i][0]->gen) >= le64_get(sbs[i][1]->gen)))
+		if (meta_rebuild_marked(sbs[i][0], mark_uuid[i]) || meta_rebuild_marked(sbs[i][1], mark_uuid[i]))
+			rebuilding[i] = true; /* whatever the other copy holds: not a member */
+		else if (a == 0 && (b != 0 || le64_get(sbs[i][0]->gen) >= le64_get(sbs[i][1]->gen)))
 			have[i] = 0;
 		else if (b == 0)
 			have[i] = 1;
 		else if (all_zero(sbs[i][0], CACHE_PAGE) && all_zero(sbs[i][1], CACHE_PAGE))
 			fresh[i] = true;
-		else
-			unreadable[i] = why; /* refused below, unless its place is recorded failed */
-	}
-	/*
-	 * A leg with no superblock at a place the other leg's newest one
-	 * records as failed holds nothing the set needs: a rebuild the power
-	 * went out on while it zeroed the superblocks. It is rebuilt as a
-	 * blank one. Anywhere else it may be someone's data: refused.
-	 */
-	for (int i = 0; i < cfg->nlegs; i++) {
-		if (!unreadable[i])
-			continue;
-		int o = 1 - i;
-		if (cfg->nlegs == 2 && have[o] >= 0) {
-			const struct cache_sb_disk *osb = sbs[o][have[o]];
-			uint32_t idx = 1 - (le32_get(osb->leg_index) & 1);
-			if (le32_get(osb->failed_mask) & (1u << idx)) {
-				log_warn("cache %s: leg %s has no superblock (%s) and its place is recorded as "
-					 "failed: a rebuild cut short; it is rebuilt", cfg->name, cs->legs[i]->name,
-					 unreadable[i]);
-				fresh[i] = true;
-				continue;
-			}
+		else {
+			fail(err, errlen, "cache %s: leg %s: %s; if it holds nothing you need, zero its first "
+				"8 KiB (dd if=/dev/zero of=%s bs=4096 count=2 conv=notrunc) so tiercached formats it",
+			     cfg->name, cs->legs[i]->name, why, cs->legs[i]->name);
+			goto out;
 		}
-		fail(err, errlen, "cache %s: leg %s: %s; if it holds nothing you need, zero its first "
-			"8 KiB (dd if=/dev/zero of=%s bs=4096 count=2 conv=notrunc) so tiercached formats it",
-		     cfg->name, cs->legs[i]->name, unreadable[i], cs->legs[i]->name);
-		goto out;
 	}
 	if (cfg->nlegs == 2 && cs->legs[0]->size != cs->legs[1]->size) {
 		fail(err, errlen, "cache %s: leg %s is %llu bytes, leg %s is %llu bytes; legs of a mirror must "
@@ -1261,6 +1248,13 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 						     le64_get(sbs[best][have[best]]->gen)))
 			best = i;
 	struct cache_sb_disk *nsb = best >= 0 ? sbs[best][have[best]] : NULL;
+	for (int i = 0; i < cfg->nlegs; i++)
+		if (rebuilding[i] && !nsb) {
+			fail(err, errlen, "cache %s: leg %s is marked as being rebuilt, and no leg holds the set "
+				"to rebuild it from; if the data is not needed, zero the first 8 KiB of every leg",
+			     cfg->name, cs->legs[i]->name);
+			goto out;
+		}
 	uint32_t failed = 0, not_member = 0;
 	int blank = -1; /* config index of a blank leg to resync onto */
 	if (nsb) {
@@ -1268,16 +1262,32 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		char u[37];
 		uuid_str(cs->uuid, u);
 		for (int i = 0; i < cfg->nlegs; i++) {
-			if (fresh[i] && cfg->nlegs == 2 && !fresh[1 - i]) {
-				/*
-				 * A blank leg beside one that holds the set: a drive
-				 * swapped for a new one, or a resync that a crash
-				 * interrupted (the copy never writes the superblocks
-				 * until it is done). Nothing on it can be lost: rebuild
-				 * it from the other leg once the set is open.
-				 */
+			/*
+			 * A leg marked as being rebuilt for this set (a rebuild a
+			 * stop or a crash interrupted, maybe just before its last
+			 * superblock write), or a blank one at a place the newest
+			 * superblock records as failed (a drive swapped for a failed
+			 * one): the set needs nothing on it, the other leg was its
+			 * source and is at least as new. Rebuild it from the other
+			 * leg once the set is open. A blank leg where the set
+			 * thought the leg healthy is refused: the good drive may be
+			 * the one missing.
+			 */
+			bool place_failed = false;
+			if (cfg->nlegs == 2 && (fresh[i] || rebuilding[i]) && have[1 - i] >= 0) {
+				uint32_t idx = 1 - (le32_get(nsb->leg_index) & 1);
+				place_failed = rebuilding[i] ? !memcmp(mark_uuid[i], nsb->set_uuid, 16)
+							     : (le32_get(nsb->failed_mask) & (1u << idx)) != 0;
+			}
+			if (place_failed) {
 				blank = i;
 				continue;
+			}
+			if (rebuilding[i]) {
+				fail(err, errlen, "cache %s: leg %s is marked as being rebuilt, but for another "
+					"set; list the right device, or zero its first 8 KiB to start it afresh",
+				     cfg->name, cs->legs[i]->name);
+				goto out;
 			}
 			if (fresh[i]) {
 				fail(err, errlen, "cache %s: leg %s is blank but leg %s holds set %s; a replaced "
@@ -1336,10 +1346,14 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			bool want_known = members && !all_zero(want, 16);
 			if (c == blank) {
 				not_member |= 1u << i;
-			} else if (want_known && memcmp(sbs[c][have[c]]->leg_uuid, want, 16)) {
+			} else if (want_known && !all_zero(sbs[c][have[c]]->leg_uuid, 16) &&
+				   memcmp(sbs[c][have[c]]->leg_uuid, want, 16)) {
+				/* (a leg with no identity of its own yet, from before they
+				 * existed, is not checked: the cut first write after an
+				 * upgrade would fail a good one) */
 				log_err("cache %s: leg %s is not the device the set last recorded at its place (it "
 					"was replaced by `tierctl leg replace`): it is out of service; list the "
-					"replacement in legs =", cfg->name, cfg->legs[c]);
+					"replacement in legs =", cfg->name, cs->legs[i]->name);
 				not_member |= 1u << i;
 			}
 			if (want_known)
@@ -1505,8 +1519,9 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	if (cs->blank_leg >= 0) {
 		int b = cs->blank_leg;
 		char rerr[256];
-		log_warn("cache %s: leg %s is blank (a new drive, or a resync that a crash interrupted): "
-			 "rebuilding it from %s", cfg->name, cs->legs[b]->name, cs->legs[1 - b]->name);
+		log_warn("cache %s: leg %s is blank or was being rebuilt (a new drive, or a resync that a stop "
+			 "or a crash interrupted): rebuilding it from %s", cfg->name, cs->legs[b]->name,
+			 cs->legs[1 - b]->name);
 		if (cache_set_leg_replace(cs, b, cs->legs[b], rerr, sizeof(rerr)) < 0)
 			log_err("%s; the set stays degraded", rerr);
 	}

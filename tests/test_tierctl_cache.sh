@@ -118,37 +118,55 @@ tc_stop
 
 sed -i "s#legs = .*#legs = $T/leg0.img $T/leg1-new.img#" "$T/t.conf"
 
-# A blank leg beside one holding the set (a drive swapped while stopped, or
-# a resync a crash cut short: the copy zeroes the new leg's superblocks
-# first) is rebuilt at start, with the data intact.
+# A blank leg at a place the set records as failed (here: the replaced leg
+# listed above kept it so) is rebuilt at start, with the data intact: a
+# drive swapped for a failed one while the daemon was stopped.
 rm -f "$T/leg1-new.img"
 tc_start "$T/t.conf"
-grep -q "leg $T/leg1-new.img is blank" "$T/daemon.log" || fail "no rebuild of the blank leg at start"
+grep -q "leg $T/leg1-new.img is blank or was being rebuilt" "$T/daemon.log" || fail "no rebuild of the blank leg at start"
 tc_wait_for 60 "the set healthy after rebuilding the blank leg" set_state_is healthy
 out=$(qemu-io -f raw -c 'read -P 0x77 0 1M' -c 'read -P 0x42 2M 1M' "$url" 2>&1)
 [[ "$out" != *"verification failed"* ]] || fail "data after the rebuild: $out"
 pass "a blank leg is rebuilt at start, data intact"
-tc_stop
-# kill -9 in the middle of a rebuild: the leg is blank again and the next
-# start rebuilds it (a 32 MiB leg copies too fast to catch: cut it by
-# killing right after the rebuild starts, then check the leg is blank)
-rm -f "$T/leg1-new.img"
-"$TC_BIN" -c "$T/t.conf" >>"$T/daemon.log" 2>&1 &
-TC_PID=$!
-tc_wait_for 60 "the rebuild starting" grep -q "resyncing $T/leg1-new.img" "$T/daemon.log"
-kill -KILL "$TC_PID"
-wait "$TC_PID" 2>/dev/null
-TC_PID=
-sb_blank() { [ "$(head -c 8192 "$T/leg1-new.img" | tr -d '\0' | wc -c)" = 0 ]; }
-if sb_blank; then
-	pass "after kill -9 during the rebuild the new leg has no superblock"
-else
-	# the copy finished first: its superblocks name it (nothing to cut)
-	pass "the rebuild finished before kill -9 (its superblocks are written)"
-fi
+# kill -9 in the middle of a rebuild: the leg still carries the rebuild
+# mark and the next start rebuilds it. A 32 MiB leg copies in tens of ms:
+# poll for the mark and kill at once; try again if the copy won the race.
+magic() { dd if="$T/leg1-new.img" bs=1 skip="$1" count=8 status=none 2>/dev/null | tr -d '\0'; }
+marked() { [ "$(magic 0)" = TREBILD1 ] || [ "$(magic 4096)" = TREBILD1 ]; }
+cut=0
+for attempt in 1 2 3 4 5 6 7 8 9 10; do
+	ctl leg fail fast "$T/leg1-new.img" >/dev/null || fail "tierctl leg fail of the rebuilt leg"
+	tc_wait_for 60 "the set degraded after leg fail" set_state_is degraded
+	tc_stop
+	rm -f "$T/leg1-new.img"
+	"$TC_BIN" -c "$T/t.conf" >>"$T/daemon.log" 2>&1 &
+	TC_PID=$!
+	for ((i = 0; i < 20000; i++)); do
+		marked && break
+		kill -0 "$TC_PID" 2>/dev/null || break
+	done
+	kill -KILL "$TC_PID"
+	wait "$TC_PID" 2>/dev/null
+	TC_PID=
+	if marked; then
+		cut=$attempt
+		break
+	fi
+	tc_start "$T/t.conf" # the copy finished first: again
+	tc_wait_for 60 "the set healthy after a finished rebuild" set_state_is healthy
+done
+[ "$cut" -gt 0 ] || fail "no kill -9 landed inside a rebuild in 10 attempts"
+pass "kill -9 inside a rebuild (attempt $cut): the new leg carries the rebuild mark"
 tc_start "$T/t.conf"
 tc_wait_for 60 "the set healthy after a kill -9 during the rebuild" set_state_is healthy
 out=$(qemu-io -f raw -c 'read -P 0x77 0 1M' -c 'read -P 0x42 2M 1M' "$url" 2>&1)
 [[ "$out" != *"verification failed"* ]] || fail "data after kill -9 during the rebuild: $out"
 pass "after kill -9 during a rebuild the restart finishes it, data intact"
 tc_stop
+
+# A blank leg where the set thought the leg healthy is refused: the good
+# drive may be the one that is missing.
+rm -f "$T/leg1-new.img"
+out=$(timeout 60 "$TC_BIN" -c "$T/t.conf" 2>&1)
+[[ "$out" == *"is blank but leg"* ]] || fail "a blank leg at a healthy place was not refused: $out"
+pass "a blank leg where the set recorded a healthy one is refused"

@@ -82,6 +82,9 @@ static void resync_own_sb_done(void *arg, int err)
 		resync_fail(rs, err);
 		return;
 	}
+	/* its old failure is no longer what is on disk: a new one must be
+	 * recorded before writes complete again (mirror.c, must_wait) */
+	atomic_fetch_and(&cs->mirror.persisted, ~(1u << rs->leg));
 	atomic_fetch_and(&cs->mirror.resyncing, ~(1u << rs->leg));
 	intent_rewrite(cs);
 	cache_sb_write(cs, resync_sb_done, rs);
@@ -138,8 +141,8 @@ static void resync_finish(void *arg)
 		if (atomic_exchange(&m->resync_finisher, NULL) != rs)
 			return; /* it did, just now */
 	}
-	if (atomic_load(&m->failed) & (1u << rs->leg)) {
-		resync_fail(rs, -EIO); /* a catch-up failed on it */
+	if (atomic_load(&m->failed) & ((1u << rs->leg) | (1u << rs->src))) {
+		resync_fail(rs, -EIO); /* a catch-up failed on it, or the source failed */
 		return;
 	}
 	atomic_store(&rs->cs->sb_include, 1u << rs->leg);

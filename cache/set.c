@@ -1174,6 +1174,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	bool fresh[CACHE_MAX_LEGS] = { false, false };
 	bool rebuilding[CACHE_MAX_LEGS] = { false, false };
 	uint8_t mark_uuid[CACHE_MAX_LEGS][16];
+	const struct cache_sb_disk *mark_sb[CACHE_MAX_LEGS] = { NULL, NULL }; /* a marked leg's other copy */
 
 	if (!cs) {
 		for (int i = 0; i < cfg->nlegs; i++)
@@ -1220,8 +1221,10 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		}
 		const char *why = NULL, *why2 = NULL;
 		int a = meta_sb_check(sbs[i][0], &why), b = meta_sb_check(sbs[i][1], &why2);
-		if (meta_rebuild_marked(sbs[i][0], mark_uuid[i]) || meta_rebuild_marked(sbs[i][1], mark_uuid[i]))
+		if (meta_rebuild_marked(sbs[i][0], mark_uuid[i]) || meta_rebuild_marked(sbs[i][1], mark_uuid[i])) {
 			rebuilding[i] = true; /* whatever the other copy holds: not a member */
+			mark_sb[i] = a == 0 ? sbs[i][0] : b == 0 ? sbs[i][1] : NULL;
+		}
 		else if (a == 0 && (b != 0 || le64_get(sbs[i][0]->gen) >= le64_get(sbs[i][1]->gen)))
 			have[i] = 0;
 		else if (b == 0)
@@ -1263,21 +1266,27 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		uuid_str(cs->uuid, u);
 		for (int i = 0; i < cfg->nlegs; i++) {
 			/*
-			 * A leg marked as being rebuilt for this set (a rebuild a
-			 * stop or a crash interrupted, maybe just before its last
-			 * superblock write), or a blank one at a place the newest
-			 * superblock records as failed (a drive swapped for a failed
-			 * one): the set needs nothing on it, the other leg was its
-			 * source and is at least as new. Rebuild it from the other
-			 * leg once the set is open. A blank leg where the set
-			 * thought the leg healthy is refused: the good drive may be
-			 * the one missing.
+			 * A blank leg, or one marked as being rebuilt for this set,
+			 * at a place the newest superblock records as failed (a
+			 * drive swapped for a failed one, a rebuild a stop or a
+			 * crash interrupted), or a marked leg whose other copy is
+			 * already its own superblock as the member the newest one
+			 * names (cut just before the last superblock write): the
+			 * set needs nothing on it, the other leg is at least as
+			 * new. Rebuild it from the other leg once the set is open.
+			 * Anywhere else it is refused: the good drive may be the
+			 * one missing.
 			 */
 			bool place_failed = false;
 			if (cfg->nlegs == 2 && (fresh[i] || rebuilding[i]) && have[1 - i] >= 0) {
 				uint32_t idx = 1 - (le32_get(nsb->leg_index) & 1);
-				place_failed = rebuilding[i] ? !memcmp(mark_uuid[i], nsb->set_uuid, 16)
-							     : (le32_get(nsb->failed_mask) & (1u << idx)) != 0;
+				bool recorded = (le32_get(nsb->failed_mask) & (1u << idx)) != 0;
+				if (fresh[i])
+					place_failed = recorded;
+				else
+					place_failed = !memcmp(mark_uuid[i], nsb->set_uuid, 16) &&
+						       (recorded || (mark_sb[i] && !all_zero(nsb->member_uuid[idx], 16) &&
+								     !memcmp(mark_sb[i]->leg_uuid, nsb->member_uuid[idx], 16)));
 			}
 			if (place_failed) {
 				blank = i;
@@ -1285,8 +1294,8 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			}
 			if (rebuilding[i]) {
 				fail(err, errlen, "cache %s: leg %s is marked as being rebuilt, but for another "
-					"set; list the right device, or zero its first 8 KiB to start it afresh",
-				     cfg->name, cs->legs[i]->name);
+					"set or at a place the set records as healthy; list the right device, or "
+					"zero its first 8 KiB to start it afresh", cfg->name, cs->legs[i]->name);
 				goto out;
 			}
 			if (fresh[i]) {
@@ -1346,14 +1355,15 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			bool want_known = members && !all_zero(want, 16);
 			if (c == blank) {
 				not_member |= 1u << i;
-			} else if (want_known && !all_zero(sbs[c][have[c]]->leg_uuid, 16) &&
-				   memcmp(sbs[c][have[c]]->leg_uuid, want, 16)) {
+			} else if (want_known && memcmp(sbs[c][have[c]]->leg_uuid, want, 16) &&
+				   !(all_zero(sbs[c][have[c]]->leg_uuid, 16) &&
+				     le64_get(sbs[c][have[c]]->gen) + 1 >= le64_get(nsb->gen))) {
 				/* (a leg with no identity of its own yet, from before they
-				 * existed, is not checked: the cut first write after an
-				 * upgrade would fail a good one) */
+				 * existed, whose superblock is the newest but one: the
+				 * first write after an upgrade was cut on it) */
 				log_err("cache %s: leg %s is not the device the set last recorded at its place (it "
 					"was replaced by `tierctl leg replace`): it is out of service; list the "
-					"replacement in legs =", cfg->name, cs->legs[i]->name);
+					"replacement in legs =", cfg->name, cs->legs[cfg->nlegs == 1 ? 0 : i]->name);
 				not_member |= 1u << i;
 			}
 			if (want_known)

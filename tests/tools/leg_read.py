@@ -131,6 +131,10 @@ class Leg:
             raise LegError("%s: shorter than two superblocks" % path)
         best, whys = None, []
         for k in range(2):
+            if head[k * PAGE:k * PAGE + 8] == b"TREBILD1":
+                # the rebuild mark (cache/meta.h): the daemon rebuilds this
+                # leg at start; nothing on it belongs to the set yet
+                raise LegError("%s: being rebuilt (superblock copy %d carries the rebuild mark)" % (path, k))
             sb, why = parse_sb(head[k * PAGE:(k + 1) * PAGE])
             if sb is None:
                 whys.append("copy %d: %s" % (k, why))

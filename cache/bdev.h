@@ -172,6 +172,16 @@ struct bdev {
 	bool rotational;      /* reported in VPD B1 */
 };
 
+/* A wrapper (fault device, leg guard) looks to its users like what it wraps. */
+static inline void bdev_like(struct bdev *dev, const struct bdev *inner)
+{
+	dev->name = inner->name;
+	dev->size = inner->size;
+	dev->block_size = inner->block_size;
+	dev->can_unmap = inner->can_unmap;
+	dev->rotational = inner->rotational;
+}
+
 static inline bool bdev_is_shared(const struct bdev *dev)
 {
 	return dev && dev->ops->owner;

@@ -193,10 +193,7 @@ struct bdev *bdev_fault_wrap(struct bdev *inner)
 	f->inner = inner;
 	pthread_mutex_init(&f->lock, NULL);
 	f->dev.ops = &fault_ops;
-	f->dev.name = inner->name;
-	f->dev.size = inner->size;
-	f->dev.block_size = inner->block_size;
-	f->dev.can_unmap = inner->can_unmap;
+	bdev_like(&f->dev, inner);
 	return &f->dev;
 }
 

@@ -188,17 +188,17 @@ struct mirror {
 
 /*
  * leg_guard.c: inner (taken over) as a bdev whose requests may be given up
- * on after timeout_ms (see there): timed_out(arg, leg, the guard) runs on a
+ * on after timeout_ms (see there): timed_out(arg, the guard) runs on a
  * worker for each and says whether to. leg_guard_inner: what a guard
  * wraps, or dev itself.
  */
-struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
-			    bool (*timed_out)(void *arg, int leg, struct bdev *dev), void *arg, int leg);
+struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, bool (*timed_out)(void *arg, struct bdev *dev),
+			    void *arg);
 struct bdev *leg_guard_inner(struct bdev *dev);
 /* Requests of guard dev past its timeout and not answered yet (0: not a guard). */
 uint32_t leg_guard_unanswered(struct bdev *dev);
 /* set.c: the timed_out of a set's guards (arg: the set). */
-bool cache_leg_timed_out(void *arg, int leg, struct bdev *dev);
+bool cache_leg_timed_out(void *arg, struct bdev *dev);
 
 #define RESYNC_CHUNK (1u << 20)
 #define RESYNC_NO_CHUNK UINT64_MAX

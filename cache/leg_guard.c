@@ -45,9 +45,8 @@ struct guard {
 	struct bdev dev;
 	struct bdev *inner;
 	uint64_t timeout_ms;
-	bool (*timed_out)(void *arg, int leg, struct bdev *dev);
+	bool (*timed_out)(void *arg, struct bdev *dev);
 	void *arg;
-	int leg;
 	_Atomic uint32_t unanswered; /* given up on, or waiting past the timeout */
 };
 
@@ -122,7 +121,7 @@ static void expire(struct greq *r)
 	/* the leg is failed (or kept, if the set says so) first; then this
 	 * request is let go only if nothing of the caller's can be touched */
 	atomic_fetch_add(&g->unanswered, 1);
-	if (!g->timed_out(g->arg, g->leg, &g->dev) || !own_iov ||
+	if (!g->timed_out(g->arg, &g->dev) || !own_iov ||
 	    (r->sub.op == BDEV_READ && bdev_abandon(g->inner, &r->sub) != BDEV_ABANDON_UNTOUCHED)) {
 		r->waiting = true; /* the device's answer decides */
 		return;
@@ -230,22 +229,14 @@ static int64_t guard_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 	return bdev_lba_status(((struct guard *)dev)->inner, offset, mapped);
 }
 
-static enum bdev_abandon guard_abandon(struct bdev *dev, struct bdev_req *req)
-{
-	(void)dev;
-	(void)req;
-	return BDEV_ABANDON_UNSAFE; /* nothing stacks a timeout on a guard */
-}
-
 static const struct bdev_ops guard_ops = {
 	.submit = guard_submit,
 	.close = guard_close,
-	.abandon = guard_abandon,
 	.lba_status = guard_lba_status,
 };
 
-struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
-			    bool (*timed_out)(void *arg, int leg, struct bdev *dev), void *arg, int leg)
+struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, bool (*timed_out)(void *arg, struct bdev *dev),
+			    void *arg)
 {
 	struct guard *g = calloc(1, sizeof(*g));
 	if (!g)
@@ -254,13 +245,8 @@ struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms,
 	g->timeout_ms = timeout_ms;
 	g->timed_out = timed_out;
 	g->arg = arg;
-	g->leg = leg;
 	g->dev.ops = &guard_ops;
-	g->dev.name = inner->name;
-	g->dev.size = inner->size;
-	g->dev.block_size = inner->block_size;
-	g->dev.can_unmap = inner->can_unmap;
-	g->dev.rotational = inner->rotational;
+	bdev_like(&g->dev, inner);
 	return &g->dev;
 }
 

@@ -237,17 +237,6 @@ static void catchup_done(struct bdev_req *sub, int err)
 	complete(r, r->ok ? 0 : -EIO);
 }
 
-/*
- * A write that skipped a resyncing leg (it lay above the copy cursor when it
- * was sent) is done on the others. If it landed while the copier had its
- * range in hand, the copier may have read the old data: make it copy that
- * chunk again (the generation it checks). If the cursor passed it while it
- * was in flight, the copier is done with that range for good: write it to
- * the resyncing leg as well (a catch-up) before completing. The generation
- * goes up before the cursor is read, as the copier moves the cursor before
- * reading the generation, so one of the two always sees the other. True if
- * a catch-up was sent (it completes the request).
- */
 static bool chunk_overlaps(struct mirror *m, uint64_t off, uint64_t len)
 {
 	uint64_t c = atomic_load(&m->resync_chunk_start);
@@ -264,6 +253,17 @@ static void skip_settled(struct mirror *m)
 		log_err("cannot post the end of a resync; out of memory");
 }
 
+/*
+ * A write that skipped a resyncing leg (it lay above the copy cursor when it
+ * was sent) is done on the others. If it landed while the copier had its
+ * range in hand, the copier may have read the old data: make it copy that
+ * chunk again (the generation it checks). If the cursor passed it while it
+ * was in flight, the copier is done with that range for good: write it to
+ * the resyncing leg as well (a catch-up) before completing. The generation
+ * goes up before the cursor is read, as the copier moves the cursor before
+ * reading the generation, so one of the two always sees the other. True if
+ * a catch-up was sent (it completes the request).
+ */
 static bool caught_up(struct mreq *r)
 {
 	struct mirror *m = r->m;
@@ -380,7 +380,6 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	}
 	int n = 0;
 	bool use[CACHE_MAX_LEGS] = { false };
-	r->skipped = 0;
 	for (int i = 0; i < m->nlegs; i++) {
 		if (failed & (1u << i))
 			continue;

@@ -36,7 +36,6 @@
 #include <string.h>
 #include <sys/random.h>
 
-
 struct resync {
 	struct cache_set *cs;
 	int leg, src;
@@ -108,9 +107,9 @@ static void resync_fail(struct resync *rs, int err)
 }
 
 /*
- * The set is stopping: give the rebuild up where it is. The new leg's
- * superblocks were zeroed first, so the next start finds it blank and
- * rebuilds it again from the beginning.
+ * The set is stopping: give the rebuild up where it is. The new leg still
+ * carries the rebuild mark, so the next start rebuilds it again from the
+ * beginning.
  */
 static bool resync_stopped(struct resync *rs)
 {
@@ -354,7 +353,7 @@ int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const
 	if (!dev)
 		return -1;
 	if (cs->cfg.leg_timeout_ms) {
-		struct bdev *g = leg_guard_wrap(dev, cs->cfg.leg_timeout_ms, cache_leg_timed_out, cs, leg);
+		struct bdev *g = leg_guard_wrap(dev, cs->cfg.leg_timeout_ms, cache_leg_timed_out, cs);
 		if (!g) {
 			bdev_close(dev);
 			snprintf(err, errlen, "cache %s: out of memory", cs->name);

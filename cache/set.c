@@ -1109,7 +1109,7 @@ static void uuid_str(const uint8_t u[16], char out[37])
  * (failing it would declare every dirty block lost: better a stall). A
  * guard no longer in the set (a replaced leg's) is given up on freely.
  */
-bool cache_leg_timed_out(void *arg, int hint, struct bdev *dev)
+bool cache_leg_timed_out(void *arg, struct bdev *dev)
 {
 	struct cache_set *cs = arg;
 	if (!atomic_load(&cs->open_done))
@@ -1119,7 +1119,6 @@ bool cache_leg_timed_out(void *arg, int hint, struct bdev *dev)
 	for (int i = 0; i < cs->mirror.nlegs; i++)
 		if (cs->legs[i] == dev)
 			leg = i;
-	(void)hint;
 	if (leg < 0)
 		return true; /* a replaced leg's: fails nothing */
 	struct mirror *m = &cs->mirror;
@@ -1183,7 +1182,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		return NULL;
 	}
 	for (int i = 0; i < cfg->nlegs; i++) {
-		struct bdev *g = cfg->leg_timeout_ms ? leg_guard_wrap(legdevs[i], cfg->leg_timeout_ms, cache_leg_timed_out, cs, i)
+		struct bdev *g = cfg->leg_timeout_ms ? leg_guard_wrap(legdevs[i], cfg->leg_timeout_ms, cache_leg_timed_out, cs)
 						     : legdevs[i];
 		if (!g) {
 			for (int k = 0; k < cfg->nlegs; k++)
@@ -1351,6 +1350,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			int i = swap ? 1 - c : c; /* mirror index of config leg c */
 			if (cfg->nlegs == 1)
 				i = (int)le32_get(sbs[c][have[c]]->leg_index) % CACHE_MAX_LEGS;
+			int at = cfg->nlegs == 1 ? 0 : i; /* where it sits in cs->legs[] */
 			const uint8_t *want = nsb->member_uuid[i];
 			bool want_known = members && !all_zero(want, 16);
 			if (c == blank) {
@@ -1363,15 +1363,15 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 				 * first write after an upgrade was cut on it) */
 				log_err("cache %s: leg %s is not the device the set last recorded at its place (it "
 					"was replaced by `tierctl leg replace`): it is out of service; list the "
-					"replacement in legs =", cfg->name, cs->legs[cfg->nlegs == 1 ? 0 : i]->name);
+					"replacement in legs =", cfg->name, cs->legs[at]->name);
 				not_member |= 1u << i;
 			}
 			if (want_known)
-				memcpy(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], want, 16);
+				memcpy(cs->leg_uuid[at], want, 16);
 			else if (c != blank && !all_zero(sbs[c][have[c]]->leg_uuid, 16))
-				memcpy(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], sbs[c][have[c]]->leg_uuid, 16);
-			else if (getrandom(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], 16, 0) != 16)
-				memset(cs->leg_uuid[cfg->nlegs == 1 ? 0 : i], 0, 16); /* unchecked, as before */
+				memcpy(cs->leg_uuid[at], sbs[c][have[c]]->leg_uuid, 16);
+			else if (getrandom(cs->leg_uuid[at], 16, 0) != 16)
+				memset(cs->leg_uuid[at], 0, 16); /* unchecked, as before */
 		}
 		if (blank >= 0)
 			cs->blank_leg = swap ? 1 - blank : blank;

@@ -92,6 +92,19 @@ wait_for() {
 	fail "$what: not within $secs s"
 }
 
+# Start again with leg 1 answering: the failure recorded in leg 0's superblock
+# keeps it out (read at most for its 2 superblock copies), and the known
+# ranges read back from leg 0. restart_leg1_out PART WHAT_R WHAT_R2; sets rd0.
+restart_leg1_out() {
+	tc_start "$T/t.conf"
+	read -r rd0 _ _ < <(fault "$leg1" ok)
+	[ "$rd0" -le 2 ] || fail "$1: the daemon read leg 1 $rd0 times at start (no more than its 2 superblock copies)"
+	expect_eq "$(cst 'c["state"], c["legs"][1]["health"]')" "('degraded', 'failed')" \
+		"$1: after the restart the set is degraded, leg 1 still failed"
+	expect_eq "$(lba_io read "$r_lba" 8192 --times 2 --expect "$T/r.img")" good "$1: $2"
+	expect_eq "$(lba_io read "$r2_lba" 8192 --times 2 --expect "$T/r2.img")" good "$1: $3"
+}
+
 head -c 4M /dev/urandom >"$T/r.img"  # LUN 24M..28M: written on two healthy legs
 head -c 4M /dev/urandom >"$T/r2.img" # LUN 32M..36M: written after leg 1 failed
 r_lba=$((24 << 11))
@@ -141,15 +154,7 @@ PY
 dd if=/dev/urandom of="$leg1" bs=64K seek=$((data_off / 65536)) count=$(((leg_size - data_off) / 65536)) \
 	conv=notrunc status=none || fail "part 3: cannot overwrite leg 1"
 pass "part 3: leg 1's data area (from byte $data_off) overwritten with garbage; leg 0 caches $cached of the known sectors"
-tc_start "$T/t.conf"
-read -r rd0 _ _ < <(fault "$leg1" ok)
-[ "$rd0" -le 2 ] || fail "part 3: the daemon read leg 1 $rd0 times at start (no more than its 2 superblock copies)"
-expect_eq "$(cst 'c["state"], c["legs"][1]["health"]')" "('degraded', 'failed')" \
-	"part 3: after the restart the set is degraded, leg 1 still failed"
-expect_eq "$(lba_io read "$r_lba" 8192 --times 2 --expect "$T/r.img")" good \
-	"part 3: data written on two legs reads back"
-expect_eq "$(lba_io read "$r2_lba" 8192 --times 2 --expect "$T/r2.img")" good \
-	"part 3: data written while degraded reads back"
+restart_leg1_out "part 3" "data written on two legs reads back" "data written while degraded reads back"
 bench 2 0 16M
 bench_check $? "part 3: load with leg 1 back"
 read -r rd1 _ _ < <(fault "$leg1" ok)
@@ -331,13 +336,6 @@ expect_eq "$(lba_io read "$r2_lba" 8192 --times 2 --expect "$T/r2.img")" good \
 	"part 5: data written with leg 1 hung reads back"
 tc_stop # leg 1 still holds its requests: they fail when its device closes
 pass "part 5: the daemon stops with leg 1 still holding $((hr + hw)) requests"
-tc_start "$T/t.conf"
-read -r rd0 _ _ < <(fault "$leg1" ok)
-[ "$rd0" -le 2 ] || fail "part 5: the daemon read leg 1 $rd0 times at start (no more than its 2 superblock copies)"
-expect_eq "$(cst 'c["state"], c["legs"][1]["health"]')" "('degraded', 'failed')" \
-	"part 5: after the restart the set is degraded, leg 1 still failed"
-expect_eq "$(lba_io read "$r_lba" 8192 --times 2 --expect "$T/r.img")" good \
-	"part 5: after the restart, data written before the hang reads back"
-expect_eq "$(lba_io read "$r2_lba" 8192 --times 2 --expect "$T/r2.img")" good \
-	"part 5: after the restart, data written with leg 1 hung reads back"
+restart_leg1_out "part 5" "after the restart, data written before the hang reads back" \
+	"after the restart, data written with leg 1 hung reads back"
 tc_stop

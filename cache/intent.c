@@ -189,6 +189,8 @@ static void wi_build_and_issue(struct intent *wi, bool clearing)
 	atomic_fetch_add(&cs->bg_inflight, 1); /* shutdown waits for it */
 	pthread_mutex_unlock(&wi->lock);
 	if (!n) {
+		/* no leg to write: complete as if written (req[0] may never have been sent) */
+		wi->req[0] = (struct bdev_req){ .priv = wi };
 		wi_leg_done(&wi->req[0], 0);
 		return;
 	}

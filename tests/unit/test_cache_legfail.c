@@ -14,7 +14,10 @@
  * Then a write the resync cursor passes while it is still in flight (it
  * skipped the new leg, being above the cursor when sent, and lands on the
  * old leg only after the copier read that range) must reach the new leg.
+ * Last, the write-intent page built when no leg is left (leg 0 never sent
+ * one) completes instead of crashing.
  */
+#include "cache/cache_int.h" /* intent_stats */
 #include "cache/status.h"
 #include "cache_test_util.h"
 
@@ -165,6 +168,65 @@ static void test_write_passed_by_resync(void)
 	cache_set_close(cs);
 }
 
+/*
+ * The last leg fails and the write-intent page has never been written to
+ * leg 0 (failed first, before any write): the tick that clears the idle
+ * region builds a page with no leg left to take it. That must complete as
+ * if written (the bits clear) rather than touch a request never sent.
+ */
+static void test_intent_with_no_leg_left(void)
+{
+	char err[512];
+	struct cache_set_status st;
+	struct mem_bdev *b = mem_new(20, BACK_SIZE, NULL);
+	struct mem_bdev *l0 = mem_new(21, LEG_SIZE, NULL), *l1 = mem_new(22, LEG_SIZE, NULL);
+	struct bdev *legs[2] = { &l0->dev, &l1->dev };
+	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	REQUIRE(cs, "open: %s", err);
+	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(vol, "attach: %s", err);
+	REQUIRE(cache_set_fail_leg(cs, l0->name, "by the test", err, sizeof(err)) == 0, "fail leg 0: %s", err);
+	for (int i = 0; i < 20000; i++) {
+		cache_set_status(cs, &st);
+		if (st.legs[0].health == LEG_FAILED)
+			break;
+		usleep(100);
+	}
+	REQUIRE(st.legs[0].health == LEG_FAILED, "leg 0 did not fail");
+	uint8_t *buf = buf_get(4096);
+	memset(buf, 0x5c, 4096);
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, buf, 4096, BDEV_F_FUA) == 0, "write on leg 1 alone");
+	/* an overwrite in place sets the region's write-intent bit */
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, buf, 4096, BDEV_F_FUA) == 0, "overwrite on leg 1 alone");
+	uint64_t writes, parked;
+	uint32_t regions;
+	intent_stats(cs, &writes, &parked, &regions);
+	REQUIRE(regions == 1 && writes > 0, "the write did not set its region's write-intent bit (%u)", regions);
+	/* the next overwrite fails leg 1, the last one: its region's bit stays set */
+	atomic_store(&l1->fail_after, atomic_load(&l1->ops));
+	int r = tio_sync(vol, BDEV_WRITE, 0, buf, 4096, BDEV_F_FUA);
+	for (int i = 0; i < 20000; i++) {
+		cache_set_status(cs, &st);
+		if (st.legs[1].health == LEG_FAILED)
+			break;
+		usleep(100);
+	}
+	REQUIRE(st.legs[1].health == LEG_FAILED, "leg 1 did not fail (the write returned %d)", r);
+	intent_stats(cs, &writes, &parked, &regions);
+	REQUIRE(regions == 1, "no write-intent bit left set when the last leg failed");
+	/* the ticks forget the idle region: a page build with no leg left */
+	for (int i = 0; i < 1000 && regions; i++) {
+		usleep(10000);
+		intent_stats(cs, &writes, &parked, &regions);
+	}
+	REQUIRE(regions == 0, "the write-intent bit never cleared with no leg left");
+	printf("ok: the write-intent page with no leg left completes, its bits clear\n");
+	buf_put(buf, 4096);
+	cache_set_shutdown(cs);
+	bdev_close(vol);
+	cache_set_close(cs);
+}
+
 int main(void)
 {
 	char err[512];
@@ -270,6 +332,7 @@ int main(void)
 	bdev_close(vol);
 	cache_set_close(cs);
 	test_write_passed_by_resync();
+	test_intent_with_no_leg_left();
 	workers_stop();
 	return 0;
 }

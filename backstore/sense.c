@@ -151,7 +151,7 @@ void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing)
 		scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_STANDBY);
 	else if (err == -ENOSPC || err == -EDQUOT)
 		scsi_fail(cmd, SK_DATA_PROTECT, ASC_SPACE_ALLOCATION_FAILED);
-	else if (err == -EIO || err == -EILSEQ)
+	else if (err == -EIO || err == -EILSEQ || err == -ENODATA)
 		scsi_fail(cmd, SK_MEDIUM_ERROR, writing ? ASC_WRITE_ERROR : ASC_UNRECOVERED_READ_ERROR);
 	else
 		scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);

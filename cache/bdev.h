@@ -21,6 +21,7 @@
 #ifndef TC_BDEV_H
 #define TC_BDEV_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -180,6 +181,17 @@ static inline void bdev_like(struct bdev *dev, const struct bdev *inner)
 	dev->block_size = inner->block_size;
 	dev->can_unmap = inner->can_unmap;
 	dev->rotational = inner->rotational;
+}
+
+/*
+ * A read error that names bad blocks, not a dead device: the kernel's
+ * BLK_STS_MEDIUM (-ENODATA: an unrecovered read error, what a drive's
+ * latent sector gives), BLK_STS_PROTECTION (-EILSEQ: a protection
+ * information check failed) and the generic BLK_STS_IOERR (-EIO).
+ */
+static inline bool bdev_err_bad_blocks(int err)
+{
+	return err == -EIO || err == -ENODATA || err == -EILSEQ;
 }
 
 static inline bool bdev_is_shared(const struct bdev *dev)

@@ -4,8 +4,8 @@
  * Wraps another bdev and, when told (`tierctl leg fault`, accepted only by
  * a set configured with fault_injection = yes), fails the way dying NVMe
  * drives do: every I/O with -EIO (the kernel's EIO), or reads of one range
- * only (latent sector errors: a write over a bad sector heals it, as a drive
- * remaps on write), or no answer at all (requests are held until the fault
+ * only with -ENODATA (latent sector errors, the kernel's medium error: a
+ * write over a bad sector heals it, as a drive remaps on write), or no answer at all (requests are held until the fault
  * is cleared or the device closed, then fail with -EIO). It counts the
  * reads and writes it passed on, so a test can tell which leg served what.
  *
@@ -115,8 +115,9 @@ static void fault_submit(struct bdev *dev, struct bdev_req *req)
 			}
 		}
 		if (bad) {
+			/* the kernel's answer to an unrecovered read error (BLK_STS_MEDIUM) */
 			atomic_fetch_add(&f->errors, 1);
-			fault_fail_on(worker_self(), req, -EIO);
+			fault_fail_on(worker_self(), req, -ENODATA);
 			return;
 		}
 	}

@@ -4,7 +4,8 @@
  * Writes (and flushes) go to every healthy leg; reads go to one healthy leg,
  * alternating. A leg that returns a write error is marked failed and never
  * used again until it is replaced; a write that reached the other leg
- * succeeds. A read error (-EIO) is retried on the other leg and the range
+ * succeeds. A read error (bdev_err_bad_blocks: -EIO, or the kernel's
+ * medium error -ENODATA) is retried on the other leg and the range
  * handed to repair.c to be rewritten on the failing leg (a latent sector
  * error, which a drive remaps on write); the leg fails only if the rewrite
  * does, or if more bad ranges wait than repair.c holds. So one dying leg produces no
@@ -292,14 +293,14 @@ static void sub_done(struct bdev_req *sub, int err)
 	 * nothing about the leg now in its place */
 	if (err && !one_leg && sub->dev == m->leg[leg]) {
 		/*
-		 * A read error (-EIO) is a bad range, not a dead leg: it is
+		 * A read error (-EIO, -ENODATA, -EILSEQ) is a bad range, not a dead leg: it is
 		 * retried on another leg and queued to be rewritten (repair.c).
 		 * A leg is failed by write errors, by a rewrite that fails, or by
 		 * more bad ranges than the queue holds; a range no leg can read
 		 * is MEDIUM ERROR for its dirty blocks only (volume.c), not the
 		 * loss of the whole set.
 		 */
-		bool bad_range = r->up->op == BDEV_READ && err == -EIO && m->read_error;
+		bool bad_range = r->up->op == BDEV_READ && bdev_err_bad_blocks(err) && m->read_error;
 		if (!bad_range || m->read_error(m, leg, r->up->offset, r->up->len, m->persist_arg) < 0)
 			mirror_leg_failed(m, leg, err);
 		else

@@ -1,7 +1,7 @@
 /*
  * repair.c - rewrite what a leg could not read from the other leg, as md does.
  *
- * A read error on one leg (a latent sector error: -EIO on that range only)
+ * A read error on one leg (a latent sector error: -ENODATA or -EIO on that range only)
  * is not a dead leg. The mirror serves the read from the other leg and
  * hands the range here (cache_repair_note, any worker); the set's tick
  * (worker 0) then reads the range from the good leg and writes it back to

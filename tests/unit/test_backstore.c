@@ -9,10 +9,12 @@
  * reservations, COMPARE AND WRITE, UNMAP or mode pages fails here.
  * Prints one line per check; exit status 0 means every check passed.
  */
+#include "backstore/lu.h" /* scsi_fail_errno */
 #include "backstore/scsi.h"
 #include "cache/bdev.h"
 #include "common/worker.h"
 
+#include <errno.h>
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -177,7 +179,7 @@ static void clear_ua(struct scsi_nexus *nx)
 			return;
 }
 
-static void pr_out(struct scsi_nexus *nx, uint8_t sa, uint8_t type, uint64_t key, uint64_t sa_key,
+static void tpr_out(struct scsi_nexus *nx, uint8_t sa, uint8_t type, uint64_t key, uint64_t sa_key,
 		   struct scsi_cmd *out)
 {
 	uint8_t cdb[10] = { 0x5f, sa, type };
@@ -575,6 +577,22 @@ int main(void)
 		      (c.sense[15] & 0x0f) == (0x08 | 2),
 	      "reserved bit in TEST UNIT READY -> 5/24/00, field pointer byte 1 bit 2");
 
+	/* -- a backing store's errno as sense: the kernel's medium error is one too -- */
+	{
+		static const struct { int err; bool wr; uint8_t key, asc, ascq; const char *what; } em[] = {
+			{ -EIO, false, 0x3, 0x11, 0x00, "-EIO on a read -> 3/11/00 UNRECOVERED READ ERROR" },
+			{ -ENODATA, false, 0x3, 0x11, 0x00, "-ENODATA (BLK_STS_MEDIUM) on a read -> 3/11/00" },
+			{ -EILSEQ, false, 0x3, 0x11, 0x00, "-EILSEQ (BLK_STS_PROTECTION) on a read -> 3/11/00" },
+			{ -ENODATA, true, 0x3, 0x0c, 0x00, "-ENODATA on a write -> 3/0C/00 WRITE ERROR" },
+			{ -ENOMEM, false, 0x4, 0x44, 0x00, "-ENOMEM -> 4/44/00 INTERNAL TARGET FAILURE" },
+		};
+		for (size_t i = 0; i < sizeof(em) / sizeof(em[0]); i++) {
+			struct scsi_cmd ec = { .lu = lu };
+			scsi_fail_errno(&ec, em[i].err, em[i].wr);
+			check(sense_is(&ec, em[i].key, em[i].asc, em[i].ascq), em[i].what);
+		}
+	}
+
 	/* -- MODE SENSE / MODE SELECT: WCE -- */
 	uint8_t ms6[6] = { 0x1a, 0x08, 0x08, 0, 255, 0 };
 	c = run(a, 0, ms6, 6, 0, 255);
@@ -647,9 +665,9 @@ int main(void)
 	check(sense_is(&c, 0x5, 0x1a, 0x00), "UNMAP with a 4-byte parameter list -> PARAMETER LIST LENGTH ERROR");
 
 	/* -- persistent reservations between two nexuses -- */
-	pr_out(a, 0x00, 0, 0, 0x1111, &c);
+	tpr_out(a, 0x00, 0, 0, 0x1111, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus A registers key 0x1111");
-	pr_out(a, 0x01, 0x01, 0x1111, 0, &c);
+	tpr_out(a, 0x01, 0x01, 0x1111, 0, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus A reserves WRITE EXCLUSIVE");
 	memset(buf, 1, bs);
 	c = rw10(b, 0x2a, 10, 1, bs);
@@ -663,14 +681,14 @@ int main(void)
 	c = run(b, 0, prin, 10, 0, 64);
 	check(c.status == SAM_STAT_GOOD && rd32(buf + 4) == 16 && rd64(buf + 8) == 0x1111 && buf[21] == 1,
 	      "READ RESERVATION shows key 0x1111 type WE");
-	pr_out(b, 0x00, 0, 0, 0x2222, &c);
-	pr_out(b, 0x04, 0x03, 0x2222, 0x1111, &c);
+	tpr_out(b, 0x00, 0, 0, 0x2222, &c);
+	tpr_out(b, 0x04, 0x03, 0x2222, 0x1111, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus B preempts A with EXCLUSIVE ACCESS");
 	c = run(a, 0, tur, 6, 0, 0);
 	check(sense_is(&c, 0x6, 0x2a, 0x05), "nexus A gets REGISTRATIONS PREEMPTED UA 6/2A/05");
 	c = rw10(a, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "nexus A read under B's EXCLUSIVE ACCESS conflicts");
-	pr_out(b, 0x03, 0, 0x2222, 0, &c);
+	tpr_out(b, 0x03, 0, 0x2222, 0, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus B clears");
 	c = rw10(a, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_GOOD, "after CLEAR nexus A reads again");

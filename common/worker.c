@@ -432,6 +432,18 @@ void workers_stop(void)
 	}
 	for (unsigned i = 0; i < nworkers; i++) {
 		pthread_join(workers[i].thread, NULL);
+		/*
+		 * The worker may have seen stop and drained its posts before our
+		 * wake-up was queued: free what is left (the wake-up, or a post
+		 * that came too late to run on this worker).
+		 */
+		struct cds_wfcq_node *node;
+		while ((node = __cds_wfcq_dequeue_blocking(&workers[i].post_head, &workers[i].post_tail))) {
+			struct post_node *p = caa_container_of(node, struct post_node, node);
+			if (p->fn != wake)
+				log_warn("worker %u: a post arrived after the worker stopped; dropped", i);
+			free(p);
+		}
 		io_uring_queue_exit(&workers[i].ring);
 		close(workers[i].epfd);
 		close(workers[i].ring_ev.fd);

@@ -8,7 +8,8 @@
 #   make bench      benchmarks (print numbers, assert nothing about speed)
 #   make conformance  libiscsi's suite against tiercached and tgtd
 #   make deps       install the Debian packages the build and tests need
-#   make check-system  LIO + TCMU + NVMe + targetcli on Debian's kernel under qemu (2-4 minutes)
+#   make check-system  LIO + TCMU + NVMe + targetcli, and faults on a guest NVMe leg, on Debian's kernel
+#                   under qemu (5-8 minutes)
 #   make install    binaries, systemd unit, example config, man pages
 #                   (PREFIX=/usr/local, DESTDIR= for staging)
 #   make clean
@@ -180,9 +181,10 @@ conformance: deps
 # debootstrap'ed guest. The first run installs qemu-system-x86 and debootstrap,
 # fetches Debian's kernel package and builds the guest root (about 2 minutes).
 check-system: deps
-	@$(MAKE) --no-print-directory $(BUILD)/tiercached $(BUILD)/tierctl
+	@$(MAKE) --no-print-directory $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 	@BUILD=$(BUILD) bash tests/system/run-vm-tcmu.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-targetcli.sh
+	@BUILD=$(BUILD) bash tests/system/run-vm-legfaults.sh
 
 # Install layout (GNU-style variables). The unit names /usr/sbin; with
 # another PREFIX the installed copy is rewritten to point at SBINDIR.

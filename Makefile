@@ -8,8 +8,8 @@
 #   make bench      benchmarks (print numbers, assert nothing about speed)
 #   make conformance  libiscsi's suite against tiercached and tgtd
 #   make deps       install the Debian packages the build and tests need
-#   make check-system  LIO + TCMU + NVMe + targetcli, and faults on a guest NVMe leg, on Debian's kernel
-#                   under qemu (5-8 minutes)
+#   make check-system  LIO + TCMU + NVMe + targetcli, faults on a guest NVMe leg, and power cuts
+#                   replayed from a guest's write log, on Debian's kernel under qemu (10-15 minutes)
 #   make install    binaries, systemd unit, example config, man pages
 #                   (PREFIX=/usr/local, DESTDIR= for staging)
 #   make clean
@@ -185,6 +185,7 @@ check-system: deps
 	@BUILD=$(BUILD) bash tests/system/run-vm-tcmu.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-targetcli.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-legfaults.sh
+	@BUILD=$(BUILD) bash tests/system/run-vm-powercut.sh
 
 # Install layout (GNU-style variables). The unit names /usr/sbin; with
 # another PREFIX the installed copy is rewritten to point at SBINDIR.

@@ -52,6 +52,7 @@ EXTENT=262144
 DATA_OFF=2359296
 NSLOTS=246
 mkdir -p "$W"
+. tests/system/lib-vm.sh
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
@@ -143,36 +144,11 @@ EOF
 }
 
 build() {
-	local K=$VMDIR/kroot IR=$W/initrd-root KVER
 	[ -x "$BUILD/tiercached" ] && [ -x "$BUILD/tierctl" ] || { echo "FAIL: build $BUILD/tiercached first (make)"; exit 1; }
-	[ -d "$K/lib/modules" ] || { echo "FAIL: no kernel in $K (tests/system/run-vm-tcmu.sh setup)"; exit 1; }
-	KVER=$(ls "$K/lib/modules" | head -1)
-	depmod -b "$K" "$KVER"
-	rm -rf "$IR"
-	mkdir -p "$IR"/{bin,sbin,etc,proc,sys,dev,run,tmp,var/log,lib64,lib/x86_64-linux-gnu,usr/bin,usr/sbin}
-	cp /bin/busybox "$IR/bin/busybox"
-	for m in virtio_pci virtio_net virtio_blk nvme crc32c_generic; do
-		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
-	done | awk '!s[$0]++' >"$W/modlist.txt"
-	while read -r ko; do
-		rel=${ko#"$K"/}
-		mkdir -p "$IR/$(dirname "$rel")"
-		cp "$ko" "$IR/$rel"
-	done <"$W/modlist.txt"
-	sed "s#^$K##" "$W/modlist.txt" >"$IR/etc/modlist"
-	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$IR/usr/sbin/"
-	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do
-		ldd "$f" | awk '/=> \//{print $3}'
-	done | sort -u >"$W/liblist.txt"
-	while read -r lib; do cp "$(readlink -f "$lib")" "$IR/lib/x86_64-linux-gnu/$(basename "$lib")"; done <"$W/liblist.txt"
-	cp "$(readlink -f /lib64/ld-linux-x86-64.so.2)" "$IR/lib64/ld-linux-x86-64.so.2"
-	echo 'root:x:0:0:root:/:/bin/sh' >"$IR/etc/passwd"
-	echo 'root:x:0:' >"$IR/etc/group"
-	write_conf "$IR/etc/tiercached.conf"
-	write_init "$IR/init"
-	chmod 755 "$IR/init"
-	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/initrd.cpio"
-	cp "$K/boot/vmlinuz-$KVER" "$W/vmlinuz"
+	write_init "$W/init"
+	write_conf "$W/tiercached.conf"
+	vm_initrd "$W/initrd-root" "$W/init" "$W/tiercached.conf" "virtio_pci virtio_net virtio_blk nvme crc32c_generic" \
+		"$BUILD/tiercached" "$BUILD/tierctl"
 	write_rules "$W/leg1.rules"
 	rm -f "$W/backing.img" "$W/nvme0.img" "$W/nvme1.img"
 	truncate -s $BACKING_SIZE "$W/backing.img"
@@ -180,7 +156,7 @@ build() {
 	truncate -s $LEG_SIZE "$W/nvme1.img"
 	cc -std=gnu11 -O2 -Wall -Wextra -o "$W/lba_io" tests/tools/lba_io.c -liscsi 2>"$W/cc.log" ||
 		{ echo "FAIL: cannot build tests/tools/lba_io.c: $(head -5 "$W/cc.log")"; exit 1; }
-	echo "initrd: $(stat -c %s "$W/initrd.cpio") bytes, $(wc -l <"$IR/etc/modlist") modules; leg 1: $NSLOTS latent sectors"
+	echo "initrd: $(stat -c %s "$W/initrd.cpio") bytes, $(wc -l <"$W/modlist.txt") modules; leg 1: $NSLOTS latent sectors"
 }
 
 boot() {
@@ -213,25 +189,7 @@ boot() {
 
 gsh() { printf '%s\nexit\n' "$*" | socat -t 120 - TCP:127.0.0.1:$DBGPORT; }
 # an HMP command through QMP's human-monitor-command; prints its output
-hmp() {
-	python3 - "$W/qmp.sock" "$*" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-def reply():
-    while True:
-        m = json.loads(f.readline())
-        if "return" in m or "error" in m:
-            return m
-json.loads(f.readline())  # greeting
-f.write(json.dumps({"execute": "qmp_capabilities"}) + "\n"); f.flush(); reply()
-f.write(json.dumps({"execute": "human-monitor-command", "arguments": {"command-line": sys.argv[2]}}) + "\n")
-f.flush()
-m = reply()
-print(m.get("return", m.get("error")), end="")
-PY
-}
+hmp() { vm_qmp "$W/qmp.sock" human-monitor-command "$(python3 -c 'import json,sys; print(json.dumps({"command-line": sys.argv[1]}))' "$*")"; }
 
 RC=0
 ok() { echo "ok: $*"; }

@@ -24,6 +24,11 @@
  *                                  SYNCHRONIZE CACHE issued later completes
  *           Y id                   a SYNCHRONIZE CACHE issued
  *           Z id                   that SYNCHRONIZE CACHE completed (GOOD)
+ *       --log-dev: LOG is a block device (a partition), written from its
+ *       start with O_DSYNC before each batch of commands goes out, so a
+ *       power cut leaves on it a prefix of LOG (read it up to the first NUL
+ *       byte, drop the last line): exactly what the host knew was issued
+ *       and acknowledged by then.
  *       The writer ends only when the target goes away (every session lost
  *       its connection and the portal refuses new ones): exit 0. Any other
  *       status than GOOD (CHECK CONDITION, BUSY, a timeout, ...) is printed
@@ -297,6 +302,8 @@ struct sop {
 static struct {
 	const char *url;
 	int logfd;
+	bool log_dev;    /* LOG is a block device, written in place with O_DSYNC */
+	uint64_t log_off;
 	char *lbuf;
 	size_t llen, lcap;
 	struct sess sess[MAX_SESSIONS];
@@ -336,7 +343,8 @@ static void log_flush(void)
 {
 	size_t off = 0;
 	while (off < W.llen) {
-		ssize_t n = write(W.logfd, W.lbuf + off, W.llen - off);
+		ssize_t n = W.log_dev ? pwrite(W.logfd, W.lbuf + off, W.llen - off, (off_t)W.log_off)
+				      : write(W.logfd, W.lbuf + off, W.llen - off);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -344,6 +352,7 @@ static void log_flush(void)
 			exit(2);
 		}
 		off += (size_t)n;
+		W.log_off += (uint64_t)n;
 	}
 	W.llen = 0;
 }
@@ -539,7 +548,7 @@ static int do_write(int argc, char **argv)
 		{ "sessions", required_argument, NULL, 's' }, { "qd", required_argument, NULL, 'q' },
 		{ "wce", required_argument, NULL, 'w' },      { "fua", required_argument, NULL, 'f' },
 		{ "sync-acks", required_argument, NULL, 'y' }, { "secs", required_argument, NULL, 't' },
-		{ NULL, 0, NULL, 0 },
+		{ "log-dev", no_argument, NULL, 'D' },        { NULL, 0, NULL, 0 },
 	};
 	int o;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -550,12 +559,13 @@ static int do_write(int argc, char **argv)
 		case 'f': fua_pct = atoi(optarg); break;
 		case 'y': sync_acks = atoi(optarg); break;
 		case 't': secs = atof(optarg); break;
+		case 'D': W.log_dev = true; break;
 		default: return 2;
 		}
 	}
 	if (argc - optind != 4 || nsess < 1 || nsess > MAX_SESSIONS || qd < 1 || qd > MAX_QD || sync_acks < 1) {
 		fprintf(stderr, "usage: stamp_io write URL LOG SEQ0 SECTORS [--sessions N] [--qd N] [--wce 0|1] "
-				"[--fua PCT] [--sync-acks N] [--secs S]\n");
+				"[--fua PCT] [--sync-acks N] [--secs S] [--log-dev]\n");
 		return 2;
 	}
 	W.url = argv[optind];
@@ -570,7 +580,7 @@ static int do_write(int argc, char **argv)
 		return 2;
 	}
 	rnd_state = W.next_seq * 2654435761u + 1;
-	W.logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+	W.logfd = W.log_dev ? open(logpath, O_WRONLY | O_DSYNC) : open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
 	if (W.logfd < 0) {
 		perror(logpath);
 		return 2;

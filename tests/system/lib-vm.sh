@@ -1,0 +1,66 @@
+# tests/system/lib-vm.sh - what the busybox-initrd guests of the system tests share.
+# Sourced with VMDIR (where tests/system/run-vm-tcmu.sh setup unpacked Debian's
+# kernel, in $VMDIR/kroot) and W (this test's work dir) set.
+
+# vm_initrd ROOT INIT CONF "MODULES" BINARIES...: an initrd at $W/initrd.cpio with
+# busybox, the modules and their dependencies (insmod order in /etc/modlist), the
+# binaries in /usr/sbin with their shared libraries (found by ldd), INIT as
+# /init and CONF as /etc/tiercached.conf; the kernel at $W/vmlinuz.
+vm_initrd() {
+	local IR=$1 init=$2 conf=$3 mods=$4 K=$VMDIR/kroot KVER m ko rel f lib
+	shift 4
+	[ -d "$K/lib/modules" ] || { echo "FAIL: no kernel in $K (tests/system/run-vm-tcmu.sh setup)"; return 1; }
+	KVER=$(ls "$K/lib/modules" | head -1)
+	depmod -b "$K" "$KVER"
+	rm -rf "$IR"
+	mkdir -p "$IR"/{bin,sbin,etc,proc,sys,dev,run,tmp,var/log,lib64,lib/x86_64-linux-gnu,usr/bin,usr/sbin}
+	cp /bin/busybox "$IR/bin/busybox"
+	for m in $mods; do
+		modprobe -d "$K" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+	done | awk '!s[$0]++' >"$W/modlist.txt"
+	while read -r ko; do
+		rel=${ko#"$K"/}
+		mkdir -p "$IR/$(dirname "$rel")"
+		cp "$ko" "$IR/$rel"
+	done <"$W/modlist.txt"
+	sed "s#^$K##" "$W/modlist.txt" >"$IR/etc/modlist"
+	install -m 755 "$@" "$IR/usr/sbin/"
+	for f in "$@"; do
+		ldd "$f" | awk '/=> \//{print $3}'
+	done | sort -u >"$W/liblist.txt"
+	while read -r lib; do cp "$(readlink -f "$lib")" "$IR/lib/x86_64-linux-gnu/$(basename "$lib")"; done <"$W/liblist.txt"
+	cp "$(readlink -f /lib64/ld-linux-x86-64.so.2)" "$IR/lib64/ld-linux-x86-64.so.2"
+	echo 'root:x:0:0:root:/:/bin/sh' >"$IR/etc/passwd"
+	echo 'root:x:0:' >"$IR/etc/group"
+	cp "$conf" "$IR/etc/tiercached.conf"
+	install -m 755 "$init" "$IR/init"
+	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/initrd.cpio"
+	cp "$K/boot/vmlinuz-$KVER" "$W/vmlinuz"
+}
+
+# vm_qmp SOCKET EXECUTE [ARGUMENTS-JSON]: one QMP command; prints its "return" (JSON)
+vm_qmp() {
+	python3 - "$@" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+def reply():
+    while True:
+        m = json.loads(f.readline())
+        if "return" in m or "error" in m:
+            return m
+json.loads(f.readline())  # greeting
+f.write(json.dumps({"execute": "qmp_capabilities"}) + "\n"); f.flush(); reply()
+cmd = {"execute": sys.argv[2]}
+if len(sys.argv) > 3:
+    cmd["arguments"] = json.loads(sys.argv[3])
+f.write(json.dumps(cmd) + "\n")
+f.flush()
+m = reply()
+if "error" in m:
+    print(m["error"], file=sys.stderr)
+    sys.exit(1)
+print(json.dumps(m["return"]) if not isinstance(m["return"], str) else m["return"], end="")
+PY
+}

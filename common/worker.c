@@ -430,8 +430,10 @@ void workers_stop(void)
 		atomic_store(&workers[i].stop, true);
 		worker_post(&workers[i], wake, NULL);
 	}
-	for (unsigned i = 0; i < nworkers; i++) {
+	/* all of them first: a worker still running may post to one that stopped */
+	for (unsigned i = 0; i < nworkers; i++)
 		pthread_join(workers[i].thread, NULL);
+	for (unsigned i = 0; i < nworkers; i++) {
 		/*
 		 * The worker may have seen stop and drained its posts before our
 		 * wake-up was queued: free what is left (the wake-up, or a post

@@ -167,22 +167,26 @@ def check_image(a, d, tag):
     log = writer_log(os.path.join(d, "acklog.img"))
     with open(os.path.join(d, "writer.log"), "w") as f:
         f.write(log)
-    acks = sum(1 for l in log.splitlines() if l.startswith("A ") and l.endswith(" 1"))
+    lines = log.splitlines()
+    acks = sum(1 for l in lines if l.startswith("A ") and l.endswith(" 1"))
+    started = any(l.startswith("M ") for l in lines)
     port = free_port()
     # The set knows its backing store as a block device (the guest's p1): a file in its place is
     # another store, and refused. A loop device over the file is the same kind of store.
     r = subprocess.run(["losetup", "--find", "--show", os.path.join(d, "backing.img")], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
-        return "cannot attach the backing store to a loop device: %s" % r.stdout.strip()
+        print("powercut_replay: cannot attach the backing store to a loop device (root, and /dev/loop-control, "
+              "are needed): %s" % r.stdout.strip())
+        sys.exit(2)
     loop = r.stdout.strip()
     try:
-        return recover(a, d, log, acks, port, loop)
+        return recover(a, d, started, acks, port, loop)
     finally:
         subprocess.run(["losetup", "-d", loop])
 
 
-def recover(a, d, log, acks, port, loop):
+def recover(a, d, started, acks, port, loop):
     cfg = conf(d, port, a.iqn, loop, a.parts[0][1] * SECTOR)
     dlog = open(os.path.join(d, "daemon.log"), "w")
     p = subprocess.Popen([a.daemon, "-c", cfg], stdout=dlog, stderr=subprocess.STDOUT)
@@ -200,7 +204,7 @@ def recover(a, d, log, acks, port, loop):
                 return "the daemon's portal did not open within 120 s"
             time.sleep(0.05)
         url = "iscsi://127.0.0.1:%d/%s/0" % (port, a.iqn)
-        if "M " in log:
+        if started:
             r = subprocess.run([a.stamp_io, "verify", url, str(a.sectors), os.path.join(d, "writer.log")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             with open(os.path.join(d, "verify.out"), "w") as f:
@@ -255,8 +259,15 @@ def main():
         print("powercut_replay: only %d writes in the log" % len(writes))
         return 2
     rng = random.Random(a.seed)
-    # cut k: before write number cuts[k] of the log (its entry is the one torn); the last: the whole log
-    cuts = sorted(rng.sample(writes[1:], a.cuts - 1)) + [len(ents)]
+    # cut k: before entry cuts[k] of the log (the one torn); the last: the whole log. Half the cuts
+    # fall just after a write to the writer's log partition: the moment an acknowledgement became
+    # durable there, when data acknowledged early but not yet on a leg would be missed.
+    p4lo, p4hi = a.parts[3][0], a.parts[3][0] + a.parts[3][1]
+    ack_writes = [i + 1 for i in writes if p4lo <= ents[i][0] < p4hi and i + 1 < len(ents)]
+    n_ack = min((a.cuts - 1) // 2, len(ack_writes))
+    picked = set(rng.sample(ack_writes, n_ack))
+    picked |= set(rng.sample([w for w in writes[1:] if w not in picked], a.cuts - 1 - n_ack))
+    cuts = sorted(picked) + [len(ents)]
     print("log: %d entries (%d writes, %d flushes, %d discards); %d cut points (seed %d) x %d tears"
           % (len(ents), len(writes), sum(1 for e in ents if e[2] & F_FLUSH),
              sum(1 for e in ents if e[2] & F_DISCARD), len(cuts), a.seed, a.seeds))
@@ -293,15 +304,22 @@ def main():
                 print("FAIL: %s: %s (files in %s)" % (tag, res, keepdir))
                 return 1
             _, acks = res
+            if c == len(ents) and acks == 0:
+                print("FAIL: the whole log's image holds no acknowledged write in the writer's log: nothing was "
+                      "checked (is the writer's log on partition 4?)")
+                return 1
             done += 1
             acks_min = acks if acks_min is None else min(acks_min, acks)
             acks_max = max(acks_max, acks)
         print("ok: cut %d/%d (entry %d of %d, a write of %d sectors): %d image(s) (tears 0 .. %d of its sectors) "
               "recovered, every acknowledged write read back twice, legs equal"
               % (k + 1, len(cuts), c, len(ents), len(secs), a.seeds if secs else 1, len(secs)))
-    print("%d images recovered and verified (%d cut points, up to %d tears each) in %.0f s; durable "
-          "acknowledgements checked per image: %d .. %d" % (done, len(cuts), a.seeds, time.time() - t0,
-                                                            acks_min or 0, acks_max))
+    print("%d images recovered and verified (%d cut points, %d of them just after an acknowledgement reached the "
+          "writer's log; up to %d tears each) in %.0f s; durable acknowledgements checked per image: %d .. %d"
+          % (done, len(cuts), n_ack, a.seeds, time.time() - t0, acks_min or 0, acks_max))
+    print("model: prefixes of the completion order of a write-through drive, the write at the cut torn; not "
+          "modelled: a later in-flight write landing before an earlier one, a volatile cache and its flushes "
+          "(the unit power-cut test covers those on our own submission log)")
     return 0
 
 

@@ -148,6 +148,9 @@ build() {
 }
 
 run() {
+	# from the drive the replay starts from, with an empty log
+	cp --sparse=always "$W/drive0.img" "$W/drive.img"
+	: >"$W/blk.log"
 	rm -f "$W/serial.log"
 	local t0
 	t0=$(now)

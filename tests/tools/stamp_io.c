@@ -25,9 +25,11 @@
  *           Y id                   a SYNCHRONIZE CACHE issued
  *           Z id                   that SYNCHRONIZE CACHE completed (GOOD)
  *       --log-dev: LOG is a block device (a partition), written from its
- *       start with O_DSYNC before each batch of commands goes out, so a
- *       power cut leaves on it a prefix of LOG (read it up to the first NUL
- *       byte, drop the last line): exactly what the host knew was issued
+ *       start with O_DSYNC before each batch of commands goes out (libiscsi
+ *       over TCP only queues a command's PDUs; they reach the socket in
+ *       iscsi_service) and right after each batch of acknowledgements, so
+ *       a power cut leaves on it a prefix of LOG (read it up to the first
+ *       NUL byte, drop a partial last line): what the host knew was issued
  *       and acknowledged by then.
  *       The writer ends only when the target goes away (every session lost
  *       its connection and the portal refuses new ones): exit 0. Any other
@@ -663,6 +665,7 @@ static int do_write(int argc, char **argv)
 			if (iscsi_service(s->c, pfd[k].revents) < 0)
 				session_lost(s, "iscsi_service failed");
 		}
+		log_flush(); /* the acknowledgements just received, before anything else goes out */
 	}
 	log_flush();
 	/* the remaining sessions: their commands end as CANCELLED, i.e. cut off */

@@ -5,13 +5,14 @@
  * posts and leave before the stop's own wake-up post is queued; that post
  * was then never freed (LeakSanitizer in the ASan build of make check saw
  * it at the daemon's exit). Here the workers are kept busy with posts that
- * re-post themselves until the stop, many times over: the ASan build of
- * this test fails on any post left unfreed, and every post that ran is
- * counted, so none runs after its worker stopped.
+ * re-post themselves (to their own worker and to the other one) until the
+ * stop, many times over: the ASan build of this test fails on any post
+ * left unfreed.
  */
 #include "common/worker.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,11 +22,14 @@
 static _Atomic bool stopping;
 static _Atomic unsigned long ran;
 
+/* re-posts itself, alternately to its own worker and to the other one */
 static void spin(void *arg)
 {
+	uintptr_t n = (uintptr_t)arg;
 	atomic_fetch_add(&ran, 1);
 	if (!atomic_load(&stopping))
-		worker_post(worker_self(), spin, arg);
+		worker_post(n % 2 ? worker_self() : worker_get((worker_self() == worker_get(0)) ? 1 : 0), spin,
+			    (void *)(n + 1));
 }
 
 int main(void)

@@ -5,7 +5,8 @@
  * a set configured with fault_injection = yes), fails the way dying NVMe
  * drives do: every I/O with -EIO (the kernel's EIO), or reads of one range
  * only with -ENODATA (latent sector errors, the kernel's medium error: a
- * write over a bad sector heals it, as a drive remaps on write), or no answer at all (requests are held until the fault
+ * write over a bad sector heals it, as a drive remaps on write; or, stuck,
+ * it does not), or no answer at all (requests are held until the fault
  * is cleared or the device closed, then fail with -EIO). It counts the
  * reads and writes it passed on, so a test can tell which leg served what.
  *
@@ -97,7 +98,7 @@ static void fault_submit(struct bdev *dev, struct bdev_req *req)
 		pthread_mutex_unlock(&f->lock);
 		return;
 	}
-	if (mode == BDEV_FAULT_RANGE && rw) {
+	if ((mode == BDEV_FAULT_RANGE || mode == BDEV_FAULT_STUCK) && rw) {
 		uint64_t lo = atomic_load(&f->bad_off), len = atomic_load(&f->bad_len);
 		uint64_t a = req->offset > lo ? req->offset : lo;
 		uint64_t b = req->offset + req->len < lo + len ? req->offset + req->len : lo + len;
@@ -110,7 +111,7 @@ static void fault_submit(struct bdev *dev, struct bdev_req *req)
 					bad = true;
 					break;
 				}
-			} else {
+			} else if (mode == BDEV_FAULT_RANGE) {
 				atomic_fetch_and(&f->bad[k / 64], ~bit); /* rewritten: remapped */
 			}
 		}
@@ -208,12 +209,13 @@ int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_
 	if (!bdev_is_fault(dev))
 		return -ENOTSUP;
 	struct fault_bdev *f = (struct fault_bdev *)dev;
-	if (mode == BDEV_FAULT_RANGE) {
+	if (mode == BDEV_FAULT_RANGE || mode == BDEV_FAULT_STUCK) {
 		if (len > (64u << 20) || off % 512 || len % 512)
 			return -EINVAL;
 		uint64_t words = (len / 512 + 63) / 64;
 		if (words > f->bad_words) {
-			if (atomic_load(&f->mode) == BDEV_FAULT_RANGE)
+			int cur = atomic_load(&f->mode);
+			if (cur == BDEV_FAULT_RANGE || cur == BDEV_FAULT_STUCK)
 				atomic_store(&f->mode, BDEV_FAULT_NONE); /* no reader of the old map from here on */
 			_Atomic uint64_t *nb = calloc(words, sizeof(*nb));
 			if (!nb)

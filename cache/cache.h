@@ -51,6 +51,7 @@ struct cache_set_cfg {
 	uint64_t seq_cutoff;    /* sequential bypass, bytes (0 = never) */
 	uint32_t dirty_target;  /* percent of slots the cleaner aims to keep dirty at most */
 	uint32_t leg_timeout_ms; /* a leg that takes longer to answer is failed (0 = never) */
+	uint32_t max_read_errors; /* unreadable ranges rewritten per leg within an hour before it is failed (0 = no limit) */
 	bool fault_injection;   /* tests only: legs wrapped by bdev_fault (tierctl leg fault) */
 };
 

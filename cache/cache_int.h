@@ -376,6 +376,10 @@ struct cache_set {
 	pthread_mutex_t repair_lock;
 	struct repair_ent repair_q[REPAIR_MAX];
 	int nrepair;
+	/* per leg: ranges noted for a rewrite since read_err_since (ms, monotonic), for max_read_errors */
+	uint32_t read_errs[CACHE_MAX_LEGS];
+	uint64_t read_err_since[CACHE_MAX_LEGS];
+	const struct bdev *read_err_dev[CACHE_MAX_LEGS]; /* the device they were counted on */
 	_Atomic uint64_t st_read_errors, st_repairs, st_leg_timeouts;
 	/* in-flight writes that bypass the cache, hashed by extent (fills check) */
 	_Atomic uint32_t bypass[1024];

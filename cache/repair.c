@@ -6,8 +6,10 @@
  * hands the range here (cache_repair_note, any worker); the set's tick
  * (worker 0) then reads the range from the good leg and writes it back to
  * the failing one, which a drive remaps on write. The leg is failed only if
- * that rewrite fails, or if more ranges wait than REPAIR_MAX (a leg erring
- * that much is dying, and failing it stops the retries).
+ * that rewrite fails, if more ranges wait than REPAIR_MAX (a leg erring
+ * that much is dying, and failing it stops the retries), or if more than
+ * max_read_errors ranges were noted within an hour (a leg whose reads keep
+ * failing although its rewrites succeed).
  *
  * Safety against writers is the top-up's (volume.c): the repair takes
  * SB_TOPUP so no top-up or other repair runs on the slot, starts only while
@@ -28,6 +30,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct repair {
 	struct cache_set *cs;
@@ -40,11 +43,41 @@ struct repair {
 	struct bdev_req req;
 };
 
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/*
+ * max_read_errors: a leg that keeps returning read errors although every
+ * rewrite succeeds (a drive that can no longer remap, or that fails reads
+ * for another reason) would otherwise stay in service for good, each read
+ * of it retried on the other leg. Like md's max_read_errors, more than
+ * that many ranges queued for a rewrite within an hour fail the leg.
+ * repair_lock held.
+ */
+static bool read_errors_exceeded(struct cache_set *cs, int leg, uint32_t *n)
+{
+	uint32_t max = cs->cfg.max_read_errors;
+	uint64_t now = mono_ms();
+	if (cs->read_err_dev[leg] != cs->legs[leg] || now - cs->read_err_since[leg] >= 3600u * 1000u) {
+		cs->read_err_dev[leg] = cs->legs[leg]; /* a replaced leg starts again */
+		cs->read_err_since[leg] = now;
+		cs->read_errs[leg] = 0;
+	}
+	*n = ++cs->read_errs[leg];
+	return max && *n > max;
+}
+
 int cache_repair_note(struct mirror *m, int leg, uint64_t off, uint64_t len, void *arg)
 {
 	struct cache_set *cs = arg;
 	(void)m;
 	int rc = 0;
+	uint32_t nerr = 0;
+	bool too_many = false;
 	pthread_mutex_lock(&cs->repair_lock);
 	bool dup = false;
 	for (int i = 0; i < cs->nrepair; i++)
@@ -53,10 +86,15 @@ int cache_repair_note(struct mirror *m, int leg, uint64_t off, uint64_t len, voi
 	if (!dup) {
 		if (cs->nrepair == REPAIR_MAX)
 			rc = -1;
+		else if ((too_many = read_errors_exceeded(cs, leg, &nerr)))
+			rc = -1;
 		else
 			cs->repair_q[cs->nrepair++] = (struct repair_ent){ off, len, leg };
 	}
 	pthread_mutex_unlock(&cs->repair_lock);
+	if (too_many)
+		log_err("cache %s: leg %s: %u unreadable ranges within an hour (max_read_errors %u); failing it",
+			cs->name, cs->legs[leg]->name, nerr, cs->cfg.max_read_errors);
 	if (!rc)
 		atomic_fetch_add(&cs->st_read_errors, 1);
 	return rc;

@@ -319,6 +319,7 @@ static int begin_section(struct parse_state *ps, const char *section)
 		c->seq_cutoff = 4u << 20;
 		c->dirty_target = 10;
 		c->leg_timeout = 10;
+		c->max_read_errors = 50;
 		c->line = line;
 		ps->sec = SEC_CACHE;
 	} else {
@@ -753,6 +754,14 @@ static int handle_cache(struct parse_state *ps, const char *key, const char *val
 			return 0;
 		}
 		c->leg_timeout = (unsigned)u;
+	} else if (!strcmp(key, "max_read_errors")) {
+		if (parse_uint(val, 1000000, &u)) {
+			fail_at(ps, ps->line, "[cache %s] max_read_errors = %s: give how many unreadable ranges a leg may "
+				"have rewritten within an hour before it is failed, 1 to 1000000, or 0 for no limit "
+				"(default 50)", c->name, val);
+			return 0;
+		}
+		c->max_read_errors = (uint32_t)u;
 	} else if (!strcmp(key, "fault_injection")) {
 		if (parse_bool(val, &c->fault_injection)) {
 			fail_at(ps, ps->line, "[cache %s] fault_injection = %s: use yes or no (yes is for tests: "
@@ -762,7 +771,7 @@ static int handle_cache(struct parse_state *ps, const char *key, const char *val
 	} else {
 		fail_at(ps, ps->line,
 			"[cache %s] has no key \"%s\"; known keys: legs, allow_single_leg, size, extent, mode, "
-			"admit_hits, seq_cutoff, dirty_target, leg_timeout", c->name, key);
+			"admit_hits, seq_cutoff, dirty_target, leg_timeout, max_read_errors", c->name, key);
 		return 0;
 	}
 	return 1;

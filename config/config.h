@@ -74,6 +74,7 @@ struct cfg_cache {
 	uint64_t seq_cutoff;   /* sequential bypass (default 4 MiB; 0 = off) */
 	uint32_t dirty_target; /* percent (default 10) */
 	unsigned leg_timeout;  /* seconds before a leg that does not answer is failed (default 10; 0 = never) */
+	uint32_t max_read_errors; /* rewritten unreadable ranges per leg and hour before it is failed (default 50; 0 = no limit) */
 	bool fault_injection;  /* tests only: tierctl leg fault may fail the legs */
 	int line;
 };

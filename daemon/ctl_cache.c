@@ -220,12 +220,15 @@ static int ctl_leg_fault(struct json_object *req, struct json_object *resp, void
 		f = BDEV_FAULT_HANG;
 	else if (!strcmp(mode, "range"))
 		f = BDEV_FAULT_RANGE;
+	else if (!strcmp(mode, "stuck"))
+		f = BDEV_FAULT_STUCK;
 	else
-		return control_error(resp, "unknown fault \"%s\"; use eio, hang, range OFFSET LENGTH, or ok", mode);
+		return control_error(resp, "unknown fault \"%s\"; use eio, hang, range OFFSET LENGTH, stuck OFFSET "
+				     "LENGTH, or ok", mode);
 	uint64_t off = 0, len = 0;
-	if (f == BDEV_FAULT_RANGE && (!off_s || !len_s || config_parse_size(off_s, &off) || config_parse_size(len_s, &len) ||
+	if ((f == BDEV_FAULT_RANGE || f == BDEV_FAULT_STUCK) && (!off_s || !len_s || config_parse_size(off_s, &off) || config_parse_size(len_s, &len) ||
 				      !len))
-		return control_error(resp, "leg fault range needs OFFSET LENGTH (bytes of the leg, like 1M 64K)");
+		return control_error(resp, "leg fault %s needs OFFSET LENGTH (bytes of the leg, like 1M 64K)", mode);
 	for (int i = 0; i < g_cfg->ncaches; i++) {
 		if (strcmp(g_cfg->caches[i].name, set))
 			continue;

@@ -264,6 +264,7 @@ static int open_caches(struct daemon *d)
 			.seq_cutoff = c->seq_cutoff,
 			.dirty_target = c->dirty_target,
 			.leg_timeout_ms = c->leg_timeout * 1000u,
+			.max_read_errors = c->max_read_errors,
 			.fault_injection = c->fault_injection,
 		};
 		for (int k = 0; k < c->nlegs; k++)

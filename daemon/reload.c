@@ -61,7 +61,8 @@ static bool cache_eq(const struct cfg_cache *a, const struct cfg_cache *b)
 	if (strcmp(a->name, b->name) || a->nlegs != b->nlegs || a->allow_single_leg != b->allow_single_leg ||
 	    a->size != b->size || a->extent != b->extent || a->mode != b->mode || a->admit_hits != b->admit_hits ||
 	    a->seq_cutoff != b->seq_cutoff || a->dirty_target != b->dirty_target ||
-	    a->leg_timeout != b->leg_timeout || a->fault_injection != b->fault_injection)
+	    a->leg_timeout != b->leg_timeout || a->max_read_errors != b->max_read_errors ||
+	    a->fault_injection != b->fault_injection)
 		return false;
 	for (int k = 0; k < a->nlegs; k++)
 		if (strcmp(a->legs[k], b->legs[k]))

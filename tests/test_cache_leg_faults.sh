@@ -16,6 +16,11 @@
 #      but it stays in service, the range is rewritten from leg 1, and then
 #      the same reads raise no error. A verify load over another bad range
 #      has no error either and leaves the set healthy.
+#  2b. (right after 2) The same range on leg 0 stays unreadable although
+#      every rewrite succeeds (a drive that can no longer remap), with
+#      max_read_errors = 3: every read is good, and once 4 ranges were
+#      noted for a rewrite within the hour leg 0 is failed, the reason in
+#      the daemon log.
 #   4. On fresh legs, both legs fail with dirty data: status lists the lost
 #      ranges before any host reads them; a lost LBA reads CHECK CONDITION,
 #      MEDIUM ERROR, UNRECOVERED READ ERROR (03/11/00); clean LBAs (destaged
@@ -218,6 +223,30 @@ expect_eq "$(cst 'c["state"], c["legs"][0]["health"]')" "('healthy', 'healthy')"
 	"part 2: healthy after the load met $((errs3 - errs2)) read error(s)"
 read -r _ _ fe < <(fault "$leg0" ok)
 expect_eq "$fe" "$errs3" "part 2: the errors the fault device returned are the ones status counts"
+tc_stop
+
+# ---- 2b. a range that stays unreadable although rewritten: max_read_errors fails the leg ---------
+sed 's/^leg_timeout = 2$/leg_timeout = 2\nmax_read_errors = 3/' "$T/t.conf" >"$T/t2.conf"
+grep -q '^max_read_errors = 3$' "$T/t2.conf" || fail "part 2b: cannot write the configuration"
+tc_start "$T/t2.conf"
+# the load of part 2 overwrote range A: new known data there (the slot stays the same)
+head -c 64K /dev/urandom >"$T/a.img"
+expect_eq "$(lba_io write "$a_lba" 128 "$T/a.img")" good "part 2b: range A written again"
+fault "$leg0" stuck "$a_off" 64K >/dev/null || fail "part 2b: tierctl leg fault stuck"
+leg0_failed() { [ "$(cst 'c["legs"][0]["health"]')" = failed ]; }
+reads=0
+t0=$SECONDS
+while ! leg0_failed && ((SECONDS - t0 < 60)); do
+	out=$(lba_io read "$a_lba" 128 --expect "$T/a.img")
+	[ "$out" = good ] || fail "part 2b: read $((reads + 1)) of the stuck range: $out"
+	reads=$((reads + 1))
+done
+leg0_failed || fail "part 2b: leg 0 still in service after $reads reads of a range its rewrites never heal"
+grep -q "leg $leg0: 4 unreadable ranges within an hour (max_read_errors 3); failing it" "$T/daemon.log" ||
+	fail "part 2b: no max_read_errors line in the daemon log"
+pass "part 2b: leg 0 failed after $reads good reads of a range it could not keep (max_read_errors 3)"
+expect_eq "$(lba_io read "$a_lba" 128 --times 4 --expect "$T/a.img")" good "part 2b: the range reads back from leg 1"
+expect_eq "$(cst 'c["state"], c["legs"][1]["health"]')" "('degraded', 'healthy')" "part 2b: status degraded"
 tc_stop
 
 # ---- 4. both legs fail with dirty data ------------------------------------------------------

@@ -106,6 +106,8 @@ static const struct bad_case bad[] = {
 	{ "[cache c]\nlegs = /a /b\nspeed = fast\n", "bad.conf:3: [cache c] has no key \"speed\"" },
 	{ "[cache c]\nlegs = /a /b\nleg_timeout = 5m\n", "bad.conf:3: [cache c] leg_timeout = 5m: give the seconds" },
 	{ "[cache c]\nlegs = /a /b\nleg_timeout = 3601\n", "bad.conf:3: [cache c] leg_timeout = 3601" },
+	{ "[cache c]\nlegs = /a /b\nmax_read_errors = many\n", "bad.conf:3: [cache c] max_read_errors = many: give how many" },
+	{ "[cache c]\nlegs = /a /b\nmax_read_errors = 1000001\n", "bad.conf:3: [cache c] max_read_errors = 1000001" },
 	{ "[cache c]\nlegs = /a /b\n[cache c]\nlegs = /d /e\n", "bad.conf:3: [cache c] is defined twice" },
 	{ "[lun a]\nbacking = /x\ncache = nope\n", "bad.conf:3: [lun a] cache = nope: there is no [cache nope]" },
 	{ "[lun a]\nbacking = /x\n[cache c]\nlegs = /x /y\n", "bad.conf:3: [cache c] leg /x is the backing store of [lun a]" },
@@ -200,6 +202,7 @@ static void test_cache_sections(void)
 		"admit_hits = 3\n"
 		"seq_cutoff = 0\n"
 		"leg_timeout = 3s\n"
+		"max_read_errors = 0\n"
 		"[cache one]\n"
 		"legs = var/c.img\n"
 		"allow_single_leg = yes\n"
@@ -216,10 +219,11 @@ static void test_cache_sections(void)
 	      "size, extent, admit_hits, seq_cutoff");
 	CHECK(f->mode == CACHE_WRITE_THROUGH, "mode = write-through");
 	CHECK(f->leg_timeout == 3, "leg_timeout = 3s (got %u)", f->leg_timeout);
+	CHECK(f->max_read_errors == 0, "max_read_errors = 0 (no limit)");
 	struct cfg_cache *o = config_find_cache(cfg, "one");
 	CHECK(o && o->nlegs == 1 && o->allow_single_leg && o->extent == 256u << 10 && o->mode == CACHE_WRITE_BACK &&
-	      o->seq_cutoff == 4u << 20 && o->leg_timeout == 10,
-	      "defaults: 256K extents, write-back, 4M sequential cutoff, leg_timeout 10 s");
+	      o->seq_cutoff == 4u << 20 && o->leg_timeout == 10 && o->max_read_errors == 50,
+	      "defaults: 256K extents, write-back, 4M sequential cutoff, leg_timeout 10 s, max_read_errors 50");
 	CHECK(cfg->luns[0].cache_set == f && cfg->luns[1].cache_set == f && !cfg->luns[2].cache_set,
 	      "two LUNs share one set, the third is uncached");
 	config_free(cfg);

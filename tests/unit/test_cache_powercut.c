@@ -12,9 +12,12 @@
  * promote extents (fills, some of data that a write without FUA just
  * reached, before the FLUSH) and partial hits that top extents up, and a
  * destage of everything half-way. A third of the way in leg 1 is failed
- * (the set runs degraded), at two thirds it is rebuilt in place (the
- * resync copies leg 0 while the workload goes on), so cuts fall before,
- * during and after a failure and a resync.
+ * (the set runs degraded), at two thirds it is rebuilt (the resync copies
+ * leg 0 while the workload goes on): in place in write-through and
+ * pass-through, onto another device in write-back and write-around (the
+ * recoveries after that point list the new device, as an admin does after
+ * tierctl leg replace), so cuts fall before, during and after a failure
+ * and a resync.
  *
  * A write is durable at a cut once it completed with FUA, or completed
  * before a FLUSH of its device that was submitted and completed before the
@@ -53,8 +56,21 @@
 #define SUBSETS 8
 #define RECOVERY_CUT_EVERY 8
 
-enum { DEV_BACK, DEV_LEG0, DEV_LEG1, NDEV };
-static const uint64_t dev_size[NDEV] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
+/* DEV_LEG1B: the device leg 1 is rebuilt onto in the modes that replace it (replace_new) */
+enum { DEV_BACK, DEV_LEG0, DEV_LEG1, DEV_LEG1B, NDEV };
+static const uint64_t dev_size[NDEV] = { BACK_SIZE, LEG_SIZE, LEG_SIZE, LEG_SIZE };
+static bool replace_new;          /* this mode rebuilds leg 1 onto DEV_LEG1B, not in place */
+static size_t replace_at = SIZE_MAX; /* log index of that replace */
+
+/*
+ * The device a configuration lists as leg 1 after a cut: once the replace
+ * onto a new device was issued, the admin lists the new one (as README and
+ * tierctl(8) say to), whose rebuild a cut may have left half done.
+ */
+static int leg1_at(size_t cut)
+{
+	return replace_new && cut > replace_at ? DEV_LEG1B : DEV_LEG1;
+}
 
 struct event {
 	uint64_t seq;   /* 0 with unmap */
@@ -100,7 +116,7 @@ static bool verifying;
 static uint8_t **pc_touched; /* borrowed images: pages recovery writes are marked here */
 
 static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_t *const img[NDEV],
-				  struct wlog *log, bool borrow)
+				  struct wlog *log, bool borrow, int leg1)
 {
 	char err[512];
 	for (int i = 0; i < NDEV; i++) {
@@ -110,7 +126,7 @@ static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_
 		if (log)
 			d[i]->log = log;
 	}
-	struct bdev *legs[2] = { &d[DEV_LEG0]->dev, &d[DEV_LEG1]->dev };
+	struct bdev *legs[2] = { &d[DEV_LEG0]->dev, &d[leg1]->dev };
 	cfg.mode = cur_mode;
 	cfg.admit_hits = verifying ? 1000 : 1;
 	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
@@ -299,7 +315,8 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 	double t0 = tnow();
 	struct mem_bdev *d[NDEV];
 	struct bdev *vol;
-	struct cache_set *cs = open_set(d, &vol, img, NULL, true);
+	int l1 = leg1_at(cut);
+	struct cache_set *cs = open_set(d, &vol, img, NULL, true, l1);
 	if (!cs) {
 		fprintf(stderr, "%s: the set did not open\n", what);
 		return 1;
@@ -342,7 +359,7 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 			if (!slot_all_valid(cs, s, b, 1))
 				continue;
 			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
-			if (memcmp(d[DEV_LEG0]->data + o, d[DEV_LEG1]->data + o, CACHE_SECTOR)) {
+			if (memcmp(d[DEV_LEG0]->data + o, d[l1]->data + o, CACHE_SECTOR)) {
 				if (!diff)
 					fprintf(stderr, "%s: slot %u block %u differs between the legs\n", what, s, b);
 				diff++;
@@ -364,7 +381,7 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 				continue;
 			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
 			uint64_t bo = key_ext(key) * EXT + (uint64_t)b * CACHE_SECTOR;
-			int src = (atomic_load(&cs->mirror.failed) & 2) ? DEV_LEG0 : DEV_LEG1;
+			int src = (atomic_load(&cs->mirror.failed) & 2) ? DEV_LEG0 : l1;
 			if (memcmp(d[src]->data + o, d[DEV_BACK]->data + bo, CACHE_SECTOR)) {
 				if (!stale)
 					fprintf(stderr, "%s: lba %llu is cached as clean but the backing store holds other data\n",
@@ -381,8 +398,9 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 		bad++;
 	}
 	if (bad)
-		fprintf(stderr, "%s: recovered with %s, %s\n", what, both ? "both legs" : "leg 1 out",
-			blank >= 0 ? "leg 1 found blank and rebuilt" : "no rebuild");
+		fprintf(stderr, "%s: recovered with %s, %s, leg 1 on %s\n", what, both ? "both legs" : "leg 1 out",
+			blank >= 0 ? "leg 1 found blank and rebuilt" : "no rebuild",
+			l1 == DEV_LEG1B ? "the device it was replaced onto" : "its first device");
 	double t2 = tnow();
 	t_read += t2 - t1;
 	close_set(cs, vol);
@@ -399,7 +417,7 @@ static int verify_recovery_cut(size_t cut, uint8_t *const img[NDEV], uint64_t se
 	rlog.on = true;
 	struct mem_bdev *d[NDEV];
 	struct bdev *vol;
-	struct cache_set *cs = open_set(d, &vol, img, &rlog, false);
+	struct cache_set *cs = open_set(d, &vol, img, &rlog, false, leg1_at(cut));
 	if (!cs) {
 		fprintf(stderr, "%s: the set did not open\n", what);
 		return 1;
@@ -441,7 +459,8 @@ static size_t workload(int nbatches)
 	wlog_reset(&g_log);
 	for (uint32_t i = 0; i < NSECT; i++)
 		hist[i].n = 0;
-	struct cache_set *cs = open_set(d, &vol, NULL, NULL, false);
+	replace_at = SIZE_MAX;
+	struct cache_set *cs = open_set(d, &vol, NULL, NULL, false, DEV_LEG1);
 	REQUIRE(cs, "format");
 	/* pre-existing backing data: stamps with seq 0 in the first half */
 	for (uint64_t off = 0; off < BACK_SIZE / 2; off += 512)
@@ -542,9 +561,13 @@ static size_t workload(int nbatches)
 			for (int i = 0; i < 20000 && atomic_load(&cs->mirror.persisted) != 2; i++)
 				usleep(100);
 		}
-		if (batch == 2 * nbatches / 3)
-			REQUIRE(cache_set_leg_replace(cs, 1, &d[DEV_LEG1]->dev, err, sizeof(err)) == 0,
-				"rebuild in place: %s", err);
+		if (batch == 2 * nbatches / 3) {
+			if (replace_new)
+				replace_at = wlog_len();
+			REQUIRE(cache_set_leg_replace(cs, 1, &d[replace_new ? DEV_LEG1B : DEV_LEG1]->dev, err,
+						      sizeof(err)) == 0,
+				"rebuild %s: %s", replace_new ? "onto a new device" : "in place", err);
+		}
 	}
 	/* the rebuild runs beside the rest of the workload; let it end */
 	for (int i = 0; i < 20000 && atomic_load(&cs->mirror.resyncing); i++)
@@ -566,7 +589,7 @@ static size_t workload(int nbatches)
 		for (uint32_t b = 0; b < cs->lay.bpe; b++) {
 			uint64_t o = slot_leg_off(cs, s) + (uint64_t)b * CACHE_SECTOR;
 			if (slot_all_valid(cs, s, b, 1) &&
-			    memcmp(d[DEV_LEG0]->data + o, d[DEV_LEG1]->data + o, CACHE_SECTOR))
+			    memcmp(d[DEV_LEG0]->data + o, d[replace_new ? DEV_LEG1B : DEV_LEG1]->data + o, CACHE_SECTOR))
 				differ++;
 		}
 	}
@@ -574,9 +597,9 @@ static size_t workload(int nbatches)
 		cache_mode_name(cur_mode), differ);
 	struct cache_set_status st;
 	cache_set_status(cs, &st);
-	printf("%s workload: %d batches, %zu log entries; %llu promotions, %llu top-ups, %llu KiB destaged, "
-	       "%llu write hits\n",
-	       cache_mode_name(cur_mode), nbatches, total, (unsigned long long)st.promotions,
+	printf("%s workload: %d batches, %zu log entries, leg 1 rebuilt %s; %llu promotions, %llu top-ups, "
+	       "%llu KiB destaged, %llu write hits\n",
+	       cache_mode_name(cur_mode), nbatches, total, replace_new ? "onto a new device" : "in place", (unsigned long long)st.promotions,
 	       (unsigned long long)st.topups, (unsigned long long)(st.destaged_bytes >> 10),
 	       (unsigned long long)st.write_hits);
 	for (int i = 0; i < 8; i++)
@@ -600,6 +623,7 @@ int main(void)
 	int total_failures = 0;
 	for (size_t mi = 0; mi < sizeof(modes) / sizeof(modes[0]); mi++) {
 		cur_mode = modes[mi];
+		replace_new = mi % 2 == 0; /* write-back and write-around: onto a new device */
 		struct timespec t0, t1;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		size_t total = workload(long_run ? 60 : 24);

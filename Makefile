@@ -40,7 +40,7 @@ LDLIBS += $(RBD_LIBS)
 
 # Every .c under these folders is part of the engine library; the programs
 # add their own main.
-LIB_DIRS := common config backstore cache target/iscsi target/tcmu
+LIB_DIRS := common config bdev backstore cache target/iscsi target/tcmu
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 

@@ -24,7 +24,7 @@
 
 #include "scsi.h"
 
-#include "../cache/bdev.h"
+#include "../bdev/bdev.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -154,7 +154,7 @@ void scsi_lu_set_capacity(struct scsi_lu *lu, uint64_t bytes);
 /* An LU over a shared backing store (bdev_is_shared): this gateway's view
  * of the ownership, for status. false for any other LU. Any thread. */
 struct scsi_lu_ownership {
-	unsigned state;            /* enum bdev_owner_state (cache/bdev.h) */
+	unsigned state;            /* enum bdev_owner_state (bdev/bdev.h) */
 	uint64_t generation;       /* when OWNED */
 	uint32_t port_group;       /* this gateway's target port group */
 	uint32_t owner_port_group; /* the owner's, 0 = unknown */

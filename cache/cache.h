@@ -23,7 +23,7 @@
 #ifndef TC_CACHE_H
 #define TC_CACHE_H
 
-#include "bdev.h"
+#include "../bdev/bdev.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -119,7 +119,7 @@ int cache_set_leg_replace_path(struct cache_set *cs, const char *old_path, const
 int cache_set_fail_leg(struct cache_set *cs, const char *path, const char *why, char *err, size_t errlen);
 /*
  * Tests only (a set opened with fault_injection): set the fault of leg
- * path (enum bdev_fault, bdev.h) and return what its fault device has seen.
+ * path (enum bdev_fault, bdev/fault.h) and return what its fault device has seen.
  * Any thread. 0, or -1 with a sentence in err.
  */
 struct bdev_fault_counts;

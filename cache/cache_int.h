@@ -18,7 +18,9 @@
 #ifndef TC_CACHE_INT_H
 #define TC_CACHE_INT_H
 
-#include "bdev.h"
+#include "../bdev/bdev.h"
+#include "../bdev/fault.h"
+#include "../bdev/file.h"
 #include "cache.h"
 #include "meta.h"
 #include "policy.h"

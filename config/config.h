@@ -50,7 +50,7 @@ struct cfg_lun {
 	char *cache;          /* [cache NAME] in front of it, or NULL */
 	struct cfg_cache *cache_set; /* resolved after parsing */
 	int cache_line;
-	/* backing = rbd:POOL/IMAGE only (cache/bdev_rbd.c) */
+	/* backing = rbd:POOL/IMAGE only (bdev/rbd.c) */
 	char *ceph_conf;      /* NULL: /etc/ceph/ceph.conf */
 	char *ceph_user;      /* cephx id without "client."; NULL: admin */
 	unsigned ceph_timeout; /* seconds before a cluster operation fails; 0: 30 */

@@ -11,6 +11,7 @@
 
 #include "cache/cache.h"
 #include "cache/status.h"
+#include "bdev/fault.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "daemon/control.h"

@@ -9,7 +9,7 @@
  * the configuration (reload.c).
  */
 #include "backstore/scsi.h"
-#include "cache/bdev.h"
+#include "bdev/backing.h"
 #include "cache/cache.h"
 #include "cache/status.h"
 #include "common/log.h"

@@ -13,7 +13,7 @@
 #include "daemon/daemon.h"
 
 #include "backstore/scsi.h"
-#include "cache/bdev.h"
+#include "bdev/bdev.h"
 #include "cache/cache.h"
 #include "common/log.h"
 #include "common/worker.h"

@@ -6,7 +6,7 @@
  *    arrive on;
  *  - tcmu_xlate_submit: CDB + ring iovec -> struct scsi_cmd, with a bounce
  *    buffer when the ring's buffer does not meet the bdev alignment rule
- *    (4096-byte aligned data for READ/WRITE, see cache/bdev.h);
+ *    (4096-byte aligned data for READ/WRITE, see bdev/bdev.h);
  *  - command_done -> tcmu_xlate_result: status + sense -> libtcmu code;
  *  - tcmu_xlate_internal: our own CDBs (capacity check at attach, write
  *    cache toggles) through the very same path.

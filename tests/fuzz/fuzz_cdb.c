@@ -20,7 +20,7 @@
  */
 #include "backstore/lu.h"
 #include "backstore/scsi.h"
-#include "cache/bdev.h"
+#include "bdev/file.h"
 #include "common/worker.h"
 
 #include <errno.h>

@@ -25,7 +25,7 @@
 #define TC_CACHE_TEST_UTIL_H
 
 #include "check.h"
-#include "cache/bdev.h"
+#include "bdev/bdev.h"
 #include "cache/cache.h"
 #include "common/bufpool.h"
 #include "common/worker.h"

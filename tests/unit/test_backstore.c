@@ -11,7 +11,7 @@
  */
 #include "backstore/lu.h" /* scsi_fail_errno */
 #include "backstore/scsi.h"
-#include "cache/bdev.h"
+#include "bdev/file.h"
 #include "common/worker.h"
 
 #include <errno.h>

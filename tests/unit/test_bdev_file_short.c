@@ -2,7 +2,7 @@
  * test_bdev_file_short.c - a short transfer on a file bdev is resumed and
  * completes exactly once, and no other request completes a second time.
  *
- * bdev_file.c resumes a short read or write by issuing the rest of the
+ * bdev/file.c resumes a short read or write by issuing the rest of the
  * range from its completion. That resumption submits its SQE at once (the
  * scratch iovec lives on the stack), so the SQE must be complete, with its
  * user_data, before that submit: otherwise the kernel sees whatever
@@ -18,6 +18,7 @@
  * zero-filled.
  */
 #include "cache_test_util.h"
+#include "bdev/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -14,7 +14,7 @@
  */
 #include "check.h"
 #include "backstore/scsi.h"
-#include "cache/bdev.h"
+#include "bdev/file.h"
 #include "common/worker.h"
 #include "target/tcmu/libtcmu_abi.h"
 #include "target/tcmu/xlate.h"

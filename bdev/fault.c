@@ -1,5 +1,5 @@
 /*
- * bdev_fault.c - a leg that fails on command, for tests through the daemon.
+ * fault.c - a leg that fails on command, for tests through the daemon.
  *
  * Wraps another bdev and, when told (`tierctl leg fault`, accepted only by
  * a set configured with fault_injection = yes), fails the way dying NVMe
@@ -16,7 +16,7 @@
  * Threading: submit on a worker thread like any bdev (errors complete later
  * on the same worker, through worker_post); bdev_fault_set from any thread.
  */
-#include "bdev.h"
+#include "fault.h"
 
 #include <errno.h>
 #include <pthread.h>

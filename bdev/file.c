@@ -1,5 +1,5 @@
 /*
- * bdev_file.c - a bdev on a regular file or a block device, via io_uring.
+ * file.c - a bdev on a regular file or a block device, via io_uring.
  *
  * The file is opened with O_DIRECT when the filesystem allows it, so the
  * page cache neither doubles memory nor hides a lost write; writes flagged
@@ -12,7 +12,7 @@
  * WRITE_ZEROES uses FALLOC_FL_ZERO_RANGE. Short transfers are resumed until
  * the whole range is done.
  */
-#include "bdev.h"
+#include "file.h"
 
 #include "../common/log.h"
 
@@ -285,15 +285,6 @@ static const struct bdev_ops file_ops = {
 	.lba_status = file_lba_status,
 	.cached_fd = file_cached_fd,
 };
-
-int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
-{
-	if (!dev->ops->lba_status) {
-		*mapped = true;
-		return (int64_t)(dev->size - offset);
-	}
-	return dev->ops->lba_status(dev, offset, mapped);
-}
 
 struct bdev *bdev_file_open(const char *path, uint64_t size, uint32_t block_size,
 			    bool create, char *err, size_t errlen)

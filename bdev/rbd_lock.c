@@ -1,5 +1,5 @@
 /*
- * bdev_rbd_lock.c - ownership of an RBD image (bdev.h "Ownership"): the
+ * rbd_lock.c - ownership of an RBD image (bdev.h "Ownership", rbd.h): the
  * image's exclusive lock, a generation kept in the image, and the state the
  * layers above (cache volume, SCSI LU and its implicit ALUA) read.
  *
@@ -32,7 +32,7 @@
  * the lock we held was broken, which librbd's break does by blocklisting
  * the holder; or the data path saw -ESHUTDOWN), it reports LOST (media
  * commands get NOT READY, LU not accessible) and ignores acquire(), then
- * bdev_rbd.c's rbd_reopen connects a fresh client (a new address: the
+ * rbd.c's rbd_reopen connects a fresh client (a new address: the
  * blocklist entry names the old one), opens the image on it and hands the
  * I/O path over to it once the requests still on the old client finished
  * (bdev_rbd.h "Handle handoff"). Then the owner key is read again and the
@@ -49,7 +49,7 @@
  * op_mu before mu. The state, generation and owner group are atomics read
  * lock-free by any thread.
  */
-#include "bdev_rbd.h"
+#include "rbd_int.h"
 
 #include "../common/log.h"
 
@@ -525,7 +525,7 @@ const struct bdev_owner_ops bdev_rbd_owner_ops = {
 	.owner_group = rbd_owner_group,
 };
 
-/* ---- set up / tear down (bdev_rbd.c) -------------------------------------- */
+/* ---- set up / tear down (rbd.c) -------------------------------------- */
 
 int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 {

@@ -2,10 +2,14 @@
  * bdev.h - the block device interface every storage layer speaks.
  *
  * A bdev is something that stores bytes at offsets: a backing file or block
- * device (bdev_file.c, through io_uring), later an RBD image, and the cache
- * volume itself, which sits on top of a backing bdev and two leg bdevs and
- * exports the same interface upward. The SCSI emulation in backstore/ talks
- * only to a bdev; it never knows whether a cache is underneath.
+ * device (bdev/file.h, through io_uring), an RBD image (bdev/rbd.h, through
+ * librbd), and the cache volume itself, which sits on top of a backing bdev
+ * and two leg bdevs and exports the same interface upward. The SCSI
+ * emulation in backstore/ talks only to a bdev; it never knows whether a
+ * cache is underneath. This header is the interface and its generic code
+ * (bdev.c); the drivers have a header each, and bdev/backing.h opens what a
+ * [lun] names. SPDK's bdev.h / bdev_module.h split is the model: users see
+ * this file, drivers implement struct bdev_ops.
  *
  * Threading contract:
  *  - bdev_submit: on a worker thread (common/worker.h). The request's done()
@@ -224,29 +228,6 @@ static inline int bdev_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len
 	return dev->ops->cached_fd ? dev->ops->cached_fd(dev, offset, len, fd_off) : -1;
 }
 
-/*
- * Fault injection (bdev_fault.c), for tests through the daemon only: a
- * wrapper that passes I/O to inner until told to fail it. The wrapper takes
- * inner's name and ownership. bdev_fault_set: any thread; -ENOTSUP if dev is
- * not a fault wrapper, -EINVAL for a range over 64 MiB or not 512-aligned.
- * BDEV_FAULT_RANGE fails reads that touch a bad sector of [off, off+len);
- * a write heals the sectors it covers. BDEV_FAULT_STUCK is the same range
- * that no write heals (a drive that can no longer remap). (Growing the range frees the old
- * sector map: give the largest range first, or set ranges while idle.)
- * BDEV_FAULT_HANG holds every request until the mode changes (they then
- * fail with -EIO).
- */
-enum bdev_fault { BDEV_FAULT_NONE, BDEV_FAULT_EIO, BDEV_FAULT_RANGE, BDEV_FAULT_HANG, BDEV_FAULT_STUCK };
-struct bdev *bdev_fault_wrap(struct bdev *inner);
-bool bdev_is_fault(const struct bdev *dev);
-int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_t len);
-struct bdev_fault_counts {
-	uint64_t reads, writes; /* passed on to the inner device */
-	uint64_t errors;        /* failed here (held ones when released) */
-	uint64_t held_reads, held_writes; /* held without an answer (BDEV_FAULT_HANG) */
-};
-void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c);
-
 /* Register the resize listener of dev (no-op for fixed-size devices). */
 static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size),
 					    void *arg)
@@ -254,81 +235,5 @@ static inline void bdev_set_resize_listener(struct bdev *dev, void (*fn)(void *a
 	if (dev && dev->ops->set_resize_listener)
 		dev->ops->set_resize_listener(dev, fn, arg);
 }
-
-/*
- * Open (and with create, make sparse if missing) a file or block device of
- * size bytes (0 = use its current size). On error returns NULL and writes a
- * sentence naming the path and the fix into err.
- */
-struct bdev *bdev_file_open(const char *path, uint64_t size, uint32_t block_size,
-			    bool create, char *err, size_t errlen);
-/* The same with flags: BDEV_FILE_BUFFERED = through the page cache (no
- * O_DIRECT); durability still follows BDEV_F_FUA and BDEV_FLUSH. */
-#define BDEV_FILE_BUFFERED 0x1
-struct bdev *bdev_file_open_flags(const char *path, uint64_t size, uint32_t block_size, bool create,
-				  unsigned flags, char *err, size_t errlen);
-
-/*
- * RBD images (cache/bdev_rbd.c, through librbd): backing = rbd:POOL/IMAGE.
- * The cluster is reached with conf (NULL: /etc/ceph/ceph.conf) as the
- * cephx user "client.<user>" (NULL: admin); every cluster operation gives
- * up after op_timeout_s (0: 30 s), so a lost cluster fails I/O with
- * -ETIMEDOUT instead of hanging. size must be 0 or the image's size.
- */
-struct bdev_rbd_opts {
-	const char *conf;
-	const char *user;
-	unsigned op_timeout_s;
-};
-#define BDEV_RBD_PREFIX "rbd:"
-#define BDEV_RBD_DEFAULT_CONF "/etc/ceph/ceph.conf"
-#define BDEV_RBD_DEFAULT_USER "admin"
-#define BDEV_RBD_DEFAULT_TIMEOUT 30
-
-/* spec is "POOL/IMAGE" (without the rbd: prefix). */
-struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, uint64_t size,
-			   uint32_t block_size, char *err, size_t errlen);
-
-/* What tierctl status shows of an RBD bdev. */
-enum bdev_rbd_conn {
-	BDEV_RBD_CONNECTED = 0, /* the last cluster operation succeeded */
-	BDEV_RBD_LOST,          /* it timed out or the cluster refused us */
-};
-struct bdev_rbd_status {
-	char pool[256];
-	char image[256];
-	enum bdev_rbd_conn conn;
-	uint64_t size;
-};
-/*
- * The open RBD bdev whose backing string is backing ("rbd:POOL/IMAGE"):
- * true and *st, or false when none is open. Any thread (the status query).
- */
-bool bdev_rbd_status(const char *backing, struct bdev_rbd_status *st);
-const char *bdev_rbd_conn_name(enum bdev_rbd_conn c);
-
-/*
- * Ownership of an RBD bdev (bdev_rbd_lock.c), before anything listens:
- * gateways = how many gateways export the image (1: take the lock at the
- * first listen and keep it; more: take it when a host's I/O asks, see
- * bdev_owner_ops.acquire), port_group = this gateway's target port group,
- * gateway_id = a name stable across restarts and distinct per gateway
- * (NULL: "HOSTNAME/PORT_GROUP"). 0, or -1 when dev is not an RBD bdev.
- */
-int bdev_rbd_set_gateway(struct bdev *dev, unsigned gateways, uint32_t port_group, const char *gateway_id);
-
-/* Is backing an RBD spec ("rbd:...")? */
-static inline bool bdev_backing_is_rbd(const char *backing)
-{
-	return backing && !__builtin_strncmp(backing, BDEV_RBD_PREFIX, sizeof(BDEV_RBD_PREFIX) - 1);
-}
-
-/*
- * Open the backing store a [lun] names: rbd:POOL/IMAGE through
- * bdev_rbd_open (with rbd), anything else as a file or block device
- * through bdev_file_open (with create).
- */
-struct bdev *bdev_open_backing(const char *backing, const struct bdev_rbd_opts *rbd, uint64_t size,
-			       uint32_t block_size, bool create, char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * bdev_rbd.c - a bdev on a Ceph RBD image, through librbd's asynchronous calls.
+ * rbd.c - a bdev on a Ceph RBD image, through librbd's asynchronous calls.
  *
  * backing = rbd:POOL/IMAGE. One cluster connection (rados_t) per image, opened
  * with rbd_cache = false, so librbd never acknowledges a write the OSDs do not
@@ -32,11 +32,11 @@
  * current.
  *
  * A fenced client (blocklisted after another gateway broke our lock) stays
- * fenced: bdev_rbd_lock.c notices and calls rbd_reopen, which connects a
+ * fenced: rbd_lock.c notices and calls rbd_reopen, which connects a
  * fresh client (a new address, so the blocklist entry does not match it)
  * and swaps it in under the handoff described in bdev_rbd.h.
  */
-#include "bdev_rbd.h"
+#include "rbd_int.h"
 
 #include "../common/log.h"
 
@@ -858,7 +858,7 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 		log_warn("%s: cannot watch the image header (%s); size changes are polled",
 			 rb->spec, strerror(-r));
 
-	/* bdev_rbd_lock.c: exclusive lock / ownership hooks in here */
+	/* rbd_lock.c: exclusive lock / ownership hooks in here */
 	if (rbd_lock_start(rb, err, errlen) < 0)
 		goto fail;
 
@@ -877,14 +877,4 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 fail:
 	rbd_teardown(rb);
 	return NULL;
-}
-
-/* ---- dispatch ------------------------------------------------------------ */
-
-struct bdev *bdev_open_backing(const char *backing, const struct bdev_rbd_opts *rbd, uint64_t size,
-			       uint32_t block_size, bool create, char *err, size_t errlen)
-{
-	if (bdev_backing_is_rbd(backing))
-		return bdev_rbd_open(backing + strlen(BDEV_RBD_PREFIX), rbd, size, block_size, err, errlen);
-	return bdev_file_open(backing, size, block_size, create, err, errlen);
 }

@@ -1,12 +1,12 @@
 /*
- * bdev_rbd.h - the RBD backing-store driver's private state.
+ * rbd_int.h - the RBD backing-store driver's private state.
  *
- * Only bdev_rbd*.c include this file (it pulls in librados and librbd); the
- * rest of the daemon opens an RBD bdev through bdev_rbd_open / bdev_open_backing
- * in bdev.h and never sees a Ceph type.
+ * Only bdev/rbd*.c include this file (it pulls in librados and librbd); the
+ * rest of the daemon opens an RBD bdev through bdev_rbd_open (rbd.h) or
+ * bdev_open_backing (backing.h) and never sees a Ceph type.
  *
- * bdev_rbd.c owns the cluster connection, the image handle and the I/O path;
- * bdev_rbd_lock.c owns the image's exclusive lock (ownership, ALUA): it keeps
+ * rbd.c owns the cluster connection, the image handle and the I/O path;
+ * rbd_lock.c owns the image's exclusive lock (ownership, ALUA): it keeps
  * its state behind rb->lock and is called from bdev_rbd_open once the image is
  * open and sized (and from close before the image is closed).
  *
@@ -28,10 +28,10 @@
  * The lock thread (and the main thread's take at the first listen, under
  * the lock's own mutex) uses the handles directly: the swap runs on it.
  */
-#ifndef TC_BDEV_RBD_H
-#define TC_BDEV_RBD_H
+#ifndef TC_BDEV_RBD_INT_H
+#define TC_BDEV_RBD_INT_H
 
-#include "bdev.h"
+#include "rbd.h"
 
 #include <pthread.h>
 #include <rados/librados.h>
@@ -40,7 +40,7 @@
 
 #define RBD_NAME_MAX 256
 
-struct rbd_lock; /* bdev_rbd_lock.c */
+struct rbd_lock; /* rbd_lock.c */
 
 struct rbd_bdev {
 	struct bdev dev;            /* first: a struct bdev * is a struct rbd_bdev * */
@@ -76,7 +76,7 @@ struct rbd_bdev {
 
 	struct rbd_bdev *next_open; /* every open image, for bdev_rbd_status */
 
-	/* bdev_rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
+	/* rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;
 };
 
@@ -97,7 +97,7 @@ static inline void rbd_handles_exit(struct rbd_bdev *rb)
 }
 
 /*
- * bdev_rbd.c, for the lock thread only: connect a fresh client, open the
+ * rbd.c, for the lock thread only: connect a fresh client, open the
  * image on it, wait for the users of the current handles to leave (giving
  * up with -ECANCELED when cancelled(arg) turns true meanwhile), move the
  * update watch over, swap, and close the old handles (bounded: a close the
@@ -106,7 +106,7 @@ static inline void rbd_handles_exit(struct rbd_bdev *rb)
  */
 int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen);
 
-/* bdev_rbd_lock.c: start the lock thread once the image is open and sized
+/* rbd_lock.c: start the lock thread once the image is open and sized
  * (0, or -1 with a sentence in err); stop it (releasing a held lock) before
  * the image is closed. The owner ops every RBD bdev exports. */
 int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen);

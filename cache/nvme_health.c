@@ -15,6 +15,8 @@
 #include <libnvme.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,6 +49,13 @@ static void describe_failure(char *buf, size_t len, const char *what, int r)
 			 nvme_status_to_string(r, false));
 }
 
+/* a little-endian 16-bit field of an identify page */
+static uint32_t le16v(const void *p)
+{
+	const uint8_t *b = p;
+	return (uint32_t)b[0] | (uint32_t)b[1] << 8;
+}
+
 static void read_nvme(int fd, struct nvme_health *h)
 {
 	struct nvme_id_ctrl id;
@@ -60,6 +69,20 @@ static void read_nvme(int fd, struct nvme_health *h)
 		return;
 	}
 	h->ident_valid = true;
+	struct nvme_id_ns ns;
+	memset(&ns, 0, sizeof(ns));
+	if (nvme_identify_ns(fd, h->nsid, &ns) == 0) {
+		uint8_t fmt;
+		nvme_id_ns_flbas_to_lbaf_inuse(ns.flbas, &fmt);
+		if (fmt < 64 && ns.lbaf[fmt].ds >= 9 && ns.lbaf[fmt].ds < 32) {
+			uint32_t lb = 1u << ns.lbaf[fmt].ds;
+			uint32_t units = (uint32_t)le16v(&id.awupf) + 1; /* 0's based */
+			if ((ns.nsfeat & NVME_NS_FEAT_NATOMIC) && le16v(&ns.nawupf))
+				units = (uint32_t)le16v(&ns.nawupf) + 1;
+			h->logical_block = lb;
+			h->atomic_write_bytes = units * lb;
+		}
+	}
 	copy_trimmed(h->model, sizeof(h->model), id.mn, sizeof(id.mn));
 	copy_trimmed(h->serial, sizeof(h->serial), id.sn, sizeof(id.sn));
 	copy_trimmed(h->firmware, sizeof(h->firmware), id.fr, sizeof(id.fr));
@@ -114,7 +137,10 @@ int nvme_health_read(const char *path, struct nvme_health *h)
 	}
 	uint32_t nsid = 0;
 	if (nvme_get_nsid(fd, &nsid) < 0) {
+		int lbs = 0;
 		snprintf(h->kind, sizeof(h->kind), "block device (not NVMe)");
+		if (ioctl(fd, BLKSSZGET, &lbs) == 0 && lbs > 0)
+			h->logical_block = h->atomic_write_bytes = (uint32_t)lbs;
 		close(fd);
 		return 0;
 	}

@@ -53,6 +53,18 @@ struct nvme_health {
 	uint64_t power_on_hours;
 	uint64_t unsafe_shutdowns;
 
+	/*
+	 * The largest aligned write the device promises to land whole or not
+	 * at all across a power failure, in bytes; 0: unknown (a regular file:
+	 * the filesystem promises nothing). NVMe: (AWUPF + 1) logical blocks
+	 * of the namespace's format, or its own NAWUPF when it reports one.
+	 * Another block device: its logical block size. A LUN whose blocks are
+	 * larger can see a block part old, part new after a power cut during
+	 * an overwrite.
+	 */
+	uint32_t atomic_write_bytes;
+	uint32_t logical_block;     /* the namespace's (or block device's) logical block size */
+
 	/* Why identify or SMART could not be read (empty when all is well). */
 	char error[160];
 };

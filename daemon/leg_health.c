@@ -32,6 +32,10 @@ void leg_health_json(struct json_object *leg, const char *path)
 
 	nvme_health_read(path, &h);
 	json_object_object_add(o, "kind", json_object_new_string(h.kind));
+	if (h.atomic_write_bytes) {
+		json_object_object_add(o, "logical_block", json_object_new_int64(h.logical_block));
+		json_object_object_add(o, "atomic_write_bytes", json_object_new_int64(h.atomic_write_bytes));
+	}
 	if (h.ident_valid) {
 		json_object_object_add(o, "model", json_object_new_string(h.model));
 		json_object_object_add(o, "serial", json_object_new_string(h.serial));

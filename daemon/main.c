@@ -11,6 +11,7 @@
 #include "backstore/scsi.h"
 #include "bdev/backing.h"
 #include "cache/cache.h"
+#include "cache/nvme_health.h"
 #include "cache/status.h"
 #include "common/log.h"
 #include "common/worker.h"
@@ -306,6 +307,28 @@ static void lun_capacity_changed(void *arg, uint64_t size)
  * effect: its state_dir, and its [cache] sections, parallel to sets (on a
  * reload, l belongs to the new file). 0, or -1 after logging why.
  */
+/*
+ * A write-back LUN whose blocks are larger than what a leg writes atomically
+ * across a power failure: a cut during an overwrite in place can leave a
+ * block part old, part new (the legs are made to agree after the crash, not
+ * to hold one version of a block). Say so; the admin can pick the fix.
+ */
+static void warn_torn_blocks(const struct cfg_cache *cc, const struct cfg_lun *l)
+{
+	for (int k = 0; k < cc->nlegs; k++) {
+		struct nvme_health h;
+		if (nvme_health_read(cc->legs[k], &h) < 0 || !h.atomic_write_bytes ||
+		    h.atomic_write_bytes >= l->block_size)
+			continue;
+		log_warn("[lun %s]: %u-byte blocks, but cache leg %s (%s) writes only %u bytes atomically across a "
+			 "power failure: a power cut during an overwrite can leave a block part old, part new; "
+			 "format the legs with %u-byte sectors (nvme format --lbaf), use legs with a larger atomic "
+			 "write unit, or give the LUN %u-byte blocks",
+			 l->name, l->block_size, cc->legs[k], h.kind, h.atomic_write_bytes, l->block_size,
+			 h.atomic_write_bytes);
+	}
+}
+
 int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct cache_set **sets,
 			char serial[33], struct scsi_lu **lu_out, struct bdev **vol_out)
 {
@@ -352,6 +375,8 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		}
 		dev = vol;
 		*vol_out = vol;
+		if ((enum cache_mode)cc->mode == CACHE_WRITE_BACK)
+			warn_torn_blocks(cc, l);
 		/* which generation of the image our cached copies belong to */
 		char gen_path[PATH_MAX];
 		snprintf(gen_path, sizeof(gen_path), "%s/%s.owner-gen", cfg->state_dir, l->name);

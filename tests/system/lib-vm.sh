@@ -64,3 +64,47 @@ if "error" in m:
 print(json.dumps(m["return"]) if not isinstance(m["return"], str) else m["return"], end="")
 PY
 }
+
+# vm_init_head: the start of every guest's /init (busybox, /proc, /sys, /dev,
+# the daemon's folders, and log(), which prefixes PROBE[uptime] to a line)
+vm_init_head() {
+	cat <<'EOF_HEAD'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /run/tiercache /var/lib/tiercache /tmp /var/log
+log() { echo "PROBE[$(cut -d' ' -f1 /proc/uptime)] $*"; }
+EOF_HEAD
+}
+
+# vm_conf_head WHAT IQN LISTEN: the start of a guest's tiercached.conf, up to its target
+vm_conf_head() {
+	cat <<EOF_CONF
+; tiercached.conf of the $1 system test guest
+[daemon]
+state_dir = /var/lib/tiercache
+control_socket = /run/tiercache/control.sock
+log_level = info
+
+[portal]
+listen = $3
+
+[target $2]
+lun0 = disk0
+EOF_CONF
+}
+
+# vm_wait_ready SERIAL PIDFILE TRIES: wait (TRIES x 0.2 s at most) for the guest to print
+# TARGET-READY or TARGET-FAILED on SERIAL while qemu (PIDFILE) runs; 0 if ready
+vm_wait_ready() {
+	local serial=$1 pidfile=$2 tries=$3 i
+	for ((i = 0; i < tries; i++)); do
+		grep -qE 'TARGET-READY|TARGET-FAILED' "$serial" 2>/dev/null && break
+		kill -0 "$(cat "$pidfile")" 2>/dev/null || { echo "qemu exited"; cat "$serial"; return 1; }
+		sleep 0.2
+	done
+	grep -q TARGET-READY "$serial"
+}

@@ -29,6 +29,9 @@
 #      under load;
 #   3. death: leg 1 is failed, status degraded, 0 initiator errors, 0
 #      mismatches, the known ranges read back.
+# And before the faults: status reports each leg's logical block and power-
+# fail atomic write unit (libnvme), and the daemon warns that the second
+# LUN's 4 KiB blocks can tear on those 512-byte-atomic legs.
 #
 # Usage: tests/system/run-vm-legfaults.sh [build|boot|check|stop|all]  (default all)
 # Env: TC_VM_DIR (work dir, default /var/tmp/tiercache-vm; shares the
@@ -58,15 +61,7 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 write_init() {
-cat >"$1" <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-mkdir -p /run/tiercache /var/lib/tiercache /tmp /var/log
-log() { echo "PROBE[$(cut -d' ' -f1 /proc/uptime)] $*"; }
+{ vm_init_head; cat <<'EOF'; } >"$1"
 log init-start
 # nvme_core: no controller reset while the test holds a command (it resumes it within seconds);
 # no retry of a failed command (QEMU's EIO status has no DNR bit, a drive's unrecovered read error has)
@@ -79,7 +74,7 @@ done
 ip link set lo up; ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0; ip route add default via 10.0.2.2
 nc -ll -p 2323 -e /bin/sh &
-for i in $(seq 1 100); do [ -b /dev/nvme1n1 ] && [ -b /dev/vda ] && break; sleep 0.1; done
+for i in $(seq 1 100); do [ -b /dev/nvme1n1 ] && [ -b /dev/vdb ] && break; sleep 0.1; done
 log "devices: $(ls /dev | grep -E '^(nvme|vd)' | tr '\n' ' ')"
 tiercached -c /etc/tiercached.conf > /var/log/tiercached.log 2>&1 &
 for i in $(seq 1 600); do [ -S /run/tiercache/control.sock ] && break; sleep 0.1; done
@@ -89,22 +84,18 @@ EOF
 }
 
 write_conf() {
-cat >"$1" <<EOF
-; tiercached.conf of the leg-fault system test guest
-[daemon]
-state_dir = /var/lib/tiercache
-control_socket = /run/tiercache/control.sock
-log_level = info
-
-[portal]
-listen = 0.0.0.0:3261
-
-[target $IQN]
-lun0 = disk0
+{ vm_conf_head leg-fault "$IQN" 0.0.0.0:3261; cat <<EOF; } >"$1"
+lun1 = disk1
 
 [lun disk0]
 backing = /dev/vda
 block_size = 512
+cache = fast
+
+; 4 KiB blocks on legs that write 512 bytes atomically: the daemon must warn
+[lun disk1]
+backing = /dev/vdb
+block_size = 4096
 cache = fast
 
 [cache fast]
@@ -151,8 +142,9 @@ build() {
 	vm_initrd "$W/initrd-root" "$W/init" "$W/tiercached.conf" "virtio_pci virtio_net virtio_blk nvme crc32c_generic" \
 		"$BUILD/tiercached" "$BUILD/tierctl"
 	write_rules "$W/leg1.rules"
-	rm -f "$W/backing.img" "$W/nvme0.img" "$W/nvme1.img"
+	rm -f "$W/backing.img" "$W/backing2.img" "$W/nvme0.img" "$W/nvme1.img"
 	truncate -s $BACKING_SIZE "$W/backing.img"
+	truncate -s 16M "$W/backing2.img"
 	truncate -s $LEG_SIZE "$W/nvme0.img"
 	truncate -s $LEG_SIZE "$W/nvme1.img"
 	cc -std=gnu11 -O2 -Wall -Wextra -o "$W/lba_io" tests/tools/lba_io.c -liscsi 2>"$W/cc.log" ||
@@ -169,6 +161,7 @@ boot() {
 		-serial file:"$W/serial.log" -no-reboot -kernel "$W/vmlinuz" -initrd "$W/initrd.cpio" \
 		-append "console=ttyS0 quiet panic=-1" \
 		-drive file="$W/backing.img",if=virtio,format=raw,cache=unsafe \
+		-drive file="$W/backing2.img",if=virtio,format=raw,cache=unsafe \
 		-drive file="$W/nvme0.img",if=none,id=nv0,format=raw,cache=unsafe \
 		-device nvme,serial=tcleg0,drive=nv0 \
 		-blockdev driver=file,filename="$W/nvme1.img",node-name=nv1file,cache.no-flush=on \
@@ -178,14 +171,11 @@ boot() {
 		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:$PORT-:3261,hostfwd=tcp:127.0.0.1:$DBGPORT-:2323 \
 		-device virtio-net-pci,netdev=n0 >"$W/qemu.out" 2>&1 &
 	echo $! >"$W/qemu.pid"
-	for _ in $(seq 1 900); do
-		grep -qE 'TARGET-READY|TARGET-FAILED' "$W/serial.log" 2>/dev/null && break
-		kill -0 "$(cat "$W/qemu.pid")" 2>/dev/null || { echo "qemu exited"; cat "$W/qemu.out" "$W/serial.log"; return 1; }
-		sleep 0.2
-	done
+	local rc=0
+	vm_wait_ready "$W/serial.log" "$W/qemu.pid" 900 || rc=1
 	echo "BOOT: qemu start -> daemon ready: $(since "$t0") s"
 	grep -E 'PROBE|tiercached:' "$W/serial.log" || true
-	grep -q TARGET-READY "$W/serial.log"
+	return $rc
 }
 
 gsh() { printf '%s\nexit\n' "$*" | socat -t 120 - TCP:127.0.0.1:$DBGPORT; }
@@ -254,6 +244,16 @@ leg = leg_read.Leg(sys.argv[1])
 print("leg 1:", leg.summary())
 sys.exit(0 if leg.sb["data_off"] == int(sys.argv[2]) and leg.nslots == int(sys.argv[3]) else 1)
 PY
+
+	echo "== what the legs promise across a power failure (libnvme: Identify Namespace's format, AWUPF)"
+	out=$(cst '[(l["device"].get("logical_block"), l["device"].get("atomic_write_bytes")) for l in c["legs"]]')
+	[ "$out" = "[(512, 512), (512, 512)]" ] && ok "status: both QEMU NVMe legs have 512-byte blocks written atomically" ||
+		bad "status: legs' logical block and atomic write unit: $out"
+	out=$(gsh 'grep "writes only" /var/log/tiercached.log' | tr -d '\r')
+	[[ "$out" == *"[lun disk1]: 4096-byte blocks, but cache leg /dev/nvme0n1"*"writes only 512 bytes atomically"* &&
+		"$out" == *"/dev/nvme1n1"* && "$out" != *"[lun disk0]"* ]] &&
+		ok "daemon log: the 4 KiB-block LUN is warned about torn blocks on both legs, the 512-byte one is not" ||
+		bad "no torn-block warning for [lun disk1]: $out"
 
 	echo "== 1. latent sector errors on leg 1"
 	[ "$(lba_io write 0 8192 "$W/a.img")" = good ] && ok "part 1: 4 MiB written at LBA 0" || bad "part 1: write"

@@ -52,15 +52,7 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 write_init() {
-cat >"$1" <<EOF
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-mkdir -p /run/tiercache /var/lib/tiercache /tmp /var/log
-log() { echo "PROBE[\$(cut -d' ' -f1 /proc/uptime)] \$*"; }
+{ vm_init_head; cat <<EOF; } >"$1"
 for ko in \$(cat /etc/modlist); do insmod "\$ko" 2>/dev/null || log "insmod failed: \$ko"; done
 ip link set lo up
 for i in \$(seq 1 100); do [ -b /dev/nvme0n1p4 ] && break; sleep 0.1; done
@@ -88,18 +80,7 @@ EOF
 }
 
 write_conf() {
-cat >"$1" <<EOF
-; tiercached.conf of the power-cut system test guest
-[daemon]
-state_dir = /var/lib/tiercache
-control_socket = /run/tiercache/control.sock
-log_level = info
-
-[portal]
-listen = 127.0.0.1:3261
-
-[target $IQN]
-lun0 = disk0
+{ vm_conf_head power-cut "$IQN" 127.0.0.1:3261; cat <<EOF; } >"$1"
 
 [lun disk0]
 backing = /dev/nvme0n1p1

@@ -42,6 +42,8 @@ SERIAL=tcvm0001
 BACKING_SIZE=67108864
 LEG_SIZE=67108864
 mkdir -p "$W"
+VMDIR=$W # lib-vm.sh: where the kernel is
+. tests/system/lib-vm.sh
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
@@ -70,15 +72,7 @@ setup() {
 }
 
 write_init() {
-cat >"$1" <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-mkdir -p /run/tiercache /var/lib/tiercache /tmp /var/log
-log() { echo "PROBE[$(cut -d' ' -f1 /proc/uptime)] $*"; }
+{ vm_init_head; cat <<'EOF'; } >"$1"
 log init-start
 for ko in $(cat /etc/modlist); do insmod "$ko" 2>/dev/null || log "insmod failed: $ko"; done
 mount -t configfs configfs /sys/kernel/config
@@ -142,40 +136,17 @@ EOF
 }
 
 build() {
-	local K=$W/kroot IR=$W/initrd-root KVER
 	[ -x "$BUILD/tiercached" ] && [ -x "$BUILD/tierctl" ] || { echo "FAIL: build $BUILD/tiercached first (make)"; exit 1; }
-	KVER=$(ls "$K/lib/modules" | head -1)
-	depmod -b "$K" "$KVER"
-	rm -rf "$IR"
-	mkdir -p "$IR"/{bin,sbin,etc,proc,sys,dev,run,tmp,var/log,lib64,lib/x86_64-linux-gnu,usr/bin,usr/sbin}
-	cp /bin/busybox "$IR/bin/busybox"
-	for m in configfs target_core_mod uio target_core_user iscsi_target_mod virtio_pci virtio_net virtio_blk nvme crc32c_generic; do
-		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
-	done | awk '!s[$0]++' >"$W/modlist.txt"
-	while read -r ko; do
-		rel=${ko#"$K"/}
-		mkdir -p "$IR/$(dirname "$rel")"
-		cp "$ko" "$IR/$rel"
-	done <"$W/modlist.txt"
-	sed "s#^$K##" "$W/modlist.txt" >"$IR/etc/modlist"
-	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$IR/usr/sbin/"
-	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do
-		ldd "$f" | awk '/=> \//{print $3}'
-	done | sort -u >"$W/liblist.txt"
-	while read -r lib; do cp "$(readlink -f "$lib")" "$IR/lib/x86_64-linux-gnu/$(basename "$lib")"; done <"$W/liblist.txt"
-	cp "$(readlink -f /lib64/ld-linux-x86-64.so.2)" "$IR/lib64/ld-linux-x86-64.so.2"
-	echo 'root:x:0:0:root:/:/bin/sh' >"$IR/etc/passwd"
-	echo 'root:x:0:' >"$IR/etc/group"
-	write_conf "$IR/etc/tiercached.conf"
-	write_init "$IR/init"
-	chmod 755 "$IR/init"
-	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/initrd.cpio"
-	cp "$K/boot/vmlinuz-$KVER" "$W/vmlinuz"
+	write_conf "$W/tiercached.conf"
+	write_init "$W/init"
+	vm_initrd "$W/initrd-root" "$W/init" "$W/tiercached.conf" \
+		"configfs target_core_mod uio target_core_user iscsi_target_mod virtio_pci virtio_net virtio_blk nvme crc32c_generic" \
+		"$BUILD/tiercached" "$BUILD/tierctl"
 	rm -f "$W/backing.img" "$W/nvme0.img" "$W/nvme1.img"
 	truncate -s $BACKING_SIZE "$W/backing.img"
 	truncate -s $LEG_SIZE "$W/nvme0.img"
 	truncate -s $LEG_SIZE "$W/nvme1.img"
-	echo "initrd: $(stat -c %s "$W/initrd.cpio") bytes, $(wc -l <"$IR/etc/modlist") modules, $(wc -l <"$W/liblist.txt") libraries"
+	echo "initrd: $(stat -c %s "$W/initrd.cpio") bytes, $(wc -l <"$W/modlist.txt") modules, $(wc -l <"$W/liblist.txt") libraries"
 }
 
 boot() {
@@ -193,14 +164,11 @@ boot() {
 		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:$PORT-:3260,hostfwd=tcp:127.0.0.1:$DBGPORT-:2323 \
 		-device virtio-net-pci,netdev=n0 >"$W/qemu.out" 2>&1 &
 	echo $! >"$W/qemu.pid"
-	for _ in $(seq 1 900); do
-		grep -qE 'TARGET-READY|TARGET-FAILED' "$W/serial.log" 2>/dev/null && break
-		kill -0 "$(cat "$W/qemu.pid")" 2>/dev/null || { echo "qemu exited"; cat "$W/qemu.out" "$W/serial.log"; return 1; }
-		sleep 0.2
-	done
+	local rc=0
+	vm_wait_ready "$W/serial.log" "$W/qemu.pid" 900 || rc=1
 	echo "BOOT: qemu start -> target ready: $(since "$t0") s"
 	grep -E 'PROBE|tiercached:' "$W/serial.log" || true
-	grep -q TARGET-READY "$W/serial.log"
+	return $rc
 }
 
 gsh() { printf '%s\nexit\n' "$*" | socat -t 60 - TCP:127.0.0.1:$DBGPORT; }

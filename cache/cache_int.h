@@ -344,6 +344,8 @@ struct slot_wait {
 	void *arg;
 };
 
+struct sync_call;
+
 struct cache_set {
 	char *name;
 	struct cache_set_cfg cfg;
@@ -373,6 +375,8 @@ struct cache_set {
 	uint64_t jtail[CACHE_NJOURNALS];
 	bool ckpt_running;
 	_Atomic bool ckpt_wanted;
+	struct sync_call *ckpt_queued;   /* waits for the running checkpoint to end (set.c, worker 0) */
+	bool ckpt_queued_final;
 	bool clean_flag;
 	/* read errors waiting for a rewrite (repair.c) */
 	pthread_mutex_t repair_lock;

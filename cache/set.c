@@ -619,6 +619,8 @@ static void ckpt_pump(struct ckpt *ck);
 
 static void ckpt_start(struct cache_set *cs);
 
+static void ckpt_sync_start(struct sync_call *c, bool final);
+
 static void ckpt_sb_done(void *arg, int err)
 {
 	struct ckpt *ck = arg;
@@ -639,8 +641,14 @@ static void ckpt_sb_done(void *arg, int err)
 	ck->waiter = NULL;
 	if (w)
 		sync_done(w, err);
-	if (atomic_load(&cs->ckpt_wanted))
+	struct sync_call *q = cs->ckpt_queued;
+	if (q) {
+		/* a checkpoint the main thread waits for was asked for meanwhile */
+		cs->ckpt_queued = NULL;
+		ckpt_sync_start(q, cs->ckpt_queued_final);
+	} else if (atomic_load(&cs->ckpt_wanted)) {
 		ckpt_start(cs);
+	}
 }
 
 static void ckpt_page_done(struct bdev_req *req, int err)
@@ -742,12 +750,20 @@ void cache_want_checkpoint(struct cache_set *cs)
 		worker_post(worker_get(0), ckpt_post, cs);
 }
 
-static void ckpt_sync_start(struct sync_call *c, bool final, void (*again)(void *))
+/*
+ * Worker 0: a checkpoint the main thread waits for (sync_run: one at a
+ * time). If one is running, ours starts when it ends (ckpt_sb_done). It
+ * used to post itself again until then: worker 0 then ran that post round
+ * after round without going back to its ring, so the running checkpoint's
+ * completions were never reaped and a stop hung (seen in
+ * test_cache_destage_overwrite and the power-cut replay).
+ */
+static void ckpt_sync_start(struct sync_call *c, bool final)
 {
 	struct cache_set *cs = c->cs;
 	if (cs->ckpt_running) {
-		/* let the running one finish, then ours */
-		worker_post(worker_self(), again, c);
+		cs->ckpt_queued = c;
+		cs->ckpt_queued_final = final;
 		return;
 	}
 	cs->ckpt->final = final;
@@ -756,10 +772,10 @@ static void ckpt_sync_start(struct sync_call *c, bool final, void (*again)(void 
 }
 
 /* Worker 0: the last checkpoint of a clean shutdown. */
-static void ckpt_final_fn(void *arg) { ckpt_sync_start(arg, true, ckpt_final_fn); }
+static void ckpt_final_fn(void *arg) { ckpt_sync_start(arg, true); }
 
 /* Worker 0: a checkpoint now (after recovery: both legs' metadata the same). */
-static void ckpt_now_fn(void *arg) { ckpt_sync_start(arg, false, ckpt_now_fn); }
+static void ckpt_now_fn(void *arg) { ckpt_sync_start(arg, false); }
 
 /* ---- ticks ------------------------------------------------------------------------- */
 

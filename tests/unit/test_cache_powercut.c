@@ -404,6 +404,7 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 	double t2 = tnow();
 	t_read += t2 - t1;
 	close_set(cs, vol);
+	bdev_close(&d[l1 == DEV_LEG1 ? DEV_LEG1B : DEV_LEG1]->dev); /* the leg 1 device not listed */
 	t_close += tnow() - t2;
 	return bad;
 }
@@ -417,7 +418,8 @@ static int verify_recovery_cut(size_t cut, uint8_t *const img[NDEV], uint64_t se
 	rlog.on = true;
 	struct mem_bdev *d[NDEV];
 	struct bdev *vol;
-	struct cache_set *cs = open_set(d, &vol, img, &rlog, false, leg1_at(cut));
+	int l1 = leg1_at(cut);
+	struct cache_set *cs = open_set(d, &vol, img, &rlog, false, l1);
 	if (!cs) {
 		fprintf(stderr, "%s: the set did not open\n", what);
 		return 1;
@@ -426,6 +428,7 @@ static int verify_recovery_cut(size_t cut, uint8_t *const img[NDEV], uint64_t se
 	rlog.on = false;
 	pthread_mutex_unlock(&rlog.lock);
 	close_set(cs, vol);
+	bdev_close(&d[l1 == DEV_LEG1 ? DEV_LEG1B : DEV_LEG1]->dev); /* the leg 1 device not listed */
 	struct model rm;
 	model_build(&rm, &rlog);
 	uint64_t r = seed;
@@ -606,6 +609,8 @@ static size_t workload(int nbatches)
 		buf_put(bufs[i], 16u << 10);
 	buf_put(rbuf, EXT);
 	close_set(cs, vol);
+	if (!replace_new)
+		bdev_close(&d[DEV_LEG1B]->dev); /* never given to the set */
 	return total;
 }
 

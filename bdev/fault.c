@@ -98,7 +98,7 @@ static void fault_submit(struct bdev *dev, struct bdev_req *req)
 		pthread_mutex_unlock(&f->lock);
 		return;
 	}
-	if ((mode == BDEV_FAULT_RANGE || mode == BDEV_FAULT_STUCK) && rw) {
+	if (bdev_fault_has_range(mode) && rw) {
 		uint64_t lo = atomic_load(&f->bad_off), len = atomic_load(&f->bad_len);
 		uint64_t a = req->offset > lo ? req->offset : lo;
 		uint64_t b = req->offset + req->len < lo + len ? req->offset + req->len : lo + len;
@@ -209,13 +209,12 @@ int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_
 	if (!bdev_is_fault(dev))
 		return -ENOTSUP;
 	struct fault_bdev *f = (struct fault_bdev *)dev;
-	if (mode == BDEV_FAULT_RANGE || mode == BDEV_FAULT_STUCK) {
+	if (bdev_fault_has_range(mode)) {
 		if (len > (64u << 20) || off % 512 || len % 512)
 			return -EINVAL;
 		uint64_t words = (len / 512 + 63) / 64;
 		if (words > f->bad_words) {
-			int cur = atomic_load(&f->mode);
-			if (cur == BDEV_FAULT_RANGE || cur == BDEV_FAULT_STUCK)
+			if (bdev_fault_has_range(atomic_load(&f->mode)))
 				atomic_store(&f->mode, BDEV_FAULT_NONE); /* no reader of the old map from here on */
 			_Atomic uint64_t *nb = calloc(words, sizeof(*nb));
 			if (!nb)

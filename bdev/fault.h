@@ -14,12 +14,18 @@
  * not a fault wrapper, -EINVAL for a range over 64 MiB or not 512-aligned.
  * BDEV_FAULT_RANGE fails reads that touch a bad sector of [off, off+len);
  * a write heals the sectors it covers. BDEV_FAULT_STUCK is the same range
- * that no write heals (a drive that can no longer remap). (Growing the range frees the old
- * sector map: give the largest range first, or set ranges while idle.)
+ * that no write heals (a drive that can no longer remap). (Growing the
+ * range frees the old sector map: give the largest range first, or set
+ * ranges while idle.)
  * BDEV_FAULT_HANG holds every request until the mode changes (they then
  * fail with -EIO).
  */
 enum bdev_fault { BDEV_FAULT_NONE, BDEV_FAULT_EIO, BDEV_FAULT_RANGE, BDEV_FAULT_HANG, BDEV_FAULT_STUCK };
+/* The modes that take a range (OFFSET LENGTH). */
+static inline bool bdev_fault_has_range(int mode)
+{
+	return mode == BDEV_FAULT_RANGE || mode == BDEV_FAULT_STUCK;
+}
 struct bdev *bdev_fault_wrap(struct bdev *inner);
 bool bdev_is_fault(const struct bdev *dev);
 int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_t len);

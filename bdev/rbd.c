@@ -34,7 +34,7 @@
  * A fenced client (blocklisted after another gateway broke our lock) stays
  * fenced: rbd_lock.c notices and calls rbd_reopen, which connects a
  * fresh client (a new address, so the blocklist entry does not match it)
- * and swaps it in under the handoff described in bdev_rbd.h.
+ * and swaps it in under the handoff described in rbd_int.h.
  */
 #include "rbd_int.h"
 

@@ -35,7 +35,7 @@
  * rbd.c's rbd_reopen connects a fresh client (a new address: the
  * blocklist entry names the old one), opens the image on it and hands the
  * I/O path over to it once the requests still on the old client finished
- * (bdev_rbd.h "Handle handoff"). Then the owner key is read again and the
+ * (rbd_int.h "Handle handoff"). Then the owner key is read again and the
  * state goes back to STANDBY: ALUA active/non-optimized, and a host's I/O
  * takes the image over as before (a gain on the new client, with the cache
  * volume's usual drop unless the generation says nobody else owned it). A

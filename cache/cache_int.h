@@ -180,8 +180,9 @@ struct mirror {
 	void (*persist)(struct mirror *m, uint32_t failed, void *arg);
 	void *persist_arg;
 	/*
-	 * A read of leg failed with bad blocks (bdev_err_bad_blocks) and another leg serves it: 0 if the
-	 * range was queued for a rewrite (repair.c), else the leg is failed.
+	 * A read of leg failed with bad blocks (bdev_err_bad_blocks) and
+	 * another leg serves it: 0 if the range was queued for a rewrite
+	 * (repair.c), else the leg is failed.
 	 */
 	int (*read_error)(struct mirror *m, int leg, uint64_t off, uint64_t len, void *arg);
 	/* the last leg failed (once, on the worker that saw it) */

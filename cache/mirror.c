@@ -293,8 +293,9 @@ static void sub_done(struct bdev_req *sub, int err)
 	 * nothing about the leg now in its place */
 	if (err && !one_leg && sub->dev == m->leg[leg]) {
 		/*
-		 * A read error (-EIO, -ENODATA, -EILSEQ) is a bad range, not a dead leg: it is
-		 * retried on another leg and queued to be rewritten (repair.c).
+		 * A read error (bdev_err_bad_blocks) is a bad range, not a dead
+		 * leg: it is retried on another leg and queued to be rewritten
+		 * (repair.c).
 		 * A leg is failed by write errors, by a rewrite that fails, or by
 		 * more bad ranges than the queue holds; a range no leg can read
 		 * is MEDIUM ERROR for its dirty blocks only (volume.c), not the

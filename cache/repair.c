@@ -1,8 +1,8 @@
 /*
  * repair.c - rewrite what a leg could not read from the other leg, as md does.
  *
- * A read error on one leg (a latent sector error: -ENODATA or -EIO on that range only)
- * is not a dead leg. The mirror serves the read from the other leg and
+ * A read error on one leg (a latent sector error: -ENODATA or -EIO on that
+ * range only) is not a dead leg. The mirror serves the read from the other leg and
  * hands the range here (cache_repair_note, any worker); the set's tick
  * (worker 0) then reads the range from the good leg and writes it back to
  * the failing one, which a drive remaps on write. The leg is failed only if
@@ -30,7 +30,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct repair {
 	struct cache_set *cs;
@@ -43,13 +42,6 @@ struct repair {
 	struct bdev_req req;
 };
 
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /*
  * max_read_errors: a leg that keeps returning read errors although every
  * rewrite succeeds (a drive that can no longer remap, or that fails reads
@@ -61,7 +53,7 @@ static uint64_t mono_ms(void)
 static bool read_errors_exceeded(struct cache_set *cs, int leg, uint32_t *n)
 {
 	uint32_t max = cs->cfg.max_read_errors;
-	uint64_t now = mono_ms();
+	uint64_t now = now_ms();
 	if (cs->read_err_dev[leg] != cs->legs[leg] || now - cs->read_err_since[leg] >= 3600u * 1000u) {
 		cs->read_err_dev[leg] = cs->legs[leg]; /* a replaced leg starts again */
 		cs->read_err_since[leg] = now;

@@ -227,8 +227,8 @@ static int ctl_leg_fault(struct json_object *req, struct json_object *resp, void
 		return control_error(resp, "unknown fault \"%s\"; use eio, hang, range OFFSET LENGTH, stuck OFFSET "
 				     "LENGTH, or ok", mode);
 	uint64_t off = 0, len = 0;
-	if ((f == BDEV_FAULT_RANGE || f == BDEV_FAULT_STUCK) && (!off_s || !len_s || config_parse_size(off_s, &off) || config_parse_size(len_s, &len) ||
-				      !len))
+	if (bdev_fault_has_range(f) &&
+	    (!off_s || !len_s || config_parse_size(off_s, &off) || config_parse_size(len_s, &len) || !len))
 		return control_error(resp, "leg fault %s needs OFFSET LENGTH (bytes of the leg, like 1M 64K)", mode);
 	for (int i = 0; i < g_cfg->ncaches; i++) {
 		if (strcmp(g_cfg->caches[i].name, set))

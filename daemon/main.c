@@ -302,12 +302,6 @@ static void lun_capacity_changed(void *arg, uint64_t size)
 }
 
 /*
- * Open the LU of [lun] l (its serial, backing store, cache volume on a set
- * already running, and the logical unit). cfg is the configuration in
- * effect: its state_dir, and its [cache] sections, parallel to sets (on a
- * reload, l belongs to the new file). 0, or -1 after logging why.
- */
-/*
  * A write-back LUN whose blocks are larger than what a leg writes atomically
  * across a power failure: a cut during an overwrite in place can leave a
  * block part old, part new (the legs are made to agree after the crash, not
@@ -329,6 +323,12 @@ static void warn_torn_blocks(const struct cfg_cache *cc, const struct cfg_lun *l
 	}
 }
 
+/*
+ * Open the LU of [lun] l (its serial, backing store, cache volume on a set
+ * already running, and the logical unit). cfg is the configuration in
+ * effect: its state_dir, and its [cache] sections, parallel to sets (on a
+ * reload, l belongs to the new file). 0, or -1 after logging why.
+ */
 int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct cache_set **sets,
 			char serial[33], struct scsi_lu **lu_out, struct bdev **vol_out)
 {

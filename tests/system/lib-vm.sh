@@ -2,6 +2,29 @@
 # Sourced with VMDIR (where tests/system/run-vm-tcmu.sh setup unpacked Debian's
 # kernel, in $VMDIR/kroot) and W (this test's work dir) set.
 
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# vm_all WHAT SETUP...: the whole run of a test that defines build, boot, check
+# (which sets RC) and stop: SETUP (a command), build, boot, check; the VM is
+# stopped at the end unless KEEP=1. Exits with RC, saying PASS or FAIL: WHAT.
+vm_all() {
+	local what=$1 t0 t1
+	shift
+	t0=$(now)
+	"$@"
+	build
+	echo "SETUP+BUILD: $(since "$t0") s"
+	trap stop EXIT
+	t1=$(now)
+	boot || { echo "FAIL: $what: the guest did not come up"; exit 1; }
+	check
+	echo "BOOT+CHECK: $(since "$t1") s; TOTAL: $(since "$t0") s"
+	[ "${KEEP:-0}" = 1 ] && trap - EXIT
+	[ "$RC" = 0 ] && echo "PASS: $what" || echo "FAIL: $what"
+	exit "$RC"
+}
+
 # vm_initrd ROOT INIT CONF "MODULES" BINARIES...: an initrd at $W/initrd.cpio with
 # busybox, the modules and their dependencies (insmod order in /etc/modlist), the
 # binaries in /usr/sbin with their shared libraries (found by ldd), INIT as

@@ -57,8 +57,6 @@ DATA_OFF=2359296
 NSLOTS=246
 mkdir -p "$W"
 . tests/system/lib-vm.sh
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 write_init() {
 { vm_init_head; cat <<'EOF'; } >"$1"
@@ -322,19 +320,6 @@ build) build ;;
 boot) boot ;;
 check) check; exit $RC ;;
 stop) stop ;;
-all)
-	T0=$(now)
-	TC_VM_DIR=$VMDIR bash tests/system/run-vm-tcmu.sh setup
-	build
-	echo "SETUP+BUILD: $(since "$T0") s"
-	trap stop EXIT
-	T1=$(now)
-	boot || { echo "FAIL: the guest did not start the daemon"; exit 1; }
-	check
-	echo "BOOT+CHECK: $(since "$T1") s; TOTAL: $(since "$T0") s"
-	[ "${KEEP:-0}" = 1 ] && trap - EXIT
-	[ $RC = 0 ] && echo "PASS: leg faults on a guest NVMe drive" || echo "FAIL: leg faults on a guest NVMe drive"
-	exit $RC
-	;;
+all) vm_all "leg faults on a guest NVMe drive" env TC_VM_DIR="$VMDIR" bash tests/system/run-vm-tcmu.sh setup ;;
 *) echo "usage: $0 [build|boot|check|stop|all]"; exit 2 ;;
 esac

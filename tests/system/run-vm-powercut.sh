@@ -48,8 +48,6 @@ DRIVE_SIZE=$((80 << 20))
 SECTORS=49152 # the LUN's first 24 MiB are written: more than the cache holds
 mkdir -p "$W"
 . tests/system/lib-vm.sh
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 write_init() {
 { vm_init_head; cat <<EOF; } >"$1"

@@ -44,8 +44,6 @@ LEG_SIZE=67108864
 mkdir -p "$W"
 VMDIR=$W # lib-vm.sh: where the kernel is
 . tests/system/lib-vm.sh
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 setup() {
 	local need=()
@@ -263,19 +261,6 @@ build) build ;;
 boot) boot ;;
 check) check; exit $RC ;;
 stop) stop ;;
-all)
-	T0=$(now)
-	setup
-	build
-	echo "SETUP+BUILD: $(since "$T0") s"
-	trap stop EXIT
-	T1=$(now)
-	boot || { echo "FAIL: the guest did not bring the target up"; exit 1; }
-	check
-	echo "BOOT+CHECK: $(since "$T1") s; TOTAL: $(since "$T0") s"
-	[ "${KEEP:-0}" = 1 ] && trap - EXIT
-	[ $RC = 0 ] && echo "PASS: LIO + TCMU + tiercached system test" || echo "FAIL: LIO + TCMU + tiercached system test"
-	exit $RC
-	;;
+all) vm_all "LIO + TCMU + tiercached system test" setup ;;
 *) echo "usage: $0 [setup|build|boot|check|stop|all]"; exit 2 ;;
 esac

@@ -92,6 +92,17 @@ static void load(struct bdev *vol, int rounds, uint64_t *seq)
 		buf_put(bufs[i], 32u << 10);
 }
 
+/* Wait (2 s at most) until leg is failed; st gets the last status seen. */
+static void wait_leg_failed(struct cache_set *cs, int leg, struct cache_set_status *st)
+{
+	for (int i = 0; i < 20000; i++) {
+		cache_set_status(cs, st);
+		if (st->legs[leg].health == LEG_FAILED)
+			return;
+		usleep(100);
+	}
+}
+
 static void verify_all(struct bdev *vol)
 {
 	uint8_t *buf = buf_get(64u << 10);
@@ -130,12 +141,7 @@ static void test_write_passed_by_resync(void)
 	memset(new, 0x0b, 4096);
 	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, old, 4096, BDEV_F_FUA) == 0, "write old");
 	REQUIRE(cache_set_fail_leg(cs, l1->name, "by the test", err, sizeof(err)) == 0, "fail leg 1: %s", err);
-	for (int i = 0; i < 20000; i++) {
-		cache_set_status(cs, &st);
-		if (st.legs[1].health == LEG_FAILED)
-			break;
-		usleep(100);
-	}
+	wait_leg_failed(cs, 1, &st);
 	struct mem_bdev *nl = mem_new(13, LEG_SIZE, NULL);
 	/* an overwrite now sets the region's write-intent bit, so the late write
 	 * below sends its data at once (no intent page write first) */
@@ -186,12 +192,7 @@ static void test_intent_with_no_leg_left(void)
 	struct bdev *vol = cache_vol_open(cs, "lun0", &b->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
 	REQUIRE(vol, "attach: %s", err);
 	REQUIRE(cache_set_fail_leg(cs, l0->name, "by the test", err, sizeof(err)) == 0, "fail leg 0: %s", err);
-	for (int i = 0; i < 20000; i++) {
-		cache_set_status(cs, &st);
-		if (st.legs[0].health == LEG_FAILED)
-			break;
-		usleep(100);
-	}
+	wait_leg_failed(cs, 0, &st);
 	REQUIRE(st.legs[0].health == LEG_FAILED, "leg 0 did not fail");
 	uint8_t *buf = buf_get(4096);
 	memset(buf, 0x5c, 4096);
@@ -205,12 +206,7 @@ static void test_intent_with_no_leg_left(void)
 	/* the next overwrite fails leg 1, the last one: its region's bit stays set */
 	atomic_store(&l1->fail_after, atomic_load(&l1->ops));
 	int r = tio_sync(vol, BDEV_WRITE, 0, buf, 4096, BDEV_F_FUA);
-	for (int i = 0; i < 20000; i++) {
-		cache_set_status(cs, &st);
-		if (st.legs[1].health == LEG_FAILED)
-			break;
-		usleep(100);
-	}
+	wait_leg_failed(cs, 1, &st);
 	REQUIRE(st.legs[1].health == LEG_FAILED, "leg 1 did not fail (the write returned %d)", r);
 	intent_stats(cs, &writes, &parked, &regions);
 	REQUIRE(regions == 1, "no write-intent bit left set when the last leg failed");

@@ -96,6 +96,15 @@ int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, siz
 int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);
 /* Change a volume's mode; leaving write-back flushes first. Main thread. */
 int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode);
+/*
+ * The LUN's blocks are larger than what the legs write atomically across a
+ * power cut: each write-back overwrite of dirty data then goes through the
+ * set's block log first, so a cut never leaves a block part old, part new
+ * (one more leg write for those writes only). true if the guard is on: the
+ * set has a block log (a set made before version 3 has none). Before the
+ * LU is opened; main thread.
+ */
+bool cache_vol_guard_torn(struct bdev *vol, bool on);
 
 /*
  * Put newdev in place of failed leg number leg (0 or 1) and rebuild it

@@ -251,6 +251,74 @@ struct journal *journal_self(struct cache_set *cs);
 /* Any worker thread. */
 void journal_kick(struct journal *j);
 
+/* ---- block log (dlog.c) ------------------------------------------------ */
+
+/*
+ * One record in flight: from dlog_write until dlog_finish (the caller's
+ * journal record that makes the overwrite current has its seq, or the
+ * write ended in an error). Embedded in the writer's context.
+ */
+struct dlog_ent {
+	struct dlog_ent *prev, *next;   /* the ring's records in flight, seq order */
+	struct dlog_ent *wnext;         /* waiting for room in the ring */
+	struct dlog_ring *ring;
+	struct worker *w;               /* the writer's worker: done() runs there */
+	uint64_t seq, pos;
+	uint32_t slot, first, count, npages;
+	uint64_t key;
+	bool live;                      /* on the in-flight list */
+	struct cache_dlog_disk *hdr;    /* a pooled page */
+	const struct iovec *data;
+	int datacnt;
+	struct iovec iov_inline[9];
+	struct iovec *iov;
+	struct bdev_req req;
+	void (*done)(struct dlog_ent *e, int err);
+	void *priv;
+};
+
+struct dlog_ring {
+	struct cache_set *cs;
+	unsigned idx;
+	pthread_mutex_t lock;           /* all below; never held across I/O */
+	uint64_t head, tail;            /* absolute page positions */
+	struct dlog_ent *live_head, *live_tail;
+	struct dlog_ent *wait_head, **wait_tail;
+	uint64_t records, waits;
+};
+
+int dlog_init(struct cache_set *cs);
+void dlog_destroy(struct cache_set *cs);
+/*
+ * Worker thread: log count sectors of slot (holding key) from first, data
+ * in iov, on every healthy leg with FUA; done(e, err) on this worker once
+ * durable. The caller then writes them in place, records the change and
+ * calls dlog_finish (also when it gives up).
+ */
+void dlog_write(struct cache_set *cs, struct dlog_ent *e, uint32_t slot, uint64_t key, uint32_t first,
+		uint32_t count, const struct iovec *iov, int iovcnt, void (*done)(struct dlog_ent *, int),
+		void *priv);
+void dlog_finish(struct cache_set *cs, struct dlog_ent *e);
+/* Checkpoint (worker 0): heads before its seq; then whether a record older than seq is in flight. */
+void dlog_heads(struct cache_set *cs, uint64_t heads[CACHE_DLOG_RINGS]);
+bool dlog_older_inflight(struct cache_set *cs, uint64_t seq);
+/* After the checkpoint's superblock: the space before heads is free. */
+void dlog_release(struct cache_set *cs, const uint64_t heads[CACHE_DLOG_RINGS]);
+
+/* A journal record as recovery reads it (set.c), in seq order for dlog_recover. */
+struct rrec {
+	uint64_t seq, key;
+	uint32_t slot;
+	uint16_t op, first, count;
+};
+/*
+ * Main thread, unclean open, after the metadata is recovered (recs: every
+ * journal record replayed, seq order): put back in place, on every healthy
+ * leg, each logged sector that is dirty and that no later record touched.
+ * Raises next_seq above every record seen. 0, or -1 with err.
+ */
+int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, char *err, size_t errlen);
+
 /* ---- write intent (intent.c) ------------------------------------------- */
 
 /* A write parked until its region's bit is on disk; fn(arg) then runs on w. */
@@ -368,6 +436,10 @@ struct cache_set {
 	uint32_t free_cursor;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
+	uint32_t version;             /* of the on-disk format: 3, or 2 (no block log) */
+	struct dlog_ring dlog[CACHE_DLOG_RINGS];
+	_Atomic bool dlog_ckpt_wait;  /* a checkpoint waits for an older record to finish */
+	_Atomic uint64_t st_dlog_records, st_dlog_waits;
 	_Atomic uint8_t *ckpt_dirty;  /* a bit per slot: record changed since checkpoint */
 	/* superblock writes */
 	pthread_mutex_t sb_lock;
@@ -516,6 +588,7 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s);
 void cache_reclaim(struct cache_set *cs);
 /* Ask for a checkpoint (journal filling up). Any thread. */
 void cache_want_checkpoint(struct cache_set *cs);
+void cache_ckpt_resume(struct cache_set *cs);
 /* Write the superblock to every healthy leg; cb on the calling worker. */
 void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *arg);
 

@@ -15,7 +15,7 @@ uint32_t meta_crc(const void *buf, size_t len)
 	return crc32_iscsi((unsigned char *)buf, (int)len, 0xffffffffu);
 }
 
-int meta_layout(uint64_t leg_size, uint32_t extent_size, struct cache_layout *out)
+int meta_layout(uint64_t leg_size, uint32_t extent_size, uint32_t version, struct cache_layout *out)
 {
 	struct cache_layout l = { .leg_size = leg_size, .extent_size = extent_size };
 
@@ -30,19 +30,36 @@ int meta_layout(uint64_t leg_size, uint32_t extent_size, struct cache_layout *ou
 	if (jbytes > (256ull << 20))
 		jbytes = 256ull << 20;
 	l.jblocks = (uint32_t)(jbytes / CACHE_NJOURNALS / CACHE_PAGE);
+	/*
+	 * Block log (version 3): 1/128 of the leg, at most 64 MiB, and per
+	 * ring room for two records of a whole extent at least.
+	 */
+	uint64_t dbytes = 0;
+	if (version >= 3) {
+		uint64_t per = leg_size / 128 / CACHE_DLOG_RINGS / CACHE_PAGE;
+		uint64_t min = 2 * (extent_size / CACHE_PAGE + 1);
+		if (per > (64ull << 20) / CACHE_DLOG_RINGS / CACHE_PAGE)
+			per = (64ull << 20) / CACHE_DLOG_RINGS / CACHE_PAGE;
+		if (per < min)
+			per = min;
+		l.dlog_pages = (uint32_t)per;
+		dbytes = per * CACHE_DLOG_RINGS * CACHE_PAGE;
+	}
 	l.table_off = CACHE_TABLE_OFF;
-	/* Solve for nslots: table + journal + data fit, data extent-aligned. */
-	uint64_t fixed = l.table_off + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE + extent_size;
+	/* Solve for nslots: table + journal + block log + data fit, data extent-aligned. */
+	uint64_t jb = (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE;
+	uint64_t fixed = l.table_off + jb + dbytes + extent_size;
 	if (leg_size <= fixed)
 		return -1;
 	uint64_t n = (leg_size - fixed) / (extent_size + l.rec_size);
 	for (; n >= 8; n--) {
 		uint64_t table = (n * l.rec_size + CACHE_PAGE - 1) / CACHE_PAGE * CACHE_PAGE;
 		uint64_t joff = l.table_off + table;
-		uint64_t doff = joff + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE;
+		uint64_t doff = joff + jb + dbytes;
 		doff = (doff + extent_size - 1) / extent_size * extent_size;
 		if (doff + n * extent_size <= leg_size) {
 			l.journal_off = joff;
+			l.dlog_off = dbytes ? joff + jb : 0;
 			l.data_off = doff;
 			l.nslots = (uint32_t)n;
 			*out = l;
@@ -87,7 +104,7 @@ int meta_sb_check(const struct cache_sb_disk *sb, const char **why)
 		return -1;
 	}
 	uint32_t v = le32_get(sb->version);
-	if (v != CACHE_VERSION && v != CACHE_VERSION_V1) {
+	if (v != CACHE_VERSION && v != CACHE_VERSION_V2 && v != CACHE_VERSION_V1) {
 		*why = v > CACHE_VERSION ? "the set was written by a newer tiercached (superblock version "
 					   "unknown here); run that version, or flush and detach the cache with it"
 					 : "superblock version unknown to this tiercached";
@@ -138,4 +155,25 @@ bool meta_jblock_ok(const struct cache_jblock_disk *b, const uint8_t uuid8[8], u
 	memcpy(&tmp, b, sizeof(tmp));
 	tmp.crc = le32_of(0);
 	return meta_crc(&tmp, sizeof(tmp)) == le32_get(b->crc);
+}
+
+void meta_dlog_seal(struct cache_dlog_disk *h)
+{
+	h->crc = le32_of(0);
+	h->crc = le32_of(meta_crc(h, sizeof(*h)));
+}
+
+bool meta_dlog_ok(const struct cache_dlog_disk *h, const uint8_t uuid8[8], uint32_t ring, uint32_t at,
+		  uint32_t pages)
+{
+	if (le32_get(h->magic) != DLOG_MAGIC || memcmp(h->set_uuid8, uuid8, 8) || le32_get(h->ring) != ring ||
+	    !pages || le64_get(h->pos) % pages != at)
+		return false;
+	uint32_t np = le32_get(h->npages);
+	if (np < 2 || np > pages - at)
+		return false;
+	struct cache_dlog_disk tmp;
+	memcpy(&tmp, h, sizeof(tmp));
+	tmp.crc = le32_of(0);
+	return meta_crc(&tmp, sizeof(tmp)) == le32_get(h->crc);
 }

@@ -19,6 +19,9 @@
  *   journal  CACHE_NJOURNALS rings of jblocks 4 KiB blocks: metadata
  *            updates since the last checkpoint, one ring per worker thread
  *            (so a worker never waits on another thread's commit)
+ *   dlog     (version 3) CACHE_DLOG_RINGS rings of dlog_pages 4 KiB pages:
+ *            the block log, a copy of each write-back overwrite of dirty
+ *            data made before the slot is overwritten in place (dlog.c)
  *   data     slot i at data_off + i * extent_size
  *
  * Recovery = newest valid superblock, load the table, replay every journal
@@ -72,11 +75,18 @@ static inline le64 le64_of(uint64_t x)
  * A version 1 set that was shut down cleanly opens as is; one that was not
  * is recovered as if every region's bit were set (set.c).
  */
-#define CACHE_VERSION 2
+/*
+ * Version 3 adds the block log between the journal and the data (so the
+ * data moved: a version 2 set keeps its version and its layout, and runs
+ * without the block log; re-creating it gets one).
+ */
+#define CACHE_VERSION 3
+#define CACHE_VERSION_V2 2
 #define CACHE_VERSION_V1 1
 #define CACHE_SECTOR 512u          /* metadata granularity: one valid/dirty bit each */
 #define CACHE_PAGE 4096u
 #define CACHE_NJOURNALS 16
+#define CACHE_DLOG_RINGS 4
 #define CACHE_MAX_BACKINGS 16
 #define CACHE_MAX_LEGS 2
 #define CACHE_TABLE_OFF (64u << 10)
@@ -140,8 +150,12 @@ struct cache_sb_disk {
 	 */
 	uint8_t leg_uuid[16];
 	uint8_t member_uuid[CACHE_MAX_LEGS][16];
+	/* version 3: the block log (0 in older versions: none) */
+	le64 dlog_off;
+	le32 dlog_rings;     /* CACHE_DLOG_RINGS */
+	le32 dlog_pages;     /* per ring */
 	uint8_t pad[4096 - 8 - 4 - 4 - 16 - 8 - 4 * 8 - 8 * 4 - 4 - 4 - 8 - 8 * CACHE_NJOURNALS - 64 -
-		    224 * CACHE_MAX_BACKINGS - 16 - 16 * CACHE_MAX_LEGS];
+		    224 * CACHE_MAX_BACKINGS - 16 - 16 * CACHE_MAX_LEGS - 16];
 };
 _Static_assert(sizeof(struct cache_sb_disk) == 4096, "superblock is one 4 KiB block");
 
@@ -191,6 +205,32 @@ struct cache_jblock_disk {
 };
 _Static_assert(sizeof(struct cache_jblock_disk) == 4096, "journal block is 4 KiB");
 
+/*
+ * Block log record: a header page, then the data (count sectors, padded to
+ * whole pages), written as one request. It says "these sectors of slot
+ * (holding key) read as this data", as of seq; recovery (dlog.c) puts the
+ * data back in place where that is still the newest word on them, so an
+ * overwrite of dirty data torn by a power cut reads wholly new.
+ */
+#define DLOG_MAGIC 0x474f4c44 /* "DLOG" */
+
+struct cache_dlog_disk {
+	le32 magic;
+	le32 crc;            /* crc32c of the header page with this field zero */
+	le64 pos;            /* absolute page position in the ring */
+	uint8_t set_uuid8[8];
+	le32 ring;
+	le32 npages;         /* header included */
+	le64 seq;
+	le64 key;
+	le32 slot;
+	le16 first;          /* first block inside the extent */
+	le16 count;          /* blocks */
+	le32 data_crc;       /* crc32c of the count * 512 data bytes */
+	uint8_t pad[4096 - 4 - 4 - 8 - 8 - 4 - 4 - 8 - 8 - 4 - 2 - 2 - 4];
+};
+_Static_assert(sizeof(struct cache_dlog_disk) == 4096, "block log header is 4 KiB");
+
 /* Geometry derived from a leg size and extent size. */
 struct cache_layout {
 	uint64_t leg_size;
@@ -199,11 +239,15 @@ struct cache_layout {
 	uint32_t rec_size;
 	uint32_t nslots;
 	uint32_t jblocks;
-	uint64_t table_off, journal_off, data_off;
+	uint32_t dlog_pages; /* per ring; 0: no block log (a version 1 or 2 set) */
+	uint64_t table_off, journal_off, dlog_off, data_off;
 };
 
-/* Compute the layout; 0, or -1 if the leg is too small for 8 slots. */
-int meta_layout(uint64_t leg_size, uint32_t extent_size, struct cache_layout *out);
+/*
+ * Compute the layout a set of this version has; 0, or -1 if the leg is too
+ * small for 8 slots. Versions 1 and 2 share one layout (no block log).
+ */
+int meta_layout(uint64_t leg_size, uint32_t extent_size, uint32_t version, struct cache_layout *out);
 
 uint32_t meta_crc(const void *buf, size_t len);
 
@@ -219,7 +263,7 @@ void meta_sb_seal(struct cache_sb_disk *sb);
  */
 void meta_rebuild_mark(struct cache_sb_disk *page, const uint8_t set_uuid[16]);
 bool meta_rebuild_marked(const struct cache_sb_disk *page, uint8_t set_uuid[16]);
-/* 0 if magic, version (1 or 2) and checksum are right; otherwise -1 and a reason. */
+/* 0 if magic, version (1, 2 or 3) and checksum are right; otherwise -1 and a reason. */
 int meta_sb_check(const struct cache_sb_disk *sb, const char **why);
 
 void meta_slot_seal(void *rec, uint32_t rec_size);
@@ -227,5 +271,10 @@ bool meta_slot_ok(const void *rec, uint32_t rec_size);
 
 void meta_jblock_seal(struct cache_jblock_disk *b);
 bool meta_jblock_ok(const struct cache_jblock_disk *b, const uint8_t uuid8[8], uint64_t pos);
+
+void meta_dlog_seal(struct cache_dlog_disk *h);
+/* header checksum, magic, set, ring, and its position (pos % pages == at) */
+bool meta_dlog_ok(const struct cache_dlog_disk *h, const uint8_t uuid8[8], uint32_t ring, uint32_t at,
+		  uint32_t pages);
 
 #endif

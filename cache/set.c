@@ -137,7 +137,7 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 {
 	memset(sb, 0, sizeof(*sb));
 	sb->magic = le64_of(CACHE_MAGIC);
-	sb->version = le32_of(CACHE_VERSION);
+	sb->version = le32_of(cs->version);
 	memcpy(sb->set_uuid, cs->uuid, 16);
 	sb->gen = le64_of(gen);
 	sb->leg_index = le32_of((uint32_t)leg);
@@ -161,6 +161,11 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	memcpy(sb->backing, cs->backing, sizeof(cs->backing));
 	memcpy(sb->leg_uuid, cs->leg_uuid[leg], 16);
 	memcpy(sb->member_uuid, cs->leg_uuid, sizeof(sb->member_uuid));
+	if (cs->lay.dlog_pages) {
+		sb->dlog_off = le64_of(cs->lay.dlog_off);
+		sb->dlog_rings = le32_of(CACHE_DLOG_RINGS);
+		sb->dlog_pages = le32_of(cs->lay.dlog_pages);
+	}
 	meta_sb_seal(sb);
 }
 
@@ -573,6 +578,7 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 struct ckpt {
 	struct cache_set *cs;
 	uint64_t heads[CACHE_NJOURNALS];
+	uint64_t dheads[CACHE_DLOG_RINGS]; /* block log heads */
 	uint64_t seq;
 	uint32_t npages, rpp, cursor;
 	int inflight;
@@ -636,6 +642,8 @@ static void ckpt_sb_done(void *arg, int err)
 		if (waiting)
 			journal_kick(jr); /* any worker may kick a ring */
 	}
+	if (!err)
+		dlog_release(cs, ck->dheads);
 	cs->ckpt_running = false;
 	struct sync_call *w = ck->waiter;
 	ck->waiter = NULL;
@@ -710,7 +718,17 @@ static void ckpt_pump(struct ckpt *ck)
 		};
 		bdev_submit(&cs->mirror.dev, &ck->req[i]);
 	}
-	if (ck->cursor >= ck->npages && ck->inflight == 0) {
+	if (ck->cursor == ck->npages && ck->inflight == 0) {
+		/*
+		 * Not before every block log record older than our seq has
+		 * finished: recovery trusts no record older than ckpt_seq
+		 * (dlog.c). dlog_finish posts us again if we wait.
+		 */
+		if (dlog_older_inflight(cs, ck->seq)) {
+			atomic_store(&cs->dlog_ckpt_wait, true);
+			if (dlog_older_inflight(cs, ck->seq) || !atomic_exchange(&cs->dlog_ckpt_wait, false))
+				return; /* still, or a finish took the flag and posted us */
+		}
 		pthread_mutex_lock(&cs->sb_lock);
 		cs->ckpt_seq = ck->seq;
 		for (int j = 0; j < CACHE_NJOURNALS; j++)
@@ -733,6 +751,7 @@ static void ckpt_start(struct cache_set *cs)
 	/* heads first, then seq: every block before a head holds only seq < S */
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		ck->heads[j] = atomic_load(&cs->journals[j].head);
+	dlog_heads(cs, ck->dheads);
 	ck->seq = atomic_load(&cs->next_seq);
 	ck->cursor = 0;
 	ckpt_pump(ck);
@@ -741,6 +760,20 @@ static void ckpt_start(struct cache_set *cs)
 static void ckpt_post(void *arg)
 {
 	ckpt_start(arg);
+}
+
+static void ckpt_resume_fn(void *arg)
+{
+	struct cache_set *cs = arg;
+	if (cs->ckpt_running)
+		ckpt_pump(cs->ckpt);
+}
+
+/* Any worker: a checkpoint waiting for the block log may go on (dlog_finish). */
+void cache_ckpt_resume(struct cache_set *cs)
+{
+	if (worker_post(worker_get(0), ckpt_resume_fn, cs) < 0)
+		log_warn("cache %s: cannot resume a checkpoint", cs->name);
 }
 
 /* Any thread. */
@@ -903,12 +936,6 @@ static int format_set(struct cache_set *cs, char *err, size_t errlen)
 	return 0;
 }
 
-struct rrec {
-	uint64_t seq, key;
-	uint32_t slot;
-	uint16_t op, first, count;
-};
-
 static int rrec_cmp(const void *a, const void *b)
 {
 	const struct rrec *x = a, *y = b;
@@ -931,7 +958,7 @@ static void recover_apply(struct cache_set *cs, const struct rrec *r)
 	ckpt_mark(cs, r->slot);
 }
 
-static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
+static int recover_set(struct cache_set *cs, int leg, bool unclean, char *err, size_t errlen)
 {
 	struct bdev *dev = cs->legs[leg];
 	size_t chunk = 1u << 20;
@@ -1048,7 +1075,6 @@ static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 	qsort(recs, n, sizeof(*recs), rrec_cmp);
 	for (size_t i = 0; i < n; i++)
 		recover_apply(cs, &recs[i]);
-	free(recs);
 	atomic_store(&cs->next_seq, max_seq);
 
 	/* 3. the map and the free list */
@@ -1073,7 +1099,10 @@ static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 	log_info("cache %s: recovered %u cached extents (%u from the table, %zu journal records), "
 		 "%llu dirty KiB", cs->name, live, loaded, n,
 		 (unsigned long long)(atomic_load(&cs->dirty_blocks) * CACHE_SECTOR >> 10));
-	return 0;
+	/* 4. overwrites of dirty data the cut may have torn: whole again from the block log */
+	int dr = unclean ? dlog_recover(cs, recs, n, err, errlen) : 0;
+	free(recs);
+	return dr;
 }
 
 /*
@@ -1197,6 +1226,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		fail(err, errlen, "out of memory");
 		return NULL;
 	}
+	cs->version = CACHE_VERSION; /* a new set; an existing one says its own */
 	for (int i = 0; i < cfg->nlegs; i++) {
 		struct bdev *g = cfg->leg_timeout_ms ? leg_guard_wrap(legdevs[i], cfg->leg_timeout_ms, cache_leg_timed_out, cs)
 						     : legdevs[i];
@@ -1402,6 +1432,11 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			.journal_off = le64_get(nsb->journal_off),
 			.data_off = le64_get(nsb->data_off),
 		};
+		uint32_t version = le32_get(nsb->version);
+		if (version >= CACHE_VERSION) {
+			lay.dlog_off = le64_get(nsb->dlog_off);
+			lay.dlog_pages = le32_get(nsb->dlog_pages);
+		}
 		if (cs->legs[0]->size < lay.leg_size || lay.data_off + (uint64_t)lay.nslots * ext > lay.leg_size) {
 			fail(err, errlen, "cache %s: legs are %llu bytes but the set was formatted for %llu; "
 				"give size = %llu", cfg->name, (unsigned long long)cs->legs[0]->size,
@@ -1417,9 +1452,11 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		 */
 		struct cache_layout want;
 		if (le32_get(nsb->block_size) != CACHE_SECTOR || le32_get(nsb->njournals) != CACHE_NJOURNALS ||
-		    meta_layout(lay.leg_size, ext, &want) < 0 || want.rec_size != lay.rec_size ||
+		    meta_layout(lay.leg_size, ext, version, &want) < 0 || want.rec_size != lay.rec_size ||
 		    want.nslots != lay.nslots || want.jblocks != lay.jblocks || want.table_off != lay.table_off ||
-		    want.journal_off != lay.journal_off || want.data_off != lay.data_off) {
+		    want.journal_off != lay.journal_off || want.data_off != lay.data_off ||
+		    want.dlog_off != lay.dlog_off || want.dlog_pages != lay.dlog_pages ||
+		    (version >= CACHE_VERSION && le32_get(nsb->dlog_rings) != CACHE_DLOG_RINGS)) {
 			fail(err, errlen, "cache %s: the superblock of %s describes a layout tiercached never writes "
 				"(%u slots of %u bytes, %u journal blocks per ring, table at %llu, journal at %llu, "
 				"data at %llu for %llu-byte legs); the set cannot be trusted: restore the leg from "
@@ -1430,6 +1467,12 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			goto out;
 		}
 		cs->lay = lay;
+		/* a version 1 set gains the write-intent page (version 2); a version 2 set keeps its layout */
+		cs->version = version == CACHE_VERSION_V1 ? CACHE_VERSION_V2 : version;
+		if (!lay.dlog_pages)
+			log_info("cache %s: a version %u set: no block log, so an overwrite of dirty data on a LUN "
+				 "with blocks larger than the legs' atomic write can tear at a power cut; flush the "
+				 "cache and re-create the legs to get one", cfg->name, version);
 		cs->sb_gen = le64_get(nsb->gen);
 		cs->ckpt_seq = le64_get(nsb->ckpt_seq);
 		for (int j = 0; j < CACHE_NJOURNALS; j++)
@@ -1459,7 +1502,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		}
 		if (!le32_get(nsb->clean))
 			log_warn("cache %s: not shut down cleanly; recovering from the journal", cfg->name);
-	} else if (meta_layout(cs->legs[0]->size, cfg->extent_size, &cs->lay) < 0) {
+	} else if (meta_layout(cs->legs[0]->size, cfg->extent_size, CACHE_VERSION, &cs->lay) < 0) {
 		fail(err, errlen, "cache %s: legs of %llu bytes are too small for %u KiB extents; give a "
 			"larger size", cfg->name, (unsigned long long)cs->legs[0]->size, cfg->extent_size >> 10);
 		goto out;
@@ -1473,7 +1516,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	cs->mirror.persist_arg = cs;
 	cs->mirror.read_error = cache_repair_note;
 	cs->mirror.all_failed = all_legs_failed;
-	if (intent_init(&cs->intent, cs) < 0) {
+	if (intent_init(&cs->intent, cs) < 0 || dlog_init(cs) < 0) {
 		fail(err, errlen, "cache %s: out of memory", cfg->name);
 		goto out;
 	}
@@ -1484,7 +1527,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		int leg = best;
 		if (failed & (1u << leg))
 			leg = 1 - leg;
-		if (recover_set(cs, leg, err, errlen) < 0)
+		if (recover_set(cs, leg, unclean, err, errlen) < 0)
 			goto out;
 		if (unclean &&
 		    intent_recover(cs, leg, le32_get(nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)
@@ -1771,6 +1814,7 @@ void cache_set_close(struct cache_set *cs)
 	if (cs->mirror.dev.ops)
 		mirror_destroy(&cs->mirror);
 	intent_destroy(&cs->intent);
+	dlog_destroy(cs);
 	free(cs->slots);
 	free(cs->free_bits);
 	free((void *)cs->ckpt_dirty);
@@ -1903,6 +1947,9 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	uint64_t parked;
 	uint32_t regions;
 	intent_stats(cs, &st->intent_writes, &parked, &regions);
+	st->block_log_writes = atomic_load(&cs->st_dlog_records);
+	st->block_log_waits = atomic_load(&cs->st_dlog_waits);
+	st->version = cs->version;
 	pthread_mutex_lock(&cs->lost_lock);
 	for (int i = 0; i < cs->nlost; i++) {
 		memcpy(st->lost[i].lun, cs->lost[i].lun, sizeof(st->lost[i].lun));

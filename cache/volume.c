@@ -57,6 +57,8 @@ struct cache_vol {
 	struct bdev *backing;
 	uint32_t bid;
 	_Atomic int mode;
+	/* LUN blocks larger than the legs write atomically: overwrites of dirty data go through the block log */
+	_Atomic bool guard_torn;
 	char name[64];
 	/* ownership of a shared backing store (see "Ownership" below) */
 	struct bdev_ops ops;            /* vol_ops, plus owner when the backing is shared */
@@ -101,6 +103,8 @@ struct piece {
 	struct intent_wait iw;  /* the slot's write-intent region (piece_intent) */
 	bool intent_held;       /* entered: leave it when the piece ends or starts over */
 	bool fresh;             /* the slot was allocated by this write: nothing in it is referenced */
+	bool logged;            /* its block log record is in flight (dl): finish it when recorded */
+	struct dlog_ent dl;
 	struct iovec iov_inline[8];
 	struct iovec *iov;
 	int iovcnt;
@@ -315,10 +319,19 @@ static void intent_drop(struct cache_set *cs, struct piece *p)
 	}
 }
 
+static void dlog_drop(struct cache_set *cs, struct piece *p)
+{
+	if (p->logged) {
+		dlog_finish(cs, &p->dl);
+		p->logged = false;
+	}
+}
+
 static void piece_end(struct piece *p, int err)
 {
 	struct vreq *r = p->parent;
 	struct cache_set *cs = r->v->cs;
+	dlog_drop(cs, p);
 	intent_drop(cs, p);
 	slot_unpin(cs, p);
 	bypass_put(cs, p);
@@ -948,12 +961,44 @@ static void to_backing(struct piece *p)
 static void to_backing_cont(void *arg) { to_backing(arg); }
 
 static void to_cache_cont(void *arg);
+static void to_cache(struct piece *p);
+
+static void piece_logged(struct dlog_ent *e, int err)
+{
+	struct piece *p = e->priv;
+	if (err) {
+		piece_end(p, err);
+		return;
+	}
+	to_cache(p);
+}
+
+/*
+ * An overwrite of dirty blocks that a torn write could leave part old,
+ * part new (the LUN's blocks are larger than what the legs write
+ * atomically): the only copy of acknowledged data. It goes whole into the
+ * block log first (dlog.c), then in place.
+ */
+static bool needs_log(struct piece *p)
+{
+	struct cache_vol *v = p->parent->v;
+	struct cache_set *cs = v->cs;
+	return !p->logged && !p->fresh && p->pin && cs->lay.dlog_pages && atomic_load(&v->guard_torn) &&
+	       p->count > 1 && slot_any_dirty(cs, p->slot, p->first, p->count);
+}
 
 static void to_cache(struct piece *p)
 {
 	struct cache_set *cs = p->parent->v->cs;
 	if (!piece_intent(p, to_cache_cont))
 		return;
+	if (needs_log(p)) {
+		p->logged = true;
+		p->stage = ST_CACHE_DATA;
+		dlog_write(cs, &p->dl, p->slot, atomic_load(&cs->slots[p->slot].key), p->first, p->count, p->iov,
+			   p->iovcnt, piece_logged, p);
+		return;
+	}
 	p->stage = ST_CACHE_DATA;
 	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA,
 		   slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR);
@@ -969,9 +1014,12 @@ static void record_done(struct jwait *w, int err)
 
 static void record(struct piece *p, int op, int next_stage)
 {
+	struct cache_set *cs = p->parent->v->cs;
 	p->stage = next_stage;
 	p->jw.done = record_done;
-	cache_record(p->parent->v->cs, p->slot, op, p->first, p->count, &p->jw);
+	/* the data is in place (or the write failed): the logged copy is not needed any more */
+	dlog_drop(cs, p);
+	cache_record(cs, p->slot, op, p->first, p->count, &p->jw);
 }
 
 static void write_step(struct bdev_req *req, int err)
@@ -1238,6 +1286,7 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 			p->bucket = UINT32_MAX;
 			p->intent_held = false;
 			p->fresh = false;
+			p->logged = false;
 			p->err = 0;
 			p->pending = 0;
 			p->iov = NULL;
@@ -1334,6 +1383,14 @@ static void vol_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint
 	v->on_resize = fn;
 	v->on_resize_arg = arg;
 	bdev_set_resize_listener(v->backing, vol_backing_resized, v);
+}
+
+bool cache_vol_guard_torn(struct bdev *dev, bool on)
+{
+	struct cache_vol *v = caa_container_of(dev, struct cache_vol, dev);
+	bool ok = on && v->cs->lay.dlog_pages;
+	atomic_store(&v->guard_torn, ok);
+	return ok;
 }
 
 static const struct bdev_ops vol_ops = {

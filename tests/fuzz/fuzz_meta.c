@@ -217,7 +217,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		fprintf(stderr, "fuzz_meta: cannot start workers\n");
 		exit(1);
 	}
-	if (meta_layout(LEG_SIZE, EXT, &lay) < 0)
+	if (meta_layout(LEG_SIZE, EXT, CACHE_VERSION, &lay) < 0)
 		DIE("no layout");
 	build_images();
 	for (int i = 0; i < NDEV; i++)
@@ -258,9 +258,14 @@ static void seal_at(uint8_t *leg, uint64_t off)
 	} else if (off >= lay.table_off && off < lay.table_off + (uint64_t)lay.nslots * lay.rec_size) {
 		uint64_t r = (off - lay.table_off) / lay.rec_size;
 		meta_slot_seal(leg + lay.table_off + r * lay.rec_size, lay.rec_size);
-	} else if (off >= lay.journal_off && off < lay.data_off) {
+	} else if (off >= lay.journal_off && off < lay.journal_off + (uint64_t)lay.jblocks * CACHE_NJOURNALS * CACHE_PAGE) {
 		uint64_t b = (off - lay.journal_off) / CACHE_PAGE;
 		meta_jblock_seal((struct cache_jblock_disk *)(leg + lay.journal_off + b * CACHE_PAGE));
+	} else if (lay.dlog_pages && off >= lay.dlog_off &&
+		   off < lay.dlog_off + (uint64_t)lay.dlog_pages * CACHE_DLOG_RINGS * CACHE_PAGE) {
+		/* a block log header page (a data page resealed as one is refused by its checks) */
+		uint64_t p = (off - lay.dlog_off) / CACHE_PAGE;
+		meta_dlog_seal((struct cache_dlog_disk *)(leg + lay.dlog_off + p * CACHE_PAGE));
 	}
 }
 

@@ -28,7 +28,14 @@
  *  3. write-through: A acknowledged, B cut after its backing write, before
  *     the cached copy was refreshed;
  *  4. write-around over a cached A: B cut after its backing write, before
- *     the invalidation record.
+ *     the invalidation record;
+ *  5. write-back over dirty A on a LUN of 4 KiB blocks whose legs write
+ *     512 bytes atomically (the torn-write guard on): B's in-place writes
+ *     torn on both legs, the first half of the block new on leg 0, the
+ *     second half on leg 1 (the block log's copy of B had completed);
+ *  6. the same over clean A (no block log: the cached copy is dropped).
+ * Every read must return the whole 4 KiB block from one write: all eight
+ * sectors A, or all eight B.
  */
 #include "cache/meta.h"
 #include "cache/status.h"
@@ -149,6 +156,12 @@ static void verify(const char *name, uint8_t *img[3], enum cache_mode mode, uint
 		REQUIRE(tio_sync(vol, BDEV_READ, 0, buf, BLK, 0) == 0, "%s: read", name);
 		uint64_t s = block_seq(buf);
 		expect(s == seq_a || s == seq_b, name, "read holds seq %llu (want A or B: %llu)", s, seq_a);
+		for (uint32_t k = 1; k < BLK / 512; k++) {
+			uint64_t sk = 0;
+			int st = stamp_check(buf + k * 512, k, &sk);
+			expect(st == 1 && sk == s, name, "the block is torn: sector %llu holds seq %llu", k,
+			       st == 1 ? sk : UINT64_MAX);
+		}
 		if (i == 0)
 			first = s;
 		expect(s == first, name, "read %llu differs from the first read (seq %llu)", (uint64_t)i, first);
@@ -183,13 +196,41 @@ static void verify(const char *name, uint8_t *img[3], enum cache_mode mode, uint
 	       fail_leg - 1);
 }
 
-enum kase { WB_DIRTY, WB_CLEAN, WT, WA };
+enum kase { WB_DIRTY, WB_CLEAN, WT, WA, WB_DIRTY_TORN, WB_CLEAN_TORN };
+
+/* B's in-place write to dev: the logged write whose first sector is B's lba 0 (not the block log's copy) */
+static size_t find_in_place(size_t from, int dev, uint64_t seq)
+{
+	size_t found = SIZE_MAX;
+	pthread_mutex_lock(&g_log.lock);
+	for (size_t i = from; i < g_log.n && found == SIZE_MAX; i++) {
+		struct wlog_ent *x = &g_log.e[i];
+		uint64_t s = 0;
+		if (x->dev == dev && !x->flush && x->data && x->len >= BLK && stamp_check(x->data, 0, &s) == 1 &&
+		    s == seq)
+			found = i;
+	}
+	pthread_mutex_unlock(&g_log.lock);
+	return found;
+}
+
+/* as image_at(cut), then sectors [lo, hi) of logged write i applied (a torn write) */
+static void tear(uint8_t *img[3], size_t i, uint32_t lo, uint32_t hi)
+{
+	pthread_mutex_lock(&g_log.lock);
+	struct wlog_ent *x = &g_log.e[i];
+	memcpy(img[x->dev] + x->off + lo * 512, x->data + lo * 512, (hi - lo) * 512);
+	pthread_mutex_unlock(&g_log.lock);
+}
 
 static void run_case(enum kase k, bool fua)
 {
 	static const char *names[] = { "write-back over dirty A", "write-back over clean A",
-				       "write-through", "write-around over cached A" };
+				       "write-through", "write-around over cached A",
+				       "write-back over dirty A, 4 KiB block torn on both legs",
+				       "write-back over clean A, 4 KiB block torn on both legs" };
 	enum cache_mode mode = k == WT ? CACHE_WRITE_THROUGH : k == WA ? CACHE_WRITE_AROUND : CACHE_WRITE_BACK;
+	bool torn = k == WB_DIRTY_TORN || k == WB_CLEAN_TORN;
 	char name[128];
 	snprintf(name, sizeof(name), "%s%s", names[k], fua ? ", FUA" : "");
 
@@ -204,6 +245,8 @@ static void run_case(enum kase k, bool fua)
 	struct bdev *vol;
 	/* write-around caches nothing on writes: start in write-through to cache A */
 	struct cache_set *cs = open_set(d, &vol, k == WA ? CACHE_WRITE_THROUGH : mode, NULL);
+	if (torn)
+		REQUIRE(cache_vol_guard_torn(vol, true), "%s: the torn-write guard is not available", name);
 	uint64_t sizes[3] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
 	for (int i = 0; i < 3; i++) {
 		free(init_img[i]);
@@ -233,7 +276,7 @@ static void run_case(enum kase k, bool fua)
 			usleep(1000);
 		}
 	}
-	if (k == WB_CLEAN)
+	if (k == WB_CLEAN || k == WB_CLEAN_TORN)
 		REQUIRE(cache_set_flush(cs, 20000) == 0, "destage A");
 	if (k == WA)
 		REQUIRE(cache_vol_set_mode(vol, CACHE_WRITE_AROUND) == 0, "switch to write-around");
@@ -248,6 +291,23 @@ static void run_case(enum kase k, bool fua)
 	/* where to cut: right after B's first device write that matters */
 	size_t cut;
 	int fail_leg = DEV_LEG1;
+	if (torn) {
+		size_t i0 = find_in_place(mark, DEV_LEG0, seq_b), i1 = find_in_place(mark, DEV_LEG1, seq_b);
+		REQUIRE(i0 != SIZE_MAX && i1 != SIZE_MAX, "%s: B's in-place writes are not in the log", name);
+		cut = i0 < i1 ? i0 : i1;
+		for (int pass = 0; pass < 2; pass++) {
+			uint8_t *img[3];
+			image_at(cut, img);
+			tear(img, i0, 0, BLK / 512 / 2);
+			tear(img, i1, BLK / 512 / 2, BLK / 512);
+			verify(name, img, mode, seq_a, seq_b, pass ? DEV_LEG0 : DEV_LEG1);
+			for (int i = 0; i < 3; i++)
+				free(img[i]);
+		}
+		buf_put(a, BLK);
+		buf_put(b, BLK);
+		return;
+	}
 	if (k == WB_DIRTY || k == WB_CLEAN) {
 		size_t i0 = find_stamp(mark, DEV_LEG0, seq_b);
 		REQUIRE(i0 != SIZE_MAX, "%s: B's write to leg 0 is not in the log", name);
@@ -372,6 +432,8 @@ int main(void)
 		run_case(WB_CLEAN, fua);
 		run_case(WT, fua);
 		run_case(WA, fua);
+		run_case(WB_DIRTY_TORN, fua);
+		run_case(WB_CLEAN_TORN, fua);
 	}
 	journal_on_one_leg();
 	workers_stop();

@@ -33,15 +33,24 @@ static void test_layout(void)
 	uint64_t sizes[] = { 16ull << 20, 256ull << 20, 10ull << 30, 1ull << 40 };
 	for (int i = 0; i < 4; i++)
 		for (int j = 0; j < 4; j++) {
-			struct cache_layout l;
-			if (meta_layout(sizes[j], exts[i], &l) < 0) {
+			struct cache_layout l, old;
+			if (meta_layout(sizes[j], exts[i], CACHE_VERSION, &l) < 0) {
 				REQUIRE(sizes[j] < 64ull << 20, "layout refused for %llu / %u", (unsigned long long)sizes[j], exts[i]);
 				continue;
 			}
 			REQUIRE(l.table_off >= 2 * CACHE_PAGE, "table after superblocks");
 			REQUIRE(l.journal_off >= l.table_off + (uint64_t)l.nslots * l.rec_size, "journal after table");
-			REQUIRE(l.data_off >= l.journal_off + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE,
-			      "data after journal");
+			REQUIRE(l.dlog_off >= l.journal_off + (uint64_t)l.jblocks * CACHE_NJOURNALS * CACHE_PAGE,
+			      "block log after journal");
+			REQUIRE(l.dlog_pages >= 2 * (exts[i] / CACHE_PAGE + 1), "a ring holds two whole-extent records");
+			REQUIRE(l.data_off >= l.dlog_off + (uint64_t)l.dlog_pages * CACHE_DLOG_RINGS * CACHE_PAGE,
+			      "data after block log");
+			/* version 2: the layout it always had, no block log */
+			REQUIRE(meta_layout(sizes[j], exts[i], CACHE_VERSION_V2, &old) == 0 && !old.dlog_pages &&
+				!old.dlog_off && old.journal_off == old.table_off +
+				(((uint64_t)old.nslots * old.rec_size + CACHE_PAGE - 1) / CACHE_PAGE * CACHE_PAGE) &&
+				old.data_off >= old.journal_off + (uint64_t)old.jblocks * CACHE_NJOURNALS * CACHE_PAGE &&
+				old.nslots >= l.nslots, "version 2 layout");
 			REQUIRE(l.data_off % exts[i] == 0 && l.data_off + (uint64_t)l.nslots * exts[i] <= sizes[j],
 			      "slots aligned and inside the leg");
 			REQUIRE(l.rec_size >= 32 + l.bpe / 4 && CACHE_PAGE % l.rec_size == 0, "record holds both bitmaps");

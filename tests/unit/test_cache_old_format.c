@@ -1,18 +1,22 @@
 /*
- * test_cache_v1_upgrade.c - a set written by the release before the
- * write-intent page (superblock version 1) is recovered, never misread.
+ * test_cache_old_format.c - sets written by earlier releases, holding
+ * dirty data after a crash, are recovered, never misread.
  *
- * tests/data/v1-unclean/ holds images made by that release (make_image.c
- * there says how): 64 dirty 4 KiB blocks acknowledged with FUA, then an
- * overwrite of block 0 cut after it reached leg 0 and before leg 1, no
- * clean shutdown. A version 1 set has no record of what was in flight, so
- * today's daemon must reconcile every region. Checks: the set opens; every
+ * tests/data/v1-unclean/ and v2-unclean/ hold images made by the releases
+ * that wrote superblock versions 1 (before the write-intent page) and 2
+ * (before the block log); make_image.c in each says how: 64 dirty 4 KiB
+ * blocks acknowledged with FUA, then an overwrite of block 0 cut after it
+ * reached leg 0 and before leg 1, no clean shutdown. A version 1 set has
+ * no record of what was in flight, so every region is reconciled; a
+ * version 2 set has its write-intent page. Checks: the set opens; every
  * acknowledged block reads back; block 0 reads the same six times (old or
- * new); the legs are byte-equal; both superblocks are now version 2;
- * losing either leg changes nothing; after a flush the backing store holds
- * what was served. And a superblock of an unknown, newer version is
- * refused with a message that says so.
+ * new); the legs are byte-equal; both superblocks are now version 2 (a
+ * version 1 set gains the page; neither gains a block log, which would
+ * move the data); losing either leg changes nothing; after a flush the
+ * backing store holds what was served. And a superblock of an unknown,
+ * newer version is refused with a message that says so.
  */
+#include "cache/cache_int.h"
 #include "cache/meta.h"
 #include "cache_test_util.h"
 
@@ -25,11 +29,13 @@ static struct cache_set_cfg cfg = {
 	.admit_hits = 1, .dirty_target = 90,
 };
 
+static const char *img_dir = "v1-unclean";
+
 static uint8_t *load(const char *name, uint64_t size)
 {
 	char cmd[512];
 	const char *root = getenv("TC_ROOT") ? getenv("TC_ROOT") : ".";
-	snprintf(cmd, sizeof(cmd), "gzip -dc %s/tests/data/v1-unclean/%s", root, name);
+	snprintf(cmd, sizeof(cmd), "gzip -dc %s/tests/data/%s/%s", root, img_dir, name);
 	FILE *f = popen(cmd, "r");
 	REQUIRE(f, "cannot run %s", cmd);
 	uint8_t *b = malloc(size);
@@ -45,7 +51,7 @@ static uint64_t seq_of(const uint8_t *b, uint64_t lba)
 	return k == 1 ? s : k == 0 ? 0 : UINT64_MAX;
 }
 
-static void run(int fail_leg)
+static void run(uint32_t version, int fail_leg)
 {
 	char err[512];
 	struct mem_bdev *d[3] = { mem_new(0, BACK_SIZE, NULL), mem_new(1, LEG_SIZE, NULL), mem_new(2, LEG_SIZE, NULL) };
@@ -57,10 +63,12 @@ static void run(int fail_leg)
 		free(img);
 	}
 	const struct cache_sb_disk *sb0 = (const void *)d[1]->data;
-	REQUIRE(le32_get(sb0->version) == 1 && !le32_get(sb0->clean), "the images are not an unclean version 1 set");
+	REQUIRE(le32_get(sb0->version) == version && !le32_get(sb0->clean), "the images are not an unclean version %u set",
+		version);
 	struct bdev *legs[2] = { &d[1]->dev, &d[2]->dev };
 	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "a version 1 set does not open: %s", err);
+	REQUIRE(cs, "a version %u set does not open: %s", version, err);
+	REQUIRE(!cs->lay.dlog_pages, "a version %u set was given a block log", version);
 	struct bdev *vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
 	REQUIRE(vol, "attach: %s", err);
 
@@ -91,8 +99,8 @@ static void run(int fail_leg)
 			if (meta_sb_check(sb, &why) == 0 && (!best || le64_get(sb->gen) > le64_get(best->gen)))
 				best = sb;
 		}
-		REQUIRE(best && le32_get(best->version) == CACHE_VERSION, "leg %d's newest superblock is not version %d",
-			l - 1, CACHE_VERSION);
+		REQUIRE(best && le32_get(best->version) == CACHE_VERSION_V2, "leg %d's newest superblock is not version %d",
+			l - 1, CACHE_VERSION_V2);
 	}
 	atomic_store(&d[fail_leg]->fail_after, 0);
 	REQUIRE(tio_sync(vol, BDEV_READ, 0, buf, 64 * BLK, 0) == 0, "read with a leg lost");
@@ -109,9 +117,9 @@ static void run(int fail_leg)
 	cache_set_shutdown(cs);
 	bdev_close(vol);
 	cache_set_close(cs);
-	printf("ok: version 1 set recovered (leg %d lost afterwards): 63 acknowledged blocks intact, block 0 "
+	printf("ok: version %u set recovered (leg %d lost afterwards): 63 acknowledged blocks intact, block 0 "
 	       "reads seq %llu every time, legs equal, backing agrees after a flush\n",
-	       fail_leg - 1, (unsigned long long)first);
+	       version, fail_leg - 1, (unsigned long long)first);
 }
 
 static void newer_version_refused(void)
@@ -138,8 +146,11 @@ static void newer_version_refused(void)
 int main(void)
 {
 	REQUIRE(workers_start(2) == 0, "workers");
-	run(2);
-	run(1);
+	run(1, 2);
+	run(1, 1);
+	img_dir = "v2-unclean";
+	run(2, 2);
+	run(2, 1);
 	newer_version_refused();
 	workers_stop();
 	return 0;

@@ -275,6 +275,9 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "leg_timeouts", st->leg_timeouts },
 		{ "leg_repairs", st->leg_repairs },
 		{ "intent_writes", st->intent_writes },
+		{ "block_log_writes", st->block_log_writes },
+		{ "block_log_waits", st->block_log_waits },
+		{ "format_version", st->version },
 	};
 	json_object_object_add(o, "hit_ratio", json_object_new_double(st->hit_ratio));
 	for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)

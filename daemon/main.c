@@ -302,25 +302,50 @@ static void lun_capacity_changed(void *arg, uint64_t size)
 }
 
 /*
- * A write-back LUN whose blocks are larger than what a leg writes atomically
- * across a power failure: a cut during an overwrite in place can leave a
- * block part old, part new (the legs are made to agree after the crash, not
- * to hold one version of a block). Say so; the admin can pick the fix.
+ * A LUN whose blocks are larger than what a leg writes atomically across a
+ * power failure (or than what it is known to: a file, or a drive that does
+ * not say): a cut during an overwrite in place could leave a block part
+ * old, part new. Turn on the cache's torn-write guard (overwrites of dirty
+ * data go through the set's block log first); a set made before the block
+ * log cannot, so say what to do.
  */
-static void warn_torn_blocks(const struct cfg_cache *cc, const struct cfg_lun *l)
+static void guard_torn_blocks(const struct cfg_cache *cc, const struct cfg_lun *l, struct bdev *vol)
 {
+	if (l->block_size <= 512)
+		return; /* a sector is written whole */
+	unsigned smallest = 0;
+	const char *leg = NULL, *kind = "unknown";
 	for (int k = 0; k < cc->nlegs; k++) {
 		struct nvme_health h;
-		if (nvme_health_read(cc->legs[k], &h) < 0 || !h.atomic_write_bytes ||
-		    h.atomic_write_bytes >= l->block_size)
+		unsigned unit = nvme_health_read(cc->legs[k], &h) < 0 ? 0 : h.atomic_write_bytes;
+		if (unit >= l->block_size)
 			continue;
-		log_warn("[lun %s]: %u-byte blocks, but cache leg %s (%s) writes only %u bytes atomically across a "
-			 "power failure: a power cut during an overwrite can leave a block part old, part new; "
-			 "format the legs with %u-byte sectors (nvme format --lbaf), use legs with a larger atomic "
-			 "write unit, or give the LUN %u-byte blocks",
-			 l->name, l->block_size, cc->legs[k], h.kind, h.atomic_write_bytes, l->block_size,
-			 h.atomic_write_bytes);
+		if (!leg || unit < smallest) {
+			smallest = unit;
+			leg = cc->legs[k];
+			kind = unit ? h.kind : "its atomic write unit not known";
+		}
 	}
+	if (!leg)
+		return;
+	bool wb = (enum cache_mode)cc->mode == CACHE_WRITE_BACK;
+	char unit[32];
+	if (smallest)
+		snprintf(unit, sizeof(unit), "%u bytes", smallest);
+	else
+		snprintf(unit, sizeof(unit), "an unknown size");
+	if (cache_vol_guard_torn(vol, true)) {
+		if (wb)
+			log_info("[lun %s]: %u-byte blocks; cache leg %s (%s) writes %s atomically: overwrites of dirty "
+				 "data go through the block log first, so a power cut never leaves a block part old, part "
+				 "new", l->name, l->block_size, leg, kind, unit);
+		return;
+	}
+	log_warn("[lun %s]: %u-byte blocks, but cache leg %s (%s) writes %s atomically across a power failure, "
+		 "and cache %s was made before the block log (format version 2): a power cut during an overwrite "
+		 "of dirty data can leave a block part old, part new; flush the cache and re-create its legs, "
+		 "format the legs with %u-byte sectors (nvme format --lbaf), or give the LUN 512-byte blocks",
+		 l->name, l->block_size, leg, kind, unit, cc->name, l->block_size);
 }
 
 /*
@@ -375,8 +400,7 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		}
 		dev = vol;
 		*vol_out = vol;
-		if ((enum cache_mode)cc->mode == CACHE_WRITE_BACK)
-			warn_torn_blocks(cc, l);
+		guard_torn_blocks(cc, l, vol);
 		/* which generation of the image our cached copies belong to */
 		char gen_path[PATH_MAX];
 		snprintf(gen_path, sizeof(gen_path), "%s/%s.owner-gen", cfg->state_dir, l->name);

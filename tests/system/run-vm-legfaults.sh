@@ -54,8 +54,8 @@ LEG_SIZE=67108864
 BACKING_SIZE=67108864
 EXTENT=262144
 # the layout of a 64 MiB leg with 256 KiB extents (checked against the leg after the format)
-DATA_OFF=2359296
-NSLOTS=246
+DATA_OFF=4456448
+NSLOTS=238
 mkdir -p "$W"
 . tests/system/lib-vm.sh
 

@@ -13,8 +13,10 @@ records since the last checkpoint are replayed in seq order, each ring
 from its jtail up to the first block whose position, set uuid or checksum
 is wrong; then the data, slot i at data_off + i * extent_size. Extent key
 = (backing id << 40) | extent index; backing ids are in the superblock's
-backing table by LUN name. Superblock versions 1 and 2 are read (version 2
-adds a write-intent bitmap in the padding before the table: ignored).
+backing table by LUN name. Superblock versions 1, 2 and 3 are read (version
+2 adds a write-intent bitmap in the padding before the table: ignored;
+version 3 a block log between the journal and the data, which the daemon's
+recovery writes back in place: read a leg after the daemon has opened it).
 
   leg_read.py info LEG
       The superblock and the recovered map, one line.
@@ -39,7 +41,7 @@ import sys
 SECTOR = 512
 PAGE = 4096
 MAGIC = 0x3145484341434354
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 NJOURNALS = 16
 MAX_BACKINGS = 16
 KEY_NONE = (1 << 64) - 1

@@ -49,7 +49,8 @@
 #define SB_DESTAGING   0x80u  /* the cleaner is writing it to the backing store */
 #define SB_TOPUP       0x100u /* a top-up (fill of the invalid blocks of a READY slot) runs */
 #define SB_TOPUP_WR    0x200u /* ... and is writing the legs: writers park (cache_slot_wait) */
-#define SB_WGEN_SHIFT  10
+#define SB_LOGWR       0x400u /* an overwrite through the block log is in flight: others park (dlog.c) */
+#define SB_WGEN_SHIFT  11
 #define SB_WGEN_ONE    (1u << SB_WGEN_SHIFT) /* bumped at each write start */
 
 /* slot.users: readers in the low half, writers in the high half */
@@ -284,6 +285,7 @@ struct dlog_ring {
 	uint64_t head, tail;            /* absolute page positions */
 	struct dlog_ent *live_head, *live_tail;
 	struct dlog_ent *wait_head, **wait_tail;
+	uint32_t retrying;              /* taken off the wait list, retry posted */
 	uint64_t records, waits;
 };
 

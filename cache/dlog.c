@@ -153,7 +153,8 @@ void dlog_write(struct cache_set *cs, struct dlog_ent *e, uint32_t slot, uint64_
 		return;
 	}
 	pthread_mutex_lock(&g->lock);
-	bool placed = dlog_place(cs, g, e);
+	/* behind any that wait for room (or are being retried): first come, first placed */
+	bool placed = !g->wait_head && !g->retrying && dlog_place(cs, g, e);
 	bool half = g->head - g->tail >= cs->lay.dlog_pages / 2;
 	if (!placed) {
 		/* full: wait for a checkpoint to free the space (dlog_release) */
@@ -227,6 +228,7 @@ static void dlog_retry(void *arg)
 	struct cache_set *cs = e->ring->cs;
 	struct dlog_ring *g = e->ring;
 	pthread_mutex_lock(&g->lock);
+	g->retrying--;
 	bool placed = dlog_place(cs, g, e);
 	if (!placed) {
 		e->wnext = g->wait_head; /* back at the front: it keeps its turn */
@@ -251,12 +253,18 @@ void dlog_release(struct cache_set *cs, const uint64_t heads[CACHE_DLOG_RINGS])
 		struct dlog_ent *list = g->wait_head;
 		g->wait_head = NULL;
 		g->wait_tail = &g->wait_head;
+		for (struct dlog_ent *e = list; e; e = e->wnext)
+			g->retrying++;
 		pthread_mutex_unlock(&g->lock);
 		while (list) {
 			struct dlog_ent *e = list;
 			list = e->wnext;
-			if (worker_post(e->w, dlog_retry, e) < 0)
+			if (worker_post(e->w, dlog_retry, e) < 0) {
+				pthread_mutex_lock(&g->lock);
+				g->retrying--;
+				pthread_mutex_unlock(&g->lock);
 				e->done(e, -ESHUTDOWN);
+			}
 		}
 	}
 }
@@ -310,9 +318,10 @@ int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, ch
 			int e = cache_sync_io(cs->legs[leg], BDEV_READ,
 					      cs->lay.dlog_off + (uint64_t)r * ring, buf, ring, 0);
 			if (e < 0) {
-				snprintf(err, errlen, "cache %s: cannot read the block log of %s: %s", cs->name,
-					 cs->legs[leg]->name, strerror(-e));
-				goto out;
+				/* the other leg's copy of each record will do (one that reached this leg only was not acknowledged) */
+				log_warn("cache %s: cannot read ring %u of the block log of %s (%s); using the other "
+					 "leg's", cs->name, r, cs->legs[leg]->name, strerror(-e));
+				continue;
 			}
 			for (uint32_t at = 0; at < pages; at++) {
 				const struct cache_dlog_disk *h = (const void *)(buf + (size_t)at * CACHE_PAGE);
@@ -400,7 +409,7 @@ int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, ch
 	for (size_t k = 0; k < n; k++) {
 		struct cand *x = &c[k];
 		struct slot *sl = &cs->slots[x->slot];
-		if (atomic_load(&sl->key) != x->key || !(atomic_load(&sl->bits) & SB_READY))
+		if (atomic_load(&sl->key) != x->key || (atomic_load(&sl->bits) & SB_STATE_MASK) != SB_READY)
 			continue;
 		bool any = false;
 		for (uint32_t b = 0; b < x->count;) {

@@ -643,7 +643,7 @@ static void ckpt_sb_done(void *arg, int err)
 			journal_kick(jr); /* any worker may kick a ring */
 	}
 	if (!err)
-		dlog_release(cs, ck->dheads);
+		dlog_release(cs, ck->dheads); /* else the next checkpoint frees it */
 	cs->ckpt_running = false;
 	struct sync_call *w = ck->waiter;
 	ck->waiter = NULL;

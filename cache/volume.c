@@ -324,6 +324,8 @@ static void dlog_drop(struct cache_set *cs, struct piece *p)
 	if (p->logged) {
 		dlog_finish(cs, &p->dl);
 		p->logged = false;
+		atomic_fetch_and(&cs->slots[p->slot].bits, ~SB_LOGWR);
+		cache_slot_wake(cs, p->slot);
 	}
 }
 
@@ -962,6 +964,7 @@ static void to_backing_cont(void *arg) { to_backing(arg); }
 
 static void to_cache_cont(void *arg);
 static void to_cache(struct piece *p);
+static bool park_while(struct piece *p, uint32_t mask);
 
 static void piece_logged(struct dlog_ent *e, int err)
 {
@@ -993,6 +996,16 @@ static void to_cache(struct piece *p)
 	if (!piece_intent(p, to_cache_cont))
 		return;
 	if (needs_log(p)) {
+		/*
+		 * One logged overwrite per extent at a time: recovery takes a
+		 * later journal record on a block to mean the logged write
+		 * before it had completed, which only holds if they never
+		 * overlap in time (two in flight over one block, the later
+		 * acknowledged first, could otherwise stay torn).
+		 */
+		while (atomic_fetch_or(&cs->slots[p->slot].bits, SB_LOGWR) & SB_LOGWR)
+			if (park_while(p, SB_LOGWR))
+				return; /* starts over from the lookup when it is clear */
 		p->logged = true;
 		p->stage = ST_CACHE_DATA;
 		dlog_write(cs, &p->dl, p->slot, atomic_load(&cs->slots[p->slot].key), p->first, p->count, p->iov,

@@ -519,7 +519,7 @@ static size_t workload(int nbatches)
 	uint64_t seq = 1;
 	uint8_t *bufs[8];
 	for (int i = 0; i < 8; i++)
-		bufs[i] = buf_get(16u << 10);
+		bufs[i] = buf_get(32u << 10);
 	uint8_t *rbuf = buf_get(EXT);
 	for (int batch = 0; batch < nbatches; batch++) {
 		struct tio t[8];
@@ -532,8 +532,9 @@ static size_t workload(int nbatches)
 			uint32_t ns = 1 + (uint32_t)(rnd() % 32);
 			uint64_t l = rnd() % (NSECT - ns);
 			if (blk4k) {
-				ns = BLK_SECT * (1 + (uint32_t)(rnd() % 4));
-				l = l / BLK_SECT * BLK_SECT;
+				/* up to 32 KiB: eight such records in flight overfill a ring (waits for room) */
+				ns = BLK_SECT * (1 + (uint32_t)(rnd() % 8));
+				l = rnd() % ((NSECT - ns) / BLK_SECT + 1) * BLK_SECT;
 			}
 			bool overlap = false;
 			for (int j = 0; j < k; j++)
@@ -641,12 +642,16 @@ static size_t workload(int nbatches)
 	struct cache_set_status st;
 	cache_set_status(cs, &st);
 	printf("%s workload: %d batches, %zu log entries, leg 1 rebuilt %s; %llu promotions, %llu top-ups, "
-	       "%llu KiB destaged, %llu write hits\n",
+	       "%llu KiB destaged, %llu write hits, %llu block log records (%llu waited for room)\n",
 	       cache_mode_name(cur_mode), nbatches, total, replace_new ? "onto a new device" : "in place", (unsigned long long)st.promotions,
 	       (unsigned long long)st.topups, (unsigned long long)(st.destaged_bytes >> 10),
-	       (unsigned long long)st.write_hits);
+	       (unsigned long long)st.write_hits, (unsigned long long)st.block_log_writes,
+	       (unsigned long long)st.block_log_waits);
+	/* the 4 KiB-block run must have exercised the block log, its ring full included */
+	if (blk4k)
+		REQUIRE(st.block_log_writes > 0, "no overwrite of dirty data went through the block log");
 	for (int i = 0; i < 8; i++)
-		buf_put(bufs[i], 16u << 10);
+		buf_put(bufs[i], 32u << 10);
 	buf_put(rbuf, EXT);
 	close_set(cs, vol);
 	if (!replace_new)

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "config/config.h"
 #include "daemon/control.h"
+#include "daemon/daemon.h"
 
 #include <json-c/json.h>
 #include <pthread.h>
@@ -176,6 +177,11 @@ static int ctl_leg_replace(struct json_object *req, struct json_object *resp, vo
 		if (cache_set_leg_replace_path(g_sets[i], old, new_path, err, sizeof(err)))
 			return control_error(resp, "%s", err);
 		log_info("cache %s: leg %s replaced by %s, resync started (tierctl)", set, old, new_path);
+		/* a new drive may write less atomically than the one it replaces */
+		char *np = (char *)new_path;
+		for (int k = 0; k < g_cfg->nluns; k++)
+			if (g_vols[k] && g_cfg->luns[k].cache && !strcmp(g_cfg->luns[k].cache, set))
+				daemon_guard_torn(&g_cfg->caches[i], &g_cfg->luns[k], g_vols[k], &np, 1);
 		json_object_object_add(resp, "resync", json_object_new_string("started; tierctl status shows progress"));
 		return 0;
 	}

@@ -13,6 +13,7 @@
 
 struct bdev;
 struct cache_set;
+struct cfg_cache;
 struct cfg_lun;
 struct cfg_target;
 struct config;
@@ -55,6 +56,15 @@ struct daemon {
  */
 int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct cache_set **sets,
 		    char serial[33], struct scsi_lu **lu_out, struct bdev **vol_out);
+/*
+ * If any of legs (paths) may tear a block of [lun] l (its atomic write unit
+ * is smaller than the LUN's blocks, or not known), put the LUN's cache
+ * volume vol under the torn-write guard, and log it (or warn when the set
+ * has no block log). At open for the configured legs, and for a leg put in
+ * by `leg replace`. Main or control thread.
+ */
+void daemon_guard_torn(const struct cfg_cache *cc, const struct cfg_lun *l, struct bdev *vol,
+		       char *const *legs, int nlegs);
 
 /* The portal's view of [target] t served by the SCSI target s (the strings
  * stay t's: t must outlive the portal's use of the result). */

@@ -309,20 +309,21 @@ static void lun_capacity_changed(void *arg, uint64_t size)
  * data go through the set's block log first); a set made before the block
  * log cannot, so say what to do.
  */
-static void guard_torn_blocks(const struct cfg_cache *cc, const struct cfg_lun *l, struct bdev *vol)
+void daemon_guard_torn(const struct cfg_cache *cc, const struct cfg_lun *l, struct bdev *vol,
+		       char *const *legs, int nlegs)
 {
 	if (l->block_size <= 512)
 		return; /* a sector is written whole */
 	unsigned smallest = 0;
 	const char *leg = NULL, *kind = "unknown";
-	for (int k = 0; k < cc->nlegs; k++) {
-		struct nvme_health h;
-		unsigned unit = nvme_health_read(cc->legs[k], &h) < 0 ? 0 : h.atomic_write_bytes;
+	struct nvme_health h;
+	for (int k = 0; k < nlegs; k++) {
+		unsigned unit = nvme_health_read(legs[k], &h) < 0 ? 0 : h.atomic_write_bytes;
 		if (unit >= l->block_size)
 			continue;
 		if (!leg || unit < smallest) {
 			smallest = unit;
-			leg = cc->legs[k];
+			leg = legs[k];
 			kind = unit ? h.kind : "its atomic write unit not known";
 		}
 	}
@@ -400,7 +401,7 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		}
 		dev = vol;
 		*vol_out = vol;
-		guard_torn_blocks(cc, l, vol);
+		daemon_guard_torn(cc, l, vol, cc->legs, cc->nlegs);
 		/* which generation of the image our cached copies belong to */
 		char gen_path[PATH_MAX];
 		snprintf(gen_path, sizeof(gen_path), "%s/%s.owner-gen", cfg->state_dir, l->name);

@@ -314,7 +314,7 @@ struct rrec {
 	uint16_t op, first, count;
 };
 /*
- * Main thread, unclean open, after the metadata is recovered (recs: every
+ * Main thread, at open, after the metadata is recovered (recs: every
  * journal record replayed, seq order): put back in place, on every healthy
  * leg, each logged sector that is dirty and that no later record touched.
  * Raises next_seq above every record seen. 0, or -1 with err.

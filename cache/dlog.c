@@ -25,7 +25,10 @@
  * than its seq is in flight (dlog_older_inflight), so every record before
  * it is finished, and every later change to its sectors is in a journal.
  * The space of the records before a checkpoint's heads is reused after its
- * superblock is durable (dlog_release), as the journal's is.
+ * superblock is durable (dlog_release), as the journal's is. Recovery runs
+ * at every open (after a clean stop there is normally nothing to do), and
+ * logged overwrites of one extent take turns (SB_LOGWR, volume.c): "a later
+ * record touched it" means "it had completed" only if they never overlap.
  *
  * Costs: one more round trip (header page + data, FUA) for an overwrite of
  * dirty data on a LUN guarded by cache_vol_guard_torn; nothing for other

@@ -958,7 +958,7 @@ static void recover_apply(struct cache_set *cs, const struct rrec *r)
 	ckpt_mark(cs, r->slot);
 }
 
-static int recover_set(struct cache_set *cs, int leg, bool unclean, char *err, size_t errlen)
+static int recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 {
 	struct bdev *dev = cs->legs[leg];
 	size_t chunk = 1u << 20;
@@ -1099,8 +1099,14 @@ static int recover_set(struct cache_set *cs, int leg, bool unclean, char *err, s
 	log_info("cache %s: recovered %u cached extents (%u from the table, %zu journal records), "
 		 "%llu dirty KiB", cs->name, live, loaded, n,
 		 (unsigned long long)(atomic_load(&cs->dirty_blocks) * CACHE_SECTOR >> 10));
-	/* 4. overwrites of dirty data the cut may have torn: whole again from the block log */
-	int dr = unclean ? dlog_recover(cs, recs, n, err, errlen) : 0;
+	/*
+	 * 4. overwrites of dirty data the cut may have torn: whole again from
+	 * the block log. After a clean stop too: a stop that gave up waiting
+	 * for writes in flight records clean with some still going (their
+	 * journal records are replayed above all the same), and next_seq
+	 * must pass every record's seq either way.
+	 */
+	int dr = dlog_recover(cs, recs, n, err, errlen);
 	free(recs);
 	return dr;
 }
@@ -1527,7 +1533,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		int leg = best;
 		if (failed & (1u << leg))
 			leg = 1 - leg;
-		if (recover_set(cs, leg, unclean, err, errlen) < 0)
+		if (recover_set(cs, leg, err, errlen) < 0)
 			goto out;
 		if (unclean &&
 		    intent_recover(cs, leg, le32_get(nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)

@@ -439,6 +439,14 @@ struct cache_set {
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
 	uint32_t version;             /* of the on-disk format: 3, or 2 (no block log) */
+	/*
+	 * A two-leg set running on one of them (allow_single_leg): that leg's
+	 * index in the set (-1: not so) and the other member's identity. Its
+	 * superblocks keep saying two legs, and record the other as failed:
+	 * it misses every write from now on.
+	 */
+	int alone_index;
+	uint8_t alone_other_uuid[16];
 	struct dlog_ring dlog[CACHE_DLOG_RINGS];
 	_Atomic bool dlog_ckpt_wait;  /* a checkpoint waits for an older record to finish */
 	_Atomic uint64_t st_dlog_records, st_dlog_waits;

@@ -140,8 +140,8 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	sb->version = le32_of(cs->version);
 	memcpy(sb->set_uuid, cs->uuid, 16);
 	sb->gen = le64_of(gen);
-	sb->leg_index = le32_of((uint32_t)leg);
-	sb->nlegs = le32_of((uint32_t)cs->mirror.nlegs);
+	sb->leg_index = le32_of((uint32_t)(cs->alone_index >= 0 ? cs->alone_index : leg));
+	sb->nlegs = le32_of((uint32_t)(cs->alone_index >= 0 ? 2 : cs->mirror.nlegs));
 	sb->extent_size = le32_of(cs->lay.extent_size);
 	sb->block_size = le32_of(CACHE_SECTOR);
 	sb->nslots = le32_of(cs->lay.nslots);
@@ -154,6 +154,8 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	sb->data_off = le64_of(cs->lay.data_off);
 	sb->clean = le32_of(cs->clean_flag ? 1 : 0);
 	sb->failed_mask = le32_of(atomic_load(&cs->mirror.failed) | atomic_load(&cs->mirror.resyncing));
+	if (cs->alone_index >= 0)
+		sb->failed_mask = le32_of(1u << (1 - cs->alone_index)); /* the leg left out is stale */
 	sb->ckpt_seq = le64_of(cs->ckpt_seq);
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		sb->jtail[j] = le64_of(cs->jtail[j]);
@@ -161,6 +163,10 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	memcpy(sb->backing, cs->backing, sizeof(cs->backing));
 	memcpy(sb->leg_uuid, cs->leg_uuid[leg], 16);
 	memcpy(sb->member_uuid, cs->leg_uuid, sizeof(sb->member_uuid));
+	if (cs->alone_index >= 0) {
+		memcpy(sb->member_uuid[cs->alone_index], cs->leg_uuid[0], 16);
+		memcpy(sb->member_uuid[1 - cs->alone_index], cs->alone_other_uuid, 16);
+	}
 	if (cs->lay.dlog_pages) {
 		sb->dlog_off = le64_of(cs->lay.dlog_off);
 		sb->dlog_rings = le32_of(CACHE_DLOG_RINGS);
@@ -1233,6 +1239,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		return NULL;
 	}
 	cs->version = CACHE_VERSION; /* a new set; an existing one says its own */
+	cs->alone_index = -1;
 	for (int i = 0; i < cfg->nlegs; i++) {
 		struct bdev *g = cfg->leg_timeout_ms ? leg_guard_wrap(legdevs[i], cfg->leg_timeout_ms, cache_leg_timed_out, cs)
 						     : legdevs[i];
@@ -1498,6 +1505,13 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 					"missed writes the other leg took); it cannot serve alone: list the other leg",
 				     cfg->name, cs->legs[0]->name);
 				goto out;
+			}
+			if (le32_get(nsb->nlegs) == 2) {
+				/* the other leg misses what this run writes: say so in our superblocks */
+				cs->alone_index = (int)self;
+				memcpy(cs->alone_other_uuid, nsb->member_uuid[1 - self], 16);
+				log_warn("cache %s: running on leg %s alone; the other leg is recorded as stale and is "
+					 "rebuilt (tierctl leg replace) before it serves again", cfg->name, cs->legs[0]->name);
 			}
 			failed = 0;
 		} else if (failed == 3) {

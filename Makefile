@@ -101,6 +101,7 @@ $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtiercache.a
 bench: all
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 	@bash tests/bench/compare.sh
+	@bash tests/bench/torn_guard.sh
 
 # libFuzzer harnesses: clang, ASan + UBSan, linked against the library
 # sources compiled again with the same instrumentation.

@@ -31,12 +31,12 @@ int meta_layout(uint64_t leg_size, uint32_t extent_size, uint32_t version, struc
 		jbytes = 256ull << 20;
 	l.jblocks = (uint32_t)(jbytes / CACHE_NJOURNALS / CACHE_PAGE);
 	/*
-	 * Block log (version 3): 1/128 of the leg, at most 64 MiB, and per
+	 * Block log (version 3): 1/32 of the leg, at most 64 MiB, and per
 	 * ring room for two records of a whole extent at least.
 	 */
 	uint64_t dbytes = 0;
 	if (version >= 3) {
-		uint64_t per = leg_size / 128 / CACHE_DLOG_RINGS / CACHE_PAGE;
+		uint64_t per = leg_size / 32 / CACHE_DLOG_RINGS / CACHE_PAGE;
 		uint64_t min = 2 * (extent_size / CACHE_PAGE + 1);
 		if (per > (64ull << 20) / CACHE_DLOG_RINGS / CACHE_PAGE)
 			per = (64ull << 20) / CACHE_DLOG_RINGS / CACHE_PAGE;

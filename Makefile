@@ -29,7 +29,10 @@ CFLAGS ?= $(OPT) -g
 BASE_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter \
 	  -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	  -D_GNU_SOURCE -I. $(PKG_CFLAGS) -MMD -MP
-CFLAGS += $(BASE_CFLAGS)
+# what every compile gets: the required flags, then the user's (make
+# CFLAGS=-O0 replaces only the optimisation and debug flags, never these;
+# tests/test_layering.sh checks)
+TC_CFLAGS = $(BASE_CFLAGS) $(CFLAGS)
 # libtcmu2 ships only libtcmu.so.2 (no -dev symlink, no header): link it by
 # name, and GLib (its dependency) for the main loop its D-Bus registration needs.
 LDLIBS += $(PKG_LIBS) -l:libtcmu.so.2 -l:libglib-2.0.so.0 -lpthread
@@ -66,7 +69,7 @@ deps:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(TC_CFLAGS) -c $< -o $@
 
 $(BUILD)/libtiercache.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -74,27 +77,27 @@ $(BUILD)/libtiercache.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/tiercached: $(DAEMON_OBJS) $(BUILD)/libtiercache.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(TC_CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tierctl: $(BUILD)/obj/tools/tierctl.o $(BUILD)/libtiercache.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(TC_CFLAGS) -o $@ $^ $(LDLIBS)
 
 # tierbench is the only program that links libiscsi (an initiator).
 ISCSI_CFLAGS := $(shell pkg-config --cflags libiscsi 2>/dev/null)
 ISCSI_LIBS := $(shell pkg-config --libs libiscsi 2>/dev/null)
 JSONC_LIBS := $(shell pkg-config --libs json-c 2>/dev/null)
 TIERBENCH_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/tierbench*.c))
-$(TIERBENCH_OBJS): CFLAGS += $(ISCSI_CFLAGS)
+$(TIERBENCH_OBJS): TC_CFLAGS += $(ISCSI_CFLAGS)
 $(BUILD)/tierbench: $(TIERBENCH_OBJS)
-	$(CC) $(CFLAGS) -o $@ $^ $(ISCSI_LIBS) $(JSONC_LIBS) -lm
+	$(CC) $(TC_CFLAGS) -o $@ $^ $(ISCSI_LIBS) $(JSONC_LIBS) -lm
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS)
+	$(CC) $(TC_CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS)
 
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS) -lm
+	$(CC) $(TC_CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS) -lm
 
 # Benchmarks print numbers and ratios against a peer measured in the same
 # run; they assert nothing about speed.

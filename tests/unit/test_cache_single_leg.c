@@ -29,56 +29,62 @@ static uint64_t seq_of(const uint8_t *b)
 	return k == 1 ? s : k == 0 ? 0 : UINT64_MAX;
 }
 
-static void run(int alone)
+static const uint64_t sizes[3] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
+
+/* open the set on the legs listed (1, 2: indices into img), devices over img */
+static struct cache_set *open_on(uint8_t *img[3], const int *listed, int n, struct mem_bdev *d[3],
+				 struct bdev **vol)
 {
 	char err[512];
+	for (int i = 0; i < 3; i++)
+		d[i] = mem_borrow(i, sizes[i], img[i]);
+	struct bdev *legs[2];
+	for (int k = 0; k < n; k++)
+		legs[k] = &d[listed[k]]->dev;
+	cfg.nlegs = n;
+	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	REQUIRE(cs, "open on %d leg(s), the first mem%d: %s", n, listed[0], err);
+	*vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(*vol, "attach: %s", err);
+	return cs;
+}
+
+static void close_set(struct cache_set *cs, struct bdev *vol)
+{
+	cache_set_shutdown(cs);
+	bdev_close(vol);
+	cache_set_close(cs);
+}
+
+static void write_block0(struct bdev *vol, uint8_t *buf, uint64_t seq)
+{
+	stamp_fill(buf, 0, BLK / 512, seq);
+	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, buf, BLK, BDEV_F_FUA) == 0, "write seq %llu", (unsigned long long)seq);
+}
+
+static void run(int alone)
+{
 	uint8_t *img[3];
-	uint64_t sizes[3] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
 	for (int i = 0; i < 3; i++)
 		img[i] = calloc(1, sizes[i]);
 	struct mem_bdev *d[3];
+	struct bdev *vol;
 	uint8_t *buf = buf_get(BLK);
+	const int both[2] = { 1, 2 }, one[1] = { 1 + alone };
 
 	/* 1. both legs: A */
-	for (int i = 0; i < 3; i++)
-		d[i] = mem_borrow(i, sizes[i], img[i]);
-	struct bdev *legs[2] = { &d[1]->dev, &d[2]->dev };
-	cfg.nlegs = 2;
-	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "open: %s", err);
-	struct bdev *vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
-	stamp_fill(buf, 0, BLK / 512, 11);
-	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, buf, BLK, BDEV_F_FUA) == 0, "write A");
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
+	struct cache_set *cs = open_on(img, both, 2, d, &vol);
+	write_block0(vol, buf, 11);
+	close_set(cs, vol);
 
 	/* 2. leg `alone` only: B */
-	for (int i = 0; i < 3; i++)
-		d[i] = mem_borrow(i, sizes[i], img[i]);
-	struct bdev *one[1] = { &d[1 + alone]->dev };
-	cfg.nlegs = 1;
-	cs = cache_set_open_devs(&cfg, one, err, sizeof(err));
-	REQUIRE(cs, "open on leg %d alone: %s", alone, err);
-	vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
-	stamp_fill(buf, 0, BLK / 512, 12);
-	REQUIRE(tio_sync(vol, BDEV_WRITE, 0, buf, BLK, BDEV_F_FUA) == 0, "write B");
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
+	cs = open_on(img, one, 1, d, &vol);
+	write_block0(vol, buf, 12);
+	close_set(cs, vol);
 	bdev_close(&d[2 - alone]->dev); /* not listed */
 
 	/* 3. both legs again */
-	for (int i = 0; i < 3; i++)
-		d[i] = mem_borrow(i, sizes[i], img[i]);
-	struct bdev *both[2] = { &d[1]->dev, &d[2]->dev };
-	cfg.nlegs = 2;
-	cs = cache_set_open_devs(&cfg, both, err, sizeof(err));
-	REQUIRE(cs, "open with both legs again: %s", err);
-	vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
+	cs = open_on(img, both, 2, d, &vol);
 	for (int i = 0; i < 20000 && atomic_load(&cs->mirror.resyncing); i++)
 		usleep(500);
 	for (int i = 0; i < 6; i++) {
@@ -91,9 +97,7 @@ static void run(int alone)
 	int r = tio_sync(vol, BDEV_READ, 0, buf, BLK, 0);
 	REQUIRE(r == 0 ? seq_of(buf) == 12 : true, "leg %d ran alone and then failed: block 0 reads seq %llu from "
 		"the other leg, want B (12) or an error", alone, (unsigned long long)seq_of(buf));
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
+	close_set(cs, vol);
 	buf_put(buf, BLK);
 	for (int i = 0; i < 3; i++)
 		free(img[i]);

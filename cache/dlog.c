@@ -301,11 +301,9 @@ int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, ch
 		return 0;
 	uint32_t pages = cs->lay.dlog_pages;
 	size_t ring = (size_t)pages * CACHE_PAGE;
-	uint8_t *buf = buf_get(ring <= BUF_MAX ? ring : BUF_MAX);
-	if (!buf || ring > BUF_MAX) {
+	uint8_t *buf = buf_get(ring); /* at most 16 MiB (meta_layout), BUF_MAX */
+	if (!buf) {
 		snprintf(err, errlen, "cache %s: out of memory reading the block log", cs->name);
-		if (buf)
-			buf_put(buf, BUF_MAX);
 		return -1;
 	}
 	struct cand *c = NULL;
@@ -341,11 +339,6 @@ int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, ch
 					continue; /* torn: its in place write had not started */
 				if (seq + 1 > max_seq)
 					max_seq = seq + 1;
-				bool dup = false;
-				for (size_t k = 0; k < n && !dup; k++)
-					dup = c[k].seq == seq;
-				if (dup)
-					continue;
 				if (n == cap) {
 					cap = cap ? cap * 2 : 64;
 					struct cand *nc = realloc(c, cap * sizeof(*c));
@@ -377,6 +370,17 @@ int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, ch
 		goto out;
 	}
 	qsort(c, n, sizeof(*c), cand_seq_cmp);
+	/* a record found on both legs counts once (seqs are unique to a record) */
+	size_t kept = 0;
+	for (size_t k = 0; k < n; k++) {
+		if (kept && c[kept - 1].seq == c[k].seq) {
+			free(c[k].data);
+			free(c[k].killed);
+			continue;
+		}
+		c[kept++] = c[k];
+	}
+	n = kept;
 	/* a later journal record on a block: the log is not the newest word on it */
 	struct cand **by_slot = malloc(n * sizeof(*by_slot));
 	if (!by_slot) {
@@ -451,6 +455,6 @@ out:
 		free(c[k].killed);
 	}
 	free(c);
-	buf_put(buf, ring <= BUF_MAX ? ring : BUF_MAX);
+	buf_put(buf, ring);
 	return rc;
 }

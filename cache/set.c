@@ -1482,10 +1482,6 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		cs->lay = lay;
 		/* a version 1 set gains the write-intent page (version 2); a version 2 set keeps its layout */
 		cs->version = version == CACHE_VERSION_V1 ? CACHE_VERSION_V2 : version;
-		if (!lay.dlog_pages)
-			log_info("cache %s: a version %u set: no block log, so an overwrite of dirty data on a LUN "
-				 "with blocks larger than the legs' atomic write can tear at a power cut; flush the "
-				 "cache and re-create the legs to get one", cfg->name, version);
 		cs->sb_gen = le64_get(nsb->gen);
 		cs->ckpt_seq = le64_get(nsb->ckpt_seq);
 		for (int j = 0; j < CACHE_NJOURNALS; j++)

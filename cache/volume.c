@@ -324,7 +324,11 @@ static void dlog_drop(struct cache_set *cs, struct piece *p)
 	if (p->logged) {
 		dlog_finish(cs, &p->dl);
 		p->logged = false;
-		atomic_fetch_and(&cs->slots[p->slot].bits, ~SB_LOGWR);
+		/* under the slot lock, as park_while checks it: a writer parking meanwhile is on the list */
+		struct slot *sl = &cs->slots[p->slot];
+		slot_lock(sl);
+		atomic_fetch_and(&sl->bits, ~SB_LOGWR);
+		slot_unlock(sl);
 		cache_slot_wake(cs, p->slot);
 	}
 }

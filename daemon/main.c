@@ -315,16 +315,17 @@ void daemon_guard_torn(const struct cfg_cache *cc, const struct cfg_lun *l, stru
 	if (l->block_size <= 512)
 		return; /* a sector is written whole */
 	unsigned smallest = 0;
-	const char *leg = NULL, *kind = "unknown";
-	struct nvme_health h;
+	const char *leg = NULL;
+	char kind[sizeof(((struct nvme_health *)0)->kind)] = "";
 	for (int k = 0; k < nlegs; k++) {
+		struct nvme_health h;
 		unsigned unit = nvme_health_read(legs[k], &h) < 0 ? 0 : h.atomic_write_bytes;
 		if (unit >= l->block_size)
 			continue;
 		if (!leg || unit < smallest) {
 			smallest = unit;
 			leg = legs[k];
-			kind = unit ? h.kind : "its atomic write unit not known";
+			snprintf(kind, sizeof(kind), "%s", unit ? h.kind : "its atomic write unit not known");
 		}
 	}
 	if (!leg)

@@ -248,7 +248,7 @@ static void naa_from_serial(const char *serial, uint8_t out[8])
 		h *= 0x100000001b3ull;
 	}
 	h = (h & 0x0fffffffffffffffull) | (3ull << 60);
-	put_be64(out, h);
+	be64_put(out, h);
 }
 
 /*

@@ -25,6 +25,7 @@
 #include "scsi.h"
 
 #include "../bdev/bdev.h"
+#include "common/endian.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -450,25 +451,6 @@ uint16_t lu_ua_take(struct nexus_lu *nl);
  * whose NAA designator is desig, or NULL. Any thread (takes the registry
  * lock); the LU stays valid while any target maps it. */
 struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len);
-
-/* big-endian helpers */
-static inline uint16_t get_be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t get_be24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
-static inline uint32_t get_be32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static inline uint64_t get_be64(const uint8_t *p) { return (uint64_t)get_be32(p) << 32 | get_be32(p + 4); }
-static inline void put_be16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static inline void put_be32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline void put_be64(uint8_t *p, uint64_t v)
-{
-	put_be32(p, (uint32_t)(v >> 32));
-	put_be32(p + 4, (uint32_t)v);
-}
 
 /* ------------------------------------------------------------------ */
 /* Handlers, by file. Each is called by scsi_cmd_submit() on the       */

@@ -349,7 +349,7 @@ static size_t transport_id(const char *i_port, uint8_t *out)
 	size_t padded = (l + 1 + 3) & ~(size_t)3;
 	memset(out, 0, 4 + padded);
 	out[0] = TRANSPORTID_ISCSI_ISID;
-	put_be16(out + 2, (uint16_t)padded);
+	be16_put(out + 2, (uint16_t)padded);
 	memcpy(out + 4, i_port, l);
 	return 4 + padded;
 }
@@ -358,7 +358,7 @@ void pr_in(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint8_t sa = cmd->cdb[1] & 0x1f;
-	uint16_t alloc = get_be16(cmd->cdb + 7);
+	uint16_t alloc = be16_get(cmd->cdb + 7);
 	size_t cap = 8 + 64 * 1024;
 	uint8_t *b = calloc(1, cap);
 	size_t off = 8;
@@ -369,25 +369,25 @@ void pr_in(struct scsi_cmd *cmd)
 		return;
 	}
 	pthread_mutex_lock(&lu->mutex);
-	put_be32(b, lu->pr.generation);
+	be32_put(b, lu->pr.generation);
 	switch (sa) {
 	case PRI_READ_KEYS:
 		for (struct pr_reg *r = lu->pr.regs; r && off + 8 <= cap; r = r->next, off += 8)
-			put_be64(b + off, r->key);
-		put_be32(b + 4, (uint32_t)(off - 8));
+			be64_put(b + off, r->key);
+		be32_put(b + 4, (uint32_t)(off - 8));
 		break;
 	case PRI_READ_RESERVATION:
 		if (lu->pr.type) {
 			uint64_t key = type_all_registrants(lu->pr.type) ? 0 : lu->pr.holder->key;
-			put_be64(b + 8, key);
+			be64_put(b + 8, key);
 			b[8 + 13] = lu->pr.type; /* scope 0 = LU */
 			off += 16;
 		}
-		put_be32(b + 4, (uint32_t)(off - 8));
+		be32_put(b + 4, (uint32_t)(off - 8));
 		break;
 	case PRI_REPORT_CAPABILITIES:
 		memset(b, 0, 8);
-		put_be16(b, 8);
+		be16_put(b, 8);
 		b[2] = 0x10 | 0x04 | 0x01;     /* CRH, ATP_C, PTPL_C */
 		b[3] = 0x80 | (lu->pr.aptpl ? 0x01 : 0); /* TMV, PTPL_A */
 		b[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
@@ -399,19 +399,19 @@ void pr_in(struct scsi_cmd *cmd)
 			uint8_t *d = b + off;
 			if (off + 24 + 4 + PORT_NAME_MAX + 4 > cap)
 				break;
-			put_be64(d, r->key);
+			be64_put(d, r->key);
 			if (r->all_tg_pt)
 				d[12] |= 0x02;
 			if (is_holder(lu, r)) {
 				d[12] |= 0x01;
 				d[13] = lu->pr.type;
 			}
-			put_be16(d + 18, r->rel_port);
+			be16_put(d + 18, r->rel_port);
 			size_t tl = transport_id(r->i_port, d + 24);
-			put_be32(d + 20, (uint32_t)tl);
+			be32_put(d + 20, (uint32_t)tl);
 			off += 24 + tl;
 		}
-		put_be32(b + 4, (uint32_t)(off - 8));
+		be32_put(b + 4, (uint32_t)(off - 8));
 		break;
 	}
 	pthread_mutex_unlock(&lu->mutex);
@@ -628,13 +628,13 @@ static enum pr_result do_register_move(struct scsi_lu *lu, struct scsi_nexus *nx
 		return PR_CONFLICT;
 	if (sa_key == 0)
 		return PR_BAD_PARAM_KEY;
-	uint32_t tlen = get_be32(p + 20);
+	uint32_t tlen = be32_get(p + 20);
 	if (tlen < 8 || 24 + (size_t)tlen > plen)
 		return PR_BAD_PARAM_LEN;
 	const uint8_t *tid = p + 24;
 	if ((tid[0] & 0x0f) != 0x05) /* iSCSI only */
 		return PR_BAD_TID;
-	size_t nl = get_be16(tid + 2);
+	size_t nl = be16_get(tid + 2);
 	if (nl + 4 > tlen || nl == 0)
 		return PR_BAD_TID;
 	size_t l = strnlen((const char *)tid + 4, nl);
@@ -677,7 +677,7 @@ void pr_out(struct scsi_cmd *cmd)
 	uint8_t sa = cmd->cdb[1] & 0x1f;
 	uint8_t scope = cmd->cdb[2] >> 4;
 	uint8_t type = cmd->cdb[2] & 0x0f;
-	uint32_t plen = get_be32(cmd->cdb + 5);
+	uint32_t plen = be32_get(cmd->cdb + 5);
 	uint8_t p[PRO_PARAM_LEN + 4 + PORT_NAME_MAX + 8];
 	enum pr_result res;
 
@@ -704,7 +704,7 @@ void pr_out(struct scsi_cmd *cmd)
 		scsi_cmd_complete(cmd);
 		return;
 	}
-	uint64_t key = get_be64(p), sa_key = get_be64(p + 8);
+	uint64_t key = be64_get(p), sa_key = be64_get(p + 8);
 	uint8_t flags = sa == PRO_REGISTER_MOVE ? (p[17] & PRO_APTPL) : p[20];
 	if (sa != PRO_REGISTER_MOVE && (flags & PRO_SPEC_I_PT)) {
 		/* SIP_C=0: we do not register other I_T nexuses on request */

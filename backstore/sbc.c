@@ -243,21 +243,21 @@ static void decode_lba_len(const uint8_t *cdb, uint64_t *lba, uint32_t *len)
 {
 	switch (cdb[0] >> 5) {
 	case 0: /* 6-byte */
-		*lba = get_be24(cdb + 1) & 0x1fffff;
+		*lba = be24_get(cdb + 1) & 0x1fffff;
 		*len = cdb[4] ? cdb[4] : 256;
 		break;
 	case 1: /* 10-byte */
 	case 2:
-		*lba = get_be32(cdb + 2);
-		*len = get_be16(cdb + 7);
+		*lba = be32_get(cdb + 2);
+		*len = be16_get(cdb + 7);
 		break;
 	case 5: /* 12-byte */
-		*lba = get_be32(cdb + 2);
-		*len = get_be32(cdb + 6);
+		*lba = be32_get(cdb + 2);
+		*len = be32_get(cdb + 6);
 		break;
 	default: /* 16-byte */
-		*lba = get_be64(cdb + 2);
-		*len = get_be32(cdb + 10);
+		*lba = be64_get(cdb + 2);
+		*len = be32_get(cdb + 10);
 		break;
 	}
 }
@@ -328,13 +328,13 @@ void sbc_read_capacity_10(struct scsi_cmd *cmd)
 	uint8_t b[8];
 	uint64_t last = lu->nblocks - 1;
 
-	if (!(cmd->cdb[8] & 0x01) && get_be32(cmd->cdb + 2)) {
+	if (!(cmd->cdb[8] & 0x01) && be32_get(cmd->cdb + 2)) {
 		scsi_fail_cdb(cmd, 2, -1);
 		scsi_cmd_complete(cmd);
 		return;
 	}
-	put_be32(b, last > 0xffffffffull ? 0xffffffffu : (uint32_t)last);
-	put_be32(b + 4, lu->block_size);
+	be32_put(b, last > 0xffffffffull ? 0xffffffffu : (uint32_t)last);
+	be32_put(b + 4, lu->block_size);
 	scsi_data_in(cmd, b, sizeof(b), sizeof(b));
 	scsi_cmd_complete(cmd);
 }
@@ -342,17 +342,17 @@ void sbc_read_capacity_10(struct scsi_cmd *cmd)
 void sbc_read_capacity_16(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
-	uint32_t alloc = get_be32(cmd->cdb + 10);
+	uint32_t alloc = be32_get(cmd->cdb + 10);
 	uint8_t b[32];
 
-	if (!(cmd->cdb[14] & 0x01) && get_be64(cmd->cdb + 2)) {
+	if (!(cmd->cdb[14] & 0x01) && be64_get(cmd->cdb + 2)) {
 		scsi_fail_cdb(cmd, 2, -1);
 		scsi_cmd_complete(cmd);
 		return;
 	}
 	memset(b, 0, sizeof(b));
-	put_be64(b, lu->nblocks - 1);
-	put_be32(b + 8, lu->block_size);
+	be64_put(b, lu->nblocks - 1);
+	be32_put(b + 8, lu->block_size);
 	/* LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT stays 0: the backing
 	 * store takes single-block writes atomically and unmaps by block. */
 	if (lu->dev->can_unmap)
@@ -665,8 +665,8 @@ void sbc_sync_cache(struct scsi_cmd *cmd)
 {
 	struct sbc_io *io = io_of(cmd);
 	bool sixteen = cmd->cdb[0] == OP_SYNC_CACHE_16;
-	uint64_t lba = sixteen ? get_be64(cmd->cdb + 2) : get_be32(cmd->cdb + 2);
-	uint32_t n = sixteen ? get_be32(cmd->cdb + 10) : get_be16(cmd->cdb + 7);
+	uint64_t lba = sixteen ? be64_get(cmd->cdb + 2) : be32_get(cmd->cdb + 2);
+	uint32_t n = sixteen ? be32_get(cmd->cdb + 10) : be16_get(cmd->cdb + 7);
 
 	if (!range_ok(cmd, lba, n)) {
 		scsi_cmd_complete(cmd);
@@ -680,8 +680,8 @@ void sbc_sync_cache(struct scsi_cmd *cmd)
 void sbc_prefetch(struct scsi_cmd *cmd)
 {
 	bool sixteen = cmd->cdb[0] == OP_PREFETCH_16;
-	uint64_t lba = sixteen ? get_be64(cmd->cdb + 2) : get_be32(cmd->cdb + 2);
-	uint32_t n = sixteen ? get_be32(cmd->cdb + 10) : get_be16(cmd->cdb + 7);
+	uint64_t lba = sixteen ? be64_get(cmd->cdb + 2) : be32_get(cmd->cdb + 2);
+	uint32_t n = sixteen ? be32_get(cmd->cdb + 10) : be16_get(cmd->cdb + 7);
 
 	range_ok(cmd, lba, n);
 	scsi_cmd_complete(cmd);
@@ -771,8 +771,8 @@ void sbc_write_same(struct scsi_cmd *cmd)
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
 	bool sixteen = cmd->cdb[0] == OP_WRITE_SAME_16;
-	uint64_t lba = sixteen ? get_be64(cmd->cdb + 2) : get_be32(cmd->cdb + 2);
-	uint64_t n = sixteen ? get_be32(cmd->cdb + 10) : get_be16(cmd->cdb + 7);
+	uint64_t lba = sixteen ? be64_get(cmd->cdb + 2) : be32_get(cmd->cdb + 2);
+	uint64_t n = sixteen ? be32_get(cmd->cdb + 10) : be16_get(cmd->cdb + 7);
 	bool unmap = cmd->cdb[1] & 0x08;
 	bool ndob = sixteen && (cmd->cdb[1] & 0x01);
 	uint32_t bs = lu->block_size;
@@ -857,8 +857,8 @@ static void unmap_issue(struct sbc_io *io)
 	while (io->pos < io->end) {
 		scsi_data_out(cmd, io->pos, d, UNMAP_DESC);
 		io->pos += UNMAP_DESC;
-		uint64_t lba = get_be64(d);
-		uint32_t n = get_be32(d + 8);
+		uint64_t lba = be64_get(d);
+		uint32_t n = be32_get(d + 8);
 		if (!n)
 			continue;
 		/* Descriptors that continue this one (hosts send one per block
@@ -866,8 +866,8 @@ static void unmap_issue(struct sbc_io *io)
 		 * network store instead of one per descriptor. */
 		while (io->pos < io->end) {
 			scsi_data_out(cmd, io->pos, d, UNMAP_DESC);
-			uint32_t more = get_be32(d + 8);
-			if (get_be64(d) != lba + n || more > UINT32_MAX - n)
+			uint32_t more = be32_get(d + 8);
+			if (be64_get(d) != lba + n || more > UINT32_MAX - n)
 				break;
 			n += more;
 			io->pos += UNMAP_DESC;
@@ -900,7 +900,7 @@ void sbc_unmap(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
-	uint32_t plen = get_be16(cmd->cdb + 7);
+	uint32_t plen = be16_get(cmd->cdb + 7);
 	uint8_t hdr[UNMAP_HDR], d[UNMAP_DESC];
 	uint64_t lo = UINT64_MAX, hi = 0;
 
@@ -917,8 +917,8 @@ void sbc_unmap(struct scsi_cmd *cmd)
 	}
 	scsi_data_out(cmd, 0, hdr, UNMAP_HDR);
 	uint32_t avail = plen < cmd->write_len ? plen : cmd->write_len;
-	uint32_t bddl = get_be16(hdr + 2);
-	if (get_be16(hdr) + 2u > plen && get_be16(hdr)) {
+	uint32_t bddl = be16_get(hdr + 2);
+	if (be16_get(hdr) + 2u > plen && be16_get(hdr)) {
 		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 		goto out;
 	}
@@ -933,8 +933,8 @@ void sbc_unmap(struct scsi_cmd *cmd)
 	}
 	for (uint32_t i = 0; i < ndesc; i++) {
 		scsi_data_out(cmd, UNMAP_HDR + (size_t)i * UNMAP_DESC, d, UNMAP_DESC);
-		uint64_t lba = get_be64(d);
-		uint32_t n = get_be32(d + 8);
+		uint64_t lba = be64_get(d);
+		uint32_t n = be32_get(d + 8);
 		if (!range_ok(cmd, lba, n))
 			goto out;
 		if (n > LU_MAX_UNMAP_BLOCKS) {
@@ -1054,16 +1054,16 @@ static void atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, uint32_t 
 void sbc_compare_and_write(struct scsi_cmd *cmd)
 {
 	uint32_t n = cmd->cdb[13];
-	atomic_rmw(cmd, get_be64(cmd->cdb + 2), n, LU_MAX_CAW_BLOCKS, 13,
+	atomic_rmw(cmd, be64_get(cmd->cdb + 2), n, LU_MAX_CAW_BLOCKS, 13,
 		   2 * ((uint64_t)n << cmd->lu->block_shift));
 }
 
 void sbc_orwrite(struct scsi_cmd *cmd)
 {
-	uint32_t n = get_be32(cmd->cdb + 10);
+	uint32_t n = be32_get(cmd->cdb + 10);
 	uint64_t dout = (uint64_t)n << cmd->lu->block_shift;
 	/* medium image and Data-Out share one pooled buffer */
-	atomic_rmw(cmd, get_be64(cmd->cdb + 2), n, (BUF_MAX / 2) >> cmd->lu->block_shift, 10,
+	atomic_rmw(cmd, be64_get(cmd->cdb + 2), n, (BUF_MAX / 2) >> cmd->lu->block_shift, 10,
 		   dout > UINT32_MAX ? UINT32_MAX : dout);
 }
 
@@ -1077,8 +1077,8 @@ void sbc_orwrite(struct scsi_cmd *cmd)
 void sbc_get_lba_status(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
-	uint64_t lba = get_be64(cmd->cdb + 2);
-	uint32_t alloc = get_be32(cmd->cdb + 10);
+	uint64_t lba = be64_get(cmd->cdb + 2);
+	uint32_t alloc = be32_get(cmd->cdb + 10);
 	uint8_t b[8 + 16 * LBA_STATUS_MAX_DESC];
 	size_t off = 8;
 
@@ -1112,17 +1112,17 @@ void sbc_get_lba_status(struct scsi_cmd *cmd)
 			nb = 1;
 		/* merge with the previous descriptor when the state repeats */
 		if (off > 8 && b[off - 4] == (mapped ? LBA_STATUS_MAPPED : LBA_STATUS_DEALLOCATED) &&
-		    get_be32(b + off - 8) + nb <= 0xffffffffu) {
-			put_be32(b + off - 8, (uint32_t)(get_be32(b + off - 8) + nb));
+		    be32_get(b + off - 8) + nb <= 0xffffffffu) {
+			be32_put(b + off - 8, (uint32_t)(be32_get(b + off - 8) + nb));
 		} else {
-			put_be64(b + off, cur);
-			put_be32(b + off + 8, (uint32_t)nb);
+			be64_put(b + off, cur);
+			be32_put(b + off + 8, (uint32_t)nb);
 			b[off + 12] = mapped ? LBA_STATUS_MAPPED : LBA_STATUS_DEALLOCATED;
 			off += 16;
 		}
 		cur += nb;
 	}
-	put_be32(b, (uint32_t)(off - 4));
+	be32_put(b, (uint32_t)(off - 4));
 	scsi_data_in(cmd, b, off, alloc);
 	scsi_cmd_complete(cmd);
 }
@@ -1138,7 +1138,7 @@ void sbc_read_defect_data(struct scsi_cmd *cmd)
 {
 	bool twelve = cmd->cdb[0] == OP_READ_DEFECT_DATA_12;
 	uint8_t req = twelve ? cmd->cdb[1] : cmd->cdb[2];
-	uint32_t alloc = twelve ? get_be32(cmd->cdb + 6) : get_be16(cmd->cdb + 7);
+	uint32_t alloc = twelve ? be32_get(cmd->cdb + 6) : be16_get(cmd->cdb + 7);
 	uint8_t b[8];
 
 	memset(b, 0, sizeof(b));
@@ -1163,7 +1163,7 @@ void sbc_sanitize(struct scsi_cmd *cmd)
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
 	uint8_t sa = cmd->cdb[1] & 0x1f;
-	uint16_t plen = get_be16(cmd->cdb + 7);
+	uint16_t plen = be16_get(cmd->cdb + 7);
 
 	cmd->cdb_xfer_len = plen;
 	if (plen) {

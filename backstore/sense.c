@@ -40,7 +40,7 @@ size_t scsi_sense_format(uint8_t *buf, size_t cap, bool d_sense, uint8_t key,
 		s[13] = (uint8_t)asc_ascq;
 		if (x && x->info_valid) {
 			s[0] |= SENSE_FIXED_VALID;
-			put_be32(s + 3, (uint32_t)x->info);
+			be32_put(s + 3, (uint32_t)x->info);
 		}
 		if (x && x->sksv)
 			memcpy(s + 15, x->sks, 3);
@@ -55,7 +55,7 @@ size_t scsi_sense_format(uint8_t *buf, size_t cap, bool d_sense, uint8_t key,
 			s[len] = SENSE_DESC_INFO;
 			s[len + 1] = 0x0a;
 			s[len + 2] = 0x80;
-			put_be64(s + len + 4, x->info);
+			be64_put(s + len + 4, x->info);
 			len += 12;
 		}
 		if (x && x->sksv) {

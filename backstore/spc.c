@@ -88,17 +88,17 @@ static size_t inquiry_standard(const struct scsi_lu *lu, uint8_t *b)
 	pad_ascii(b + 8, lu ? lu->vendor : "TIERCACH", 8);
 	pad_ascii(b + 16, lu ? lu->product : "tiercache", 16);
 	pad_ascii(b + 32, lu ? lu->revision : "0001", 4);
-	put_be16(b + 58, VERSION_SAM5);
-	put_be16(b + 60, VERSION_ISCSI);
-	put_be16(b + 62, VERSION_SPC4);
-	put_be16(b + 64, VERSION_SBC3);
+	be16_put(b + 58, VERSION_SAM5);
+	be16_put(b + 60, VERSION_ISCSI);
+	be16_put(b + 62, VERSION_SPC4);
+	be16_put(b + 64, VERSION_SBC3);
 	return INQ_STD_LEN;
 }
 
 void spc_inquiry_unmapped(struct scsi_cmd *cmd)
 {
 	uint8_t b[INQ_STD_LEN];
-	uint16_t alloc = get_be16(cmd->cdb + 3);
+	uint16_t alloc = be16_get(cmd->cdb + 3);
 
 	if (cmd->cdb[1] & 0x01) {
 		/* No VPD for an LU that does not exist. */
@@ -148,10 +148,10 @@ static size_t vpd_device_id(struct scsi_cmd *cmd, uint8_t *b)
 	size_t sl = strlen(lu->serial);
 	memcpy(t10 + 8, lu->serial, sl);
 	off = desig(b, off, DESIG_CODE_ASCII, DESIG_ASSOC_LU | DESIG_T10, t10, 8 + sl);
-	put_be16(port + 2, lu->rel_port);
+	be16_put(port + 2, lu->rel_port);
 	off = desig(b, off, PROTO_ISCSI | DESIG_CODE_BINARY, DESIG_PIV | DESIG_ASSOC_PORT | DESIG_REL_PORT,
 		    port, 4);
-	put_be16(port + 2, (uint16_t)lu->tpg);
+	be16_put(port + 2, (uint16_t)lu->tpg);
 	off = desig(b, off, PROTO_ISCSI | DESIG_CODE_BINARY, DESIG_PIV | DESIG_ASSOC_PORT | DESIG_TPG, port, 4);
 	if (cmd->nexus) {
 		off = desig_name(b, off, DESIG_ASSOC_PORT, cmd->nexus->t_port);
@@ -191,21 +191,21 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 		uint32_t gran = 4096 / lu->block_size;
 		len = 64;
 		b[5] = LU_MAX_CAW_BLOCKS;
-		put_be16(b + 6, (uint16_t)(gran ? gran : 1));
-		put_be32(b + 8, LU_MAX_XFER_BYTES / lu->block_size);
-		put_be32(b + 12, (128u << 10) / lu->block_size);
-		put_be32(b + 16, 0);
+		be16_put(b + 6, (uint16_t)(gran ? gran : 1));
+		be32_put(b + 8, LU_MAX_XFER_BYTES / lu->block_size);
+		be32_put(b + 12, (128u << 10) / lu->block_size);
+		be32_put(b + 16, 0);
 		if (lu->dev->can_unmap) {
-			put_be32(b + 20, LU_MAX_UNMAP_BLOCKS);
-			put_be32(b + 24, LU_MAX_UNMAP_DESCS);
-			put_be32(b + 28, gran ? gran : 1);
+			be32_put(b + 20, LU_MAX_UNMAP_BLOCKS);
+			be32_put(b + 24, LU_MAX_UNMAP_DESCS);
+			be32_put(b + 28, gran ? gran : 1);
 		}
-		put_be64(b + 36, lu_max_ws_blocks(lu));
+		be64_put(b + 36, lu_max_ws_blocks(lu));
 		break;
 	}
 	case VPD_BLOCK_CHARS:
 		len = 64;
-		put_be16(b + 4, lu->dev->rotational ? 7200 : 1);
+		be16_put(b + 4, lu->dev->rotational ? 7200 : 1);
 		b[7] = 0x40; /* WABEREQ 01b: reads after BLOCK ERASE succeed (zeroes) */
 		break;
 	case VPD_LBP:
@@ -217,14 +217,14 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 	default:
 		return 0;
 	}
-	put_be16(b + 2, (uint16_t)(len - 4));
+	be16_put(b + 2, (uint16_t)(len - 4));
 	return len;
 }
 
 void spc_inquiry(struct scsi_cmd *cmd)
 {
 	uint8_t b[1024];
-	uint16_t alloc = get_be16(cmd->cdb + 3);
+	uint16_t alloc = be16_get(cmd->cdb + 3);
 	size_t len;
 
 	memset(b, 0, sizeof(b));
@@ -270,7 +270,7 @@ static void encode_lun(uint64_t lun, uint8_t *out)
 
 void spc_report_luns(struct scsi_cmd *cmd)
 {
-	uint32_t alloc = get_be32(cmd->cdb + 6);
+	uint32_t alloc = be32_get(cmd->cdb + 6);
 	uint8_t select = cmd->cdb[2];
 	/* the nexus's own view of the map: what its commands reach */
 	struct scsi_nexus *nx = cmd->nexus;
@@ -310,7 +310,7 @@ void spc_report_luns(struct scsi_cmd *cmd)
 		return;
 	}
 	memset(b, 0, 8);
-	put_be32(b, (uint32_t)(n * 8));
+	be32_put(b, (uint32_t)(n * 8));
 	for (int i = 0; i < n; i++)
 		encode_lun(nx->lus[i]->lun, b + 8 + i * 8);
 	scsi_data_in(cmd, b, len, alloc);
@@ -406,7 +406,7 @@ static size_t mode_page(struct scsi_lu *lu, uint8_t page, int pc, uint8_t *b)
 			b[3] = 0x10; /* queue algorithm modifier: unrestricted */
 			if (!dflt && atomic_load(&lu->swp))
 				b[4] |= CONTROL_SWP;
-			put_be16(b + 8, 0xffff); /* busy timeout: unlimited */
+			be16_put(b + 8, 0xffff); /* busy timeout: unlimited */
 		}
 		break;
 	case MP_INFO_EXCEPTIONS:
@@ -432,7 +432,7 @@ void spc_mode_sense(struct scsi_cmd *cmd)
 	int pc = cmd->cdb[2] >> 6;
 	uint8_t page = cmd->cdb[2] & 0x3f;
 	uint8_t subpage = cmd->cdb[3];
-	uint32_t alloc = ten ? get_be16(cmd->cdb + 7) : cmd->cdb[4];
+	uint32_t alloc = ten ? be16_get(cmd->cdb + 7) : cmd->cdb[4];
 	uint8_t b[512];
 	size_t hdr = ten ? 8 : 4;
 	size_t off;
@@ -453,15 +453,15 @@ void spc_mode_sense(struct scsi_cmd *cmd)
 		size_t bdl = llbaa ? 16 : 8;
 		uint8_t *d = b + off;
 		if (llbaa) {
-			put_be64(d, lu->nblocks);
-			put_be32(d + 12, lu->block_size);
+			be64_put(d, lu->nblocks);
+			be32_put(d + 12, lu->block_size);
 			b[4] |= 0x01; /* LONGLBA */
 		} else {
-			put_be32(d, lu->nblocks > 0xffffffffull ? 0xffffffffu : (uint32_t)lu->nblocks);
-			put_be32(d + 4, lu->block_size & 0xffffff);
+			be32_put(d, lu->nblocks > 0xffffffffull ? 0xffffffffu : (uint32_t)lu->nblocks);
+			be32_put(d + 4, lu->block_size & 0xffffff);
 		}
 		if (ten)
-			put_be16(b + 6, (uint16_t)bdl);
+			be16_put(b + 6, (uint16_t)bdl);
 		else
 			b[3] = (uint8_t)bdl;
 		off += bdl;
@@ -485,7 +485,7 @@ void spc_mode_sense(struct scsi_cmd *cmd)
 	if (lu->read_only || atomic_load(&lu->swp))
 		devspec |= DEVSPEC_WP;
 	if (ten) {
-		put_be16(b, (uint16_t)(off - 2));
+		be16_put(b, (uint16_t)(off - 2));
 		b[3] = devspec;
 	} else {
 		b[0] = (uint8_t)(off - 1);
@@ -554,7 +554,7 @@ void spc_mode_select(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	bool ten = cmd->cdb[0] == OP_MODE_SELECT_10;
-	uint32_t plen = ten ? get_be16(cmd->cdb + 7) : cmd->cdb[4];
+	uint32_t plen = ten ? be16_get(cmd->cdb + 7) : cmd->cdb[4];
 	size_t hdr = ten ? 8 : 4;
 	uint8_t buf[512];
 	unsigned changed = 0;
@@ -579,7 +579,7 @@ void spc_mode_select(struct scsi_cmd *cmd)
 		complete(cmd);
 		return;
 	}
-	size_t bdl = ten ? get_be16(buf + 6) : buf[3];
+	size_t bdl = ten ? be16_get(buf + 6) : buf[3];
 	size_t off = hdr;
 	if (bdl) {
 		bool longlba = ten && (buf[4] & 0x01);
@@ -589,7 +589,7 @@ void spc_mode_select(struct scsi_cmd *cmd)
 			complete(cmd);
 			return;
 		}
-		uint32_t blen = longlba ? get_be32(buf + off + 12) : get_be24(buf + off + 5);
+		uint32_t blen = longlba ? be32_get(buf + off + 12) : be24_get(buf + off + 5);
 		if (blen != lu->block_size) {
 			scsi_fail_param(cmd, (unsigned)(off + (longlba ? 12 : 5)), -1);
 			complete(cmd);
@@ -645,9 +645,9 @@ void spc_mode_select(struct scsi_cmd *cmd)
 static size_t timeouts_desc(uint8_t *b)
 {
 	memset(b, 0, TIMEOUT_DESC_LEN);
-	put_be16(b, TIMEOUT_DESC_LEN - 2);
-	put_be32(b + 4, 0);   /* nominal: not specified */
-	put_be32(b + 8, 30);  /* recommended: 30 s */
+	be16_put(b, TIMEOUT_DESC_LEN - 2);
+	be32_put(b + 4, 0);   /* nominal: not specified */
+	be32_put(b + 8, 30);  /* recommended: 30 s */
 	return TIMEOUT_DESC_LEN;
 }
 
@@ -656,8 +656,8 @@ void spc_report_supported_opcodes(struct scsi_cmd *cmd)
 	bool rctd = cmd->cdb[2] & 0x80;
 	uint8_t opts = cmd->cdb[2] & 0x07;
 	uint8_t req_op = cmd->cdb[3];
-	uint16_t req_sa = get_be16(cmd->cdb + 4);
-	uint32_t alloc = get_be32(cmd->cdb + 6);
+	uint16_t req_sa = be16_get(cmd->cdb + 4);
+	uint32_t alloc = be32_get(cmd->cdb + 6);
 	size_t n;
 	const struct cmd_desc *tab = scsi_cmd_table(&n);
 	uint8_t b[4096];
@@ -670,17 +670,17 @@ void spc_report_supported_opcodes(struct scsi_cmd *cmd)
 			uint8_t *d = b + off;
 			d[0] = tab[i].opcode;
 			if (tab[i].flags & CMDF_SA) {
-				put_be16(d + 2, tab[i].sa);
+				be16_put(d + 2, tab[i].sa);
 				d[5] |= RSOC_SERVACTV;
 			}
 			if (rctd)
 				d[5] |= RSOC_CTDP;
-			put_be16(d + 6, tab[i].cdb_len);
+			be16_put(d + 6, tab[i].cdb_len);
 			off += 8;
 			if (rctd)
 				off += timeouts_desc(b + off);
 		}
-		put_be32(b, (uint32_t)(off - 4));
+		be32_put(b, (uint32_t)(off - 4));
 	} else if (opts <= RSOC_ONE_ANY) {
 		const struct cmd_desc *found = NULL;
 		bool has_sa_form = false;
@@ -718,7 +718,7 @@ void spc_report_supported_opcodes(struct scsi_cmd *cmd)
 			off = 4;
 		} else {
 			b[1] = RSOC_SUPPORTED | (rctd ? 0x80 : 0);
-			put_be16(b + 2, found->cdb_len);
+			be16_put(b + 2, found->cdb_len);
 			memcpy(b + 4, found->usage, found->cdb_len);
 			if (found->flags & CMDF_SA)
 				b[5] = found->sa | (found->usage[1] & 0xe0);
@@ -805,17 +805,17 @@ static size_t tpg_desc(uint8_t *g, uint8_t state, uint8_t supported, uint8_t sta
 	memset(g, 0, 12);
 	g[0] = state;
 	g[1] = supported;
-	put_be16(g + 2, group);
+	be16_put(g + 2, group);
 	g[5] = status;
 	g[7] = 1; /* one target port */
-	put_be16(g + 10, rel_port);
+	be16_put(g + 10, rel_port);
 	return 12;
 }
 
 void spc_report_target_pgs(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
-	uint32_t alloc = get_be32(cmd->cdb + 6);
+	uint32_t alloc = be32_get(cmd->cdb + 6);
 	uint8_t fmt = cmd->cdb[1] >> 5;
 	uint8_t b[8 + 12 * (ALUA_MAX_GROUPS + 1)];
 	size_t off = 4;
@@ -856,7 +856,7 @@ void spc_report_target_pgs(struct scsi_cmd *cmd)
 					id == lu->tpg ? lu->rel_port : (uint16_t)id);
 		}
 	}
-	put_be32(b, (uint32_t)(off - 4));
+	be32_put(b, (uint32_t)(off - 4));
 	scsi_data_in(cmd, b, off, alloc);
 	complete(cmd);
 }
@@ -905,7 +905,7 @@ void spc_send_diagnostic(struct scsi_cmd *cmd)
 {
 	uint8_t selftest = cmd->cdb[1] & 0x04;
 	uint8_t code = cmd->cdb[1] >> 5;
-	uint16_t plen = get_be16(cmd->cdb + 3);
+	uint16_t plen = be16_get(cmd->cdb + 3);
 
 	cmd->cdb_xfer_len = plen;
 	/* Only the default self-test (which always passes) is offered. */

@@ -274,9 +274,9 @@ static void xc_next_segment(struct xcopy_io *io)
 		return;
 	}
 	const uint8_t *s = io->param + io->seg_off;
-	uint16_t src_idx = get_be16(s + 4), dst_idx = get_be16(s + 6);
-	uint32_t nblocks = get_be16(s + 10);
-	uint64_t src_lba = get_be64(s + 12), dst_lba = get_be64(s + 20);
+	uint16_t src_idx = be16_get(s + 4), dst_idx = be16_get(s + 6);
+	uint32_t nblocks = be16_get(s + 10);
+	uint64_t src_lba = be64_get(s + 12), dst_lba = be64_get(s + 20);
 
 	io->seg_off += XC_SEG_B2B_LEN;
 	if (src_idx >= io->ntargets || dst_idx >= io->ntargets) {
@@ -335,7 +335,7 @@ static void xc_next_segment(struct xcopy_io *io)
 void xcopy_extended_copy(struct scsi_cmd *cmd)
 {
 	struct xcopy_io *io = (struct xcopy_io *)cmd->bs_scratch;
-	uint32_t plen = get_be32(cmd->cdb + 10);
+	uint32_t plen = be32_get(cmd->cdb + 10);
 
 	memset(io, 0, sizeof(*io));
 	io->cmd = cmd;
@@ -368,9 +368,9 @@ void xcopy_extended_copy(struct scsi_cmd *cmd)
 	scsi_data_out(cmd, 0, io->param, plen);
 
 	const uint8_t *p = io->param;
-	uint32_t tdl = get_be16(p + 2);
-	uint32_t sdl = get_be32(p + 8);
-	uint32_t inl = get_be32(p + 12);
+	uint32_t tdl = be16_get(p + 2);
+	uint32_t sdl = be32_get(p + 8);
+	uint32_t inl = be32_get(p + 12);
 	uint8_t list_usage = (p[1] >> 3) & 0x03;
 
 	if (list_usage == 0x03 && p[0] != 0) { /* list id must be zero */
@@ -416,7 +416,7 @@ void xcopy_extended_copy(struct scsi_cmd *cmd)
 			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_UNSUPPORTED_SEGMENT_DESC_TYPE);
 			goto fail;
 		}
-		size_t dl = (size_t)get_be16(p + off + 2) + 4;
+		size_t dl = (size_t)be16_get(p + off + 2) + 4;
 		if (dl != XC_SEG_B2B_LEN || off + dl > end) {
 			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 			goto fail;
@@ -444,23 +444,23 @@ void xcopy_receive_copy_results(struct scsi_cmd *cmd)
 {
 	uint8_t sa = cmd->cdb[1] & 0x1f;
 	uint8_t list_id = cmd->cdb[2];
-	uint32_t alloc = get_be32(cmd->cdb + 10);
+	uint32_t alloc = be32_get(cmd->cdb + 10);
 	uint8_t b[64];
 	size_t len;
 
 	memset(b, 0, sizeof(b));
 	if (sa == RCR_OPERATING_PARAMETERS) {
 		len = 44 + 2;
-		put_be32(b, (uint32_t)(len - 4));
+		be32_put(b, (uint32_t)(len - 4));
 		b[4] = 0x01; /* SNLID: list id usage supported */
-		put_be16(b + 8, XC_MAX_TARGETS);
-		put_be16(b + 10, XC_MAX_SEGMENTS);
-		put_be32(b + 12, XC_MAX_LIST_LEN);
-		put_be32(b + 16, XC_MAX_SEGMENT_BYTES);
-		put_be32(b + 20, 0);   /* no inline data */
-		put_be32(b + 24, 0);   /* no held data */
-		put_be32(b + 28, 0);
-		put_be16(b + 34, 1);   /* total concurrent copies */
+		be16_put(b + 8, XC_MAX_TARGETS);
+		be16_put(b + 10, XC_MAX_SEGMENTS);
+		be32_put(b + 12, XC_MAX_LIST_LEN);
+		be32_put(b + 16, XC_MAX_SEGMENT_BYTES);
+		be32_put(b + 20, 0);   /* no inline data */
+		be32_put(b + 24, 0);   /* no held data */
+		be32_put(b + 28, 0);
+		be16_put(b + 34, 1);   /* total concurrent copies */
 		b[36] = 1;
 		b[37] = 9;             /* data segment granularity: 512 bytes (log2) */
 		b[43] = 2;
@@ -483,11 +483,11 @@ void xcopy_receive_copy_results(struct scsi_cmd *cmd)
 			return;
 		}
 		len = 12;
-		put_be32(b, 8);
+		be32_put(b, 8);
 		b[4] = r.status;
-		put_be16(b + 5, r.segs);
+		be16_put(b + 5, r.segs);
 		b[7] = 0x01; /* transfer count units: KiB */
-		put_be32(b + 8, (uint32_t)(((uint64_t)r.blocks * cmd->lu->block_size) >> 10));
+		be32_put(b + 8, (uint32_t)(((uint64_t)r.blocks * cmd->lu->block_size) >> 10));
 	}
 	scsi_data_in(cmd, b, len, alloc);
 	scsi_cmd_complete(cmd);

@@ -39,6 +39,7 @@
  * dirty extent needs only its summary flags.
  */
 #include "cache_int.h"
+#include "common/hash.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -54,16 +55,6 @@
 #define MAP_SIZE_DEN 20u
 #define MAP_FULL_NUM 15u
 #define MAP_FULL_DEN 16u
-
-static inline uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return x;
-}
 
 /* The high half of the hash picks the home entry, the low half gives the
  * fingerprint: independent bits. */
@@ -135,7 +126,7 @@ void map_destroy(struct cache_map *m)
 uint32_t map_lookup(struct cache_map *m, uint64_t key)
 {
 	struct map_table *t = atomic_load_explicit(&m->t, memory_order_acquire); /* rcu_dereference */
-	uint64_t h = mix64(key);
+	uint64_t h = hash_mix64(key);
 	uint32_t fpm = t->fp_mask, fp = (uint32_t)h & fpm;
 	uint32_t i = home(h, t->size);
 
@@ -161,7 +152,7 @@ static void table_free_rcu(struct rcu_head *h)
 
 static void table_put(struct map_table *t, uint64_t key, uint32_t slot)
 {
-	uint64_t h = mix64(key);
+	uint64_t h = hash_mix64(key);
 	uint32_t i = home(h, t->size);
 	while (atomic_load_explicit(&t->e[i], memory_order_relaxed) != MAP_EMPTY)
 		if (++i == t->size)
@@ -203,7 +194,7 @@ int map_insert(struct cache_map *m, uint64_t key, uint32_t slot)
 			return -ENOMEM;
 		t = atomic_load_explicit(&m->t, memory_order_relaxed);
 	}
-	uint64_t h = mix64(key);
+	uint64_t h = hash_mix64(key);
 	uint32_t fpm = t->fp_mask, fp = (uint32_t)h & fpm;
 	uint32_t i = home(h, t->size), free_at = MAP_EMPTY;
 	for (uint32_t n = 0; n < t->size; n++) {
@@ -260,7 +251,7 @@ static void trim_tombs(struct map_table *t, uint32_t i)
 void map_remove(struct cache_map *m, uint64_t key, uint32_t slot)
 {
 	struct map_table *t = atomic_load_explicit(&m->t, memory_order_relaxed);
-	uint64_t h = mix64(key);
+	uint64_t h = hash_mix64(key);
 	uint32_t want = entry_of(t, h, slot);
 	uint32_t i = home(h, t->size);
 

@@ -38,34 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct { uint8_t b[2]; } le16;
-typedef struct { uint8_t b[4]; } le32;
-typedef struct { uint8_t b[8]; } le64;
-
-static inline uint16_t le16_get(le16 v) { return (uint16_t)(v.b[0] | v.b[1] << 8); }
-static inline uint32_t le32_get(le32 v)
-{
-	return (uint32_t)v.b[0] | (uint32_t)v.b[1] << 8 | (uint32_t)v.b[2] << 16 | (uint32_t)v.b[3] << 24;
-}
-static inline uint64_t le64_get(le64 v)
-{
-	uint64_t r = 0;
-	for (int i = 7; i >= 0; i--)
-		r = r << 8 | v.b[i];
-	return r;
-}
-static inline le16 le16_of(uint16_t x) { return (le16){ { (uint8_t)x, (uint8_t)(x >> 8) } }; }
-static inline le32 le32_of(uint32_t x)
-{
-	return (le32){ { (uint8_t)x, (uint8_t)(x >> 8), (uint8_t)(x >> 16), (uint8_t)(x >> 24) } };
-}
-static inline le64 le64_of(uint64_t x)
-{
-	le64 v;
-	for (int i = 0; i < 8; i++)
-		v.b[i] = (uint8_t)(x >> (8 * i));
-	return v;
-}
+#include "common/endian.h"
 
 #define CACHE_MAGIC 0x3145484341434354ULL /* "TCCACHE1" little-endian */
 /* a leg being rebuilt: both superblock copies replaced by this mark first */

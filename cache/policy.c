@@ -80,6 +80,7 @@
  * data); nothing here sleeps or allocates after policy_new.
  */
 #include "cache/policy.h"
+#include "common/hash.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -153,18 +154,6 @@ struct policy {
 
 /* ---- hashing ---------------------------------------------------------- */
 
-/* A 64-bit finalizer (the murmur3 / splitmix mixing constants): every input
- * bit affects every output bit, which the sketch and stream table need. */
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	x ^= x >> 33;
-	return x;
-}
-
 /* Map 32 hash bits onto [0, n) without a division. */
 static uint32_t reduce32(uint32_t h, uint32_t n)
 {
@@ -201,7 +190,7 @@ struct sketch_pos {
 
 static struct sketch_pos sketch_locate(const struct policy *p, uint64_t key)
 {
-	uint64_t h = mix64(key ^ 0x9e3779b97f4a7c15ull);
+	uint64_t h = hash_mix64(key ^ 0x9e3779b97f4a7c15ull);
 	struct sketch_pos pos;
 
 	pos.word = reduce32((uint32_t)(h >> 32), p->sketch_words);
@@ -289,7 +278,7 @@ static unsigned sketch_add(struct policy *p, uint64_t key)
 
 static uint64_t stream_hash(uint32_t bid, uint64_t end)
 {
-	return mix64(end ^ ((uint64_t)bid << 48) ^ ((uint64_t)bid >> 16) ^ 0x5851f42d4c957f2dull);
+	return hash_mix64(end ^ ((uint64_t)bid << 48) ^ ((uint64_t)bid >> 16) ^ 0x5851f42d4c957f2dull);
 }
 
 /*

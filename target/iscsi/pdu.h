@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/endian.h"
+
 #define ISCSI_BHS_LEN 48
 #define ISCSI_DIGEST_LEN 4
 #define ISCSI_RSVD_TAG 0xffffffffu
@@ -371,25 +373,6 @@ _Static_assert(sizeof(struct iscsi_logout_rsp_hdr) == ISCSI_BHS_LEN, "Logout Res
 _Static_assert(sizeof(struct iscsi_reject_hdr) == ISCSI_BHS_LEN, "Reject BHS");
 _Static_assert(sizeof(struct iscsi_async_hdr) == ISCSI_BHS_LEN, "Async Message BHS");
 
-/* ---- big-endian field helpers ---- */
-static inline uint16_t be16_get(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t be24_get(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2];
-}
-static inline uint32_t be32_get(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static inline void be16_put(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = (uint8_t)v; }
-static inline void be24_put(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 16); p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)v;
-}
-static inline void be32_put(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
 /* Digests travel least-significant byte first (RFC 7143 13.1). */
 static inline void digest_put(uint8_t *p, uint32_t crc)
 {

@@ -87,7 +87,7 @@ static pthread_t dbus_thread;
 static bool dbus_running;
 static atomic_bool dbus_stop;
 
-static uint64_t get_be64(const uint8_t *p)
+static uint64_t be64_get(const uint8_t *p)
 {
 	uint64_t v = 0;
 	for (int i = 0; i < 8; i++)
@@ -95,7 +95,7 @@ static uint64_t get_be64(const uint8_t *p)
 	return v;
 }
 
-static uint32_t get_be32(const uint8_t *p)
+static uint32_t be32_get(const uint8_t *p)
 {
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
@@ -284,8 +284,8 @@ static void attach_capacity_done(struct scsi_cmd *sc, void *arg)
 		attach_fail(td);
 		return;
 	}
-	td->blocks = get_be64(td->scratch) + 1;
-	td->block_size = get_be32(td->scratch + 8);
+	td->blocks = be64_get(td->scratch) + 1;
+	td->block_size = be32_get(td->scratch + 8);
 	uint32_t lio_bs = td->lio_block_size;
 	uint64_t lio_blocks = lio_bs ? td->lio_bytes / lio_bs : 0;
 	if (lio_bs != td->block_size) {

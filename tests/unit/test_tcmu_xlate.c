@@ -90,7 +90,7 @@ static void run1(struct ring_cmd *rc)
 	run_batch(&rc, 1);
 }
 
-static void put_be32(uint8_t *p, uint32_t v)
+static void be32_put(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)(v >> 24);
 	p[1] = (uint8_t)(v >> 16);
@@ -102,7 +102,7 @@ static void rw10(struct ring_cmd *rc, uint8_t op, uint32_t lba, uint16_t blocks)
 {
 	memset(rc->cdb, 0, sizeof(rc->cdb));
 	rc->cdb[0] = op;
-	put_be32(rc->cdb + 2, lba);
+	be32_put(rc->cdb + 2, lba);
 	rc->cdb[7] = (uint8_t)(blocks >> 8);
 	rc->cdb[8] = (uint8_t)blocks;
 }

@@ -988,33 +988,33 @@ static void lu_reset(struct scsi_lu *lu, unsigned ua)
 	pr_lu_reset(lu);
 }
 
-int scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun)
+enum scsi_tmf_response scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun)
 {
 	struct nexus_lu *nl = nexus_find(nx, lun);
 
 	switch (fn) {
 	case SCSI_TMF_ABORT_TASK:
 	case SCSI_TMF_ABORT_TASK_SET:
-		return nl ? 0 : 2;
+		return nl ? SCSI_TMF_RSP_COMPLETE : SCSI_TMF_RSP_NO_LUN;
 	case SCSI_TMF_CLEAR_TASK_SET:
 		if (!nl)
-			return 2;
+			return SCSI_TMF_RSP_NO_LUN;
 		pthread_mutex_lock(&nl->lu->mutex);
 		lu_ua_all_locked(nl->lu, UA_COMMANDS_CLEARED, nx);
 		pthread_mutex_unlock(&nl->lu->mutex);
-		return 0;
+		return SCSI_TMF_RSP_COMPLETE;
 	case SCSI_TMF_CLEAR_ACA:
-		return nl ? 5 : 2;
+		return nl ? SCSI_TMF_RSP_NOT_SUPPORTED : SCSI_TMF_RSP_NO_LUN;
 	case SCSI_TMF_LOGICAL_UNIT_RESET:
 		if (!nl)
-			return 2;
+			return SCSI_TMF_RSP_NO_LUN;
 		lu_reset(nl->lu, UA_LU_RESET);
-		return 0;
+		return SCSI_TMF_RSP_COMPLETE;
 	case SCSI_TMF_TARGET_WARM_RESET:
 	case SCSI_TMF_TARGET_COLD_RESET:
 		for (int i = 0; i < nx->nlus; i++)
 			lu_reset(nx->lus[i]->lu, fn == SCSI_TMF_TARGET_COLD_RESET ? UA_POWER_ON : UA_LU_RESET);
-		return 0;
+		return SCSI_TMF_RSP_COMPLETE;
 	}
-	return 5;
+	return SCSI_TMF_RSP_NOT_SUPPORTED;
 }

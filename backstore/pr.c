@@ -54,7 +54,6 @@
 #define PRO_ALL_TG_PT 0x04
 #define PRO_APTPL 0x01
 
-#define ASC_INVALID_RELEASE_OF_PR 0x2604
 
 #define TRANSPORTID_ISCSI_ISID 0x45 /* format 01b, protocol iSCSI (5) */
 

@@ -50,6 +50,63 @@ struct scsi_nexus;
 #define SCSI_SENSE_MAX 96
 #define SCSI_CDB_MAX 32
 
+/* ---- sense keys and additional sense codes (ASC << 8 | ASCQ), for the
+ * backstore and for front ends that fail a command before it reaches it ---- */
+#define SK_NO_SENSE 0x0
+#define SK_RECOVERED_ERROR 0x1
+#define SK_NOT_READY 0x2
+#define SK_MEDIUM_ERROR 0x3
+#define SK_HARDWARE_ERROR 0x4
+#define SK_ILLEGAL_REQUEST 0x5
+#define SK_UNIT_ATTENTION 0x6
+#define SK_DATA_PROTECT 0x7
+#define SK_COPY_ABORTED 0xa
+#define SK_ABORTED_COMMAND 0xb
+#define SK_MISCOMPARE 0xe
+#define ASC_NO_ADDITIONAL_SENSE 0x0000
+#define ASC_LU_NOT_READY_SANITIZE 0x041b
+#define ASC_LU_NOT_ACCESSIBLE_TRANSITION 0x040a  /* asymmetric access state transition */
+#define ASC_LU_NOT_ACCESSIBLE_STANDBY 0x040b     /* target port in standby state */
+#define ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE 0x040c /* target port in unavailable state */
+#define ASC_WRITE_ERROR 0x0c00
+#define ASC_INVALID_FIELD_IN_IU 0x0e03
+#define ASC_UNRECOVERED_READ_ERROR 0x1100
+#define ASC_MISCOMPARE_DURING_VERIFY 0x1d00
+#define ASC_PARAM_LIST_LENGTH_ERROR 0x1a00
+#define ASC_INVALID_OPCODE 0x2000
+#define ASC_LBA_OUT_OF_RANGE 0x2100
+#define ASC_INVALID_FIELD_IN_CDB 0x2400
+#define ASC_LU_NOT_SUPPORTED 0x2500
+#define ASC_INVALID_FIELD_IN_PARAM_LIST 0x2600
+#define ASC_TOO_MANY_TARGET_DESCRIPTORS 0x2606
+#define ASC_UNSUPPORTED_TARGET_DESC_TYPE 0x2607
+#define ASC_TOO_MANY_SEGMENT_DESCRIPTORS 0x2608
+#define ASC_UNSUPPORTED_SEGMENT_DESC_TYPE 0x2609
+#define ASC_WRITE_PROTECTED 0x2700
+#define ASC_POWER_ON_RESET 0x2900
+#define ASC_BUS_DEVICE_RESET 0x2903
+#define ASC_I_T_NEXUS_LOSS 0x2907
+#define ASC_MODE_PARAMETERS_CHANGED 0x2a01
+#define ASC_RESERVATIONS_PREEMPTED 0x2a03
+#define ASC_RESERVATIONS_RELEASED 0x2a04
+#define ASC_REGISTRATIONS_PREEMPTED 0x2a05
+#define ASC_CAPACITY_DATA_CHANGED 0x2a09
+#define ASC_ASYMMETRIC_ACCESS_STATE_CHANGED 0x2a06
+#define ASC_COMMANDS_CLEARED_BY_ANOTHER 0x2f00
+#define ASC_SAVING_PARAMS_NOT_SUPPORTED 0x3900
+#define ASC_MEDIUM_REMOVAL_PREVENTED 0x5302
+#define ASC_REPORTED_LUNS_CHANGED 0x3f0e
+#define ASC_INTERNAL_TARGET_FAILURE 0x4400
+#define ASC_INSUFFICIENT_REGISTRATION_RESOURCES 0x5504
+#define ASC_COPY_TARGET_DEVICE_NOT_REACHABLE 0x0d02
+#define ASC_SPACE_ALLOCATION_FAILED 0x2707
+#define ASC_UNREACHABLE_COPY_TARGET 0x0804
+#define ASC_INVALID_RELEASE_OF_PR 0x2604
+#define ASC_DATA_PHASE_CRC_ERROR 0x4701     /* iSCSI data digest error */
+#define ASC_DATA_PHASE_ERROR 0x4b00
+#define ASC_TOO_MUCH_WRITE_DATA 0x4b02
+#define ASC_DATA_OFFSET_ERROR 0x4b05
+
 /* Task attributes (SAM-5), as carried by iSCSI's ATTR field. */
 enum scsi_task_attr {
 	SCSI_TASK_UNTAGGED = 0,
@@ -221,9 +278,9 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd);
 
 /* ---- task management (SAM-5), after the front end has dealt with its
  * own queued commands. Establishes the unit attentions the standard asks
- * for and clears reservations where required. Returns an iSCSI/SAM TMF
- * response: 0 = function complete, 1 = task does not exist,
- * 2 = LUN does not exist, 5 = function not supported. ---- */
+ * for and clears reservations where required, and returns the service
+ * response. The values are SAM-5's, the ones iSCSI carries in the Task
+ * Management Function Response (RFC 7143 11.6.1). ---- */
 enum scsi_tmf {
 	SCSI_TMF_ABORT_TASK = 1,
 	SCSI_TMF_ABORT_TASK_SET = 2,
@@ -233,13 +290,19 @@ enum scsi_tmf {
 	SCSI_TMF_TARGET_WARM_RESET = 6,
 	SCSI_TMF_TARGET_COLD_RESET = 7,
 };
-int scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun);
+enum scsi_tmf_response {
+	SCSI_TMF_RSP_COMPLETE = 0,
+	SCSI_TMF_RSP_NO_TASK = 1,
+	SCSI_TMF_RSP_NO_LUN = 2,
+	SCSI_TMF_RSP_NOT_SUPPORTED = 5,
+};
+enum scsi_tmf_response scsi_task_mgmt(struct scsi_nexus *nx, enum scsi_tmf fn, uint64_t lun);
 
 /* Does the nexus's target map this LUN? (task management, REPORT LUNS) */
 bool scsi_nexus_has_lun(struct scsi_nexus *nx, uint64_t lun);
 
 /* ---- sense helpers, shared by front ends that must fail a command
  * before it reaches the backstore (e.g. a data digest error). ---- */
-void scsi_cmd_set_sense(struct scsi_cmd *cmd, uint8_t key, uint8_t asc, uint8_t ascq);
+void scsi_cmd_set_sense(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq);
 
 #endif

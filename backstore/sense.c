@@ -124,10 +124,6 @@ void scsi_cmd_good(struct scsi_cmd *cmd)
 	cmd->sense_len = 0;
 }
 
-#ifndef ASC_LU_NOT_ACCESSIBLE_STANDBY
-#define ASC_LU_NOT_ACCESSIBLE_STANDBY 0x040b
-#endif
-
 /*
  * Errors of a backing store reached over the network (an RBD image) are
  * not medium errors: the data is fine, the path to it is not.
@@ -158,10 +154,10 @@ void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing)
 }
 
 /* Front ends failing a command before it reaches the backstore. */
-void scsi_cmd_set_sense(struct scsi_cmd *cmd, uint8_t key, uint8_t asc, uint8_t ascq)
+void scsi_cmd_set_sense(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq)
 {
 	/* cmd->lu is not ours to trust yet: always fixed format here. */
 	cmd->status = SAM_STAT_CHECK_CONDITION;
 	cmd->sense_len = (uint8_t)scsi_sense_format(cmd->sense, sizeof(cmd->sense), false, key,
-						    (uint16_t)(asc << 8 | ascq), NULL);
+						    asc_ascq, NULL);
 }

@@ -36,14 +36,6 @@
 #include <string.h>
 
 /* SPC sense codes used when the front end itself fails a command */
-#define SK_ILLEGAL_REQUEST 0x05
-#define SK_ABORTED_COMMAND 0x0b
-#define ASC_INVALID_FIELD_IN_CDB 0x24
-#define ASC_DATA_PHASE_ERROR 0x47 /* with ASCQ 1: data phase CRC error detected */
-#define ASCQ_DATA_PHASE_CRC 0x01
-#define ASC_ISCSI_DATA_PHASE 0x4b     /* ASCQ 0: data phase error */
-#define ASCQ_TOO_MUCH_WRITE_DATA 0x02
-#define ASCQ_DATA_OFFSET_ERROR 0x05
 
 static void cmd_pump(struct iscsi_conn *c, struct iscsi_cmd *cmd);
 
@@ -297,13 +289,13 @@ static void cmd_respond(struct iscsi_conn *c, struct iscsi_cmd *cmd)
 }
 
 /* Fail before the backstore sees it: CHECK CONDITION with this sense. */
-static void cmd_fail(struct iscsi_cmd *cmd, uint8_t key, uint8_t asc, uint8_t ascq)
+static void cmd_fail(struct iscsi_cmd *cmd, uint8_t key, uint16_t asc_ascq)
 {
 	cmd->failed = true;
 	cmd->sc.status = SAM_STAT_CHECK_CONDITION;
 	cmd->sc.data_in_len = 0;
 	cmd->sc.cdb_xfer_len = 0;
-	scsi_cmd_set_sense(&cmd->sc, key, asc, ascq);
+	scsi_cmd_set_sense(&cmd->sc, key, asc_ascq);
 }
 
 static void cmd_done(struct scsi_cmd *sc)
@@ -454,14 +446,14 @@ void iscsi_cmd_rx_header(struct iscsi_conn *c, const uint8_t *bhs)
 			memcpy(cmd->sc.cdb + 16, ahs + 4, alen - 1u);
 			cmd->sc.cdb_len = (uint8_t)(16 + alen - 1);
 		} else if (ahs[2] == 1) {
-			cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB, 0);
+			cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
 		}
 	}
 	if (rd && wr) {
-		cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB, 0);
+		cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
 	} else if ((rd || wr) && edtl) {
 		if (edtl > (uint32_t)ISCSI_CMD_MAX_BUFS * BUF_MAX) {
-			cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB, 0);
+			cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
 		} else if (cmd_alloc_bufs(cmd, edtl) < 0) {
 			cmd->failed = true;
 			cmd->sc.status = SAM_STAT_TASK_SET_FULL;
@@ -517,13 +509,13 @@ void iscsi_cmd_rx_data_done(struct iscsi_conn *c, const uint8_t *bhs, bool diges
  * command fails with CHECK CONDITION, ABORTED COMMAND / DATA PHASE ERROR,
  * its remaining Data-Out PDUs are dropped, the connection stays up.
  */
-static void data_phase_error(struct iscsi_conn *c, struct iscsi_cmd *cmd, uint8_t ascq)
+static void data_phase_error(struct iscsi_conn *c, struct iscsi_cmd *cmd, uint16_t asc_ascq)
 {
 	c->rx_ignore = true;
 	for (int i = 0; i < ISCSI_MAX_R2T; i++)
 		if (!cmd->r2t[i].sent)
 			cmd->r2t[i].active = false;
-	cmd_fail(cmd, SK_ABORTED_COMMAND, ASC_ISCSI_DATA_PHASE, ascq);
+	cmd_fail(cmd, SK_ABORTED_COMMAND, asc_ascq);
 	cmd_respond(c, cmd);
 }
 
@@ -552,9 +544,9 @@ void iscsi_data_out_rx_header(struct iscsi_conn *c, const uint8_t *bhs)
 			log_warn("iSCSI %s: unsolicited Data-Out out of sequence (ITT 0x%x DataSN %u "
 				 "offset %u length %u); failing the command", c->peer, itt, datasn,
 				 off, dsl);
-			data_phase_error(c, cmd, datasn != cmd->unsol_datasn ? 0 :
-					 off != cmd->unsol_received ? ASCQ_DATA_OFFSET_ERROR :
-					 ASCQ_TOO_MUCH_WRITE_DATA);
+			data_phase_error(c, cmd, datasn != cmd->unsol_datasn ? ASC_DATA_PHASE_ERROR :
+					 off != cmd->unsol_received ? ASC_DATA_OFFSET_ERROR :
+					 ASC_TOO_MUCH_WRITE_DATA);
 			return;
 		}
 	} else {
@@ -575,9 +567,9 @@ void iscsi_data_out_rx_header(struct iscsi_conn *c, const uint8_t *bhs)
 				 "expected %u; offset %u, expected %u; length %u); failing the command",
 				 c->peer, itt, ttt, datasn, slot->next_datasn, off,
 				 slot->offset + slot->received, dsl);
-			data_phase_error(c, cmd, datasn != slot->next_datasn ? 0 :
-					 off != slot->offset + slot->received ? ASCQ_DATA_OFFSET_ERROR :
-					 ASCQ_TOO_MUCH_WRITE_DATA);
+			data_phase_error(c, cmd, datasn != slot->next_datasn ? ASC_DATA_PHASE_ERROR :
+					 off != slot->offset + slot->received ? ASC_DATA_OFFSET_ERROR :
+					 ASC_TOO_MUCH_WRITE_DATA);
 			return;
 		}
 	}
@@ -604,7 +596,7 @@ void iscsi_data_out_rx_data_done(struct iscsi_conn *c, const uint8_t *bhs, bool 
 	if (!digest_ok && !cmd->failed) {
 		log_warn("iSCSI %s: data digest error in Data-Out (ITT 0x%x)", c->peer, cmd->itt);
 		iscsi_reject(c, ISCSI_REJECT_DATA_DIGEST, bhs);
-		cmd_fail(cmd, SK_ABORTED_COMMAND, ASC_DATA_PHASE_ERROR, ASCQ_DATA_PHASE_CRC);
+		cmd_fail(cmd, SK_ABORTED_COMMAND, ASC_DATA_PHASE_CRC_ERROR);
 	}
 	if (slot) {
 		slot->received += dsl;

@@ -55,6 +55,11 @@ struct iscsi_tmf_wait {
 	int response;      /* -1: ask scsi_task_mgmt when the aborts are done */
 };
 
+/* The backstore's service responses are the values iSCSI sends. */
+_Static_assert(SCSI_TMF_RSP_COMPLETE == ISCSI_TMF_RSP_COMPLETE && SCSI_TMF_RSP_NO_TASK == ISCSI_TMF_RSP_NO_TASK &&
+	       SCSI_TMF_RSP_NO_LUN == ISCSI_TMF_RSP_NO_LUN && SCSI_TMF_RSP_NOT_SUPPORTED == ISCSI_TMF_RSP_NOT_SUPPORTED,
+	       "TMF response codes");
+
 static void tmf_send(struct iscsi_conn *c, struct iscsi_tmf_wait *w)
 {
 	struct iscsi_sess *s = c->sess;

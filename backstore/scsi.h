@@ -107,6 +107,27 @@ struct scsi_nexus;
 #define ASC_TOO_MUCH_WRITE_DATA 0x4b02
 #define ASC_DATA_OFFSET_ERROR 0x4b05
 
+/*
+ * The length of a CDB, from its operation code (SPC-4 4.2.5.1): the group
+ * code gives 6, 10, 12 or 16 bytes, the reserved group 3 counting as 12
+ * and the vendor-specific groups 6 and 7 as 10 (the sizes Linux gives
+ * them, so TCMU's ring holds exactly this many); a variable-length CDB
+ * (7Fh) is 8 + its ADDITIONAL CDB LENGTH (byte 7), and may pass
+ * SCSI_CDB_MAX. Both front ends use this one rule. cdb holds 8 bytes.
+ */
+static inline unsigned scsi_cdb_len(const uint8_t *cdb)
+{
+	if (cdb[0] == 0x7f)
+		return 8u + cdb[7];
+	switch (cdb[0] >> 5) {
+	case 0: return 6;
+	case 3:
+	case 5: return 12;
+	case 4: return 16;
+	default: return 10;
+	}
+}
+
 /* Task attributes (SAM-5), as carried by iSCSI's ATTR field. */
 enum scsi_task_attr {
 	SCSI_TASK_UNTAGGED = 0,

@@ -105,12 +105,13 @@ class Conn:
     def send_raw(self, b):
         self.s.sendall(b)
 
-    def send(self, bhs, data=b"", bad_hd=False, bad_dd=False):
+    def send(self, bhs, data=b"", bad_hd=False, bad_dd=False, ahs=b""):
         bhs = bytearray(bhs)
+        bhs[4] = len(ahs) // 4
         bhs[5:8] = len(data).to_bytes(3, "big")
-        out = bytes(bhs)
+        out = bytes(bhs) + ahs
         if self.hd:
-            c = crc32c(bhs) ^ (1 if bad_hd else 0)
+            c = crc32c(out) ^ (1 if bad_hd else 0)
             out += struct.pack("<I", c)
         if data:
             pad = b"\0" * ((4 - len(data) % 4) % 4)
@@ -401,7 +402,7 @@ check(p and p[0][0] & 0x3f == 0x3f and p[0][2] == 0x02, "bad data digest: Reject
 p = e.nop(b"after")
 check(p and p[1] == b"after", "session continues after a data digest error")
 
-def scsi(conn, cdb, edtl, read=False, write=False, data=b"", final=True, itt=None):
+def scsi(conn, cdb, edtl, read=False, write=False, data=b"", final=True, itt=None, ahs=b""):
     bhs = bytearray(48)
     bhs[0] = 0x01
     bhs[1] = (0x80 if final else 0) | (0x40 if read else 0) | (0x20 if write else 0) | 1
@@ -410,7 +411,7 @@ def scsi(conn, cdb, edtl, read=False, write=False, data=b"", final=True, itt=Non
     bhs[20:24] = edtl.to_bytes(4, "big")
     bhs[24:28] = conn.cmdsn.to_bytes(4, "big"); conn.cmdsn += 1
     bhs[32:32 + len(cdb)] = cdb
-    conn.send(bhs, data)
+    conn.send(bhs, data, ahs=ahs)
     return conn.itt
 
 def rw10(op, lba, blocks):
@@ -505,6 +506,20 @@ check(r and r[0][0] & 0x3f == 0x21 and int.from_bytes(r[0][16:20], "big") == y.i
       "Y's aborted write gets no response; its late Data-Out is dropped")
 check(r and r[0][3] == 2 and len(r[1]) > 14 and r[1][2 + 2] & 0x0f == 6,
       "Y's next command reports the reset as a UNIT ATTENTION")
+
+# --- a variable-length CDB (7Fh) is 8 + its byte 7 long, on the portal too ---
+cdb32 = bytes([0x7f, 0, 0, 0, 0, 0, 0, 24, 0, 0x09]) + bytes(22)   # READ(32): 32 bytes
+scsi(x, cdb32[:16], 512, read=True)
+r = x.recv()
+check(r and r[0][0] & 0x3f == 0x21 and r[0][3] == 2 and len(r[1]) > 15 and r[1][2 + 2] & 0x0f == 5
+      and r[1][2 + 12] == 0x24 and r[1][2 + 13] == 0,
+      "a 32-byte CDB sent without its extended CDB AHS: ILLEGAL REQUEST, INVALID FIELD IN CDB")
+ext = (17).to_bytes(2, "big") + b"\x01\x00" + cdb32[16:]   # AHSLength counts the reserved byte
+scsi(x, cdb32[:16], 512, read=True, ahs=ext)
+r = x.recv()
+check(r and r[0][0] & 0x3f == 0x21 and r[0][3] == 2 and len(r[1]) > 15 and r[1][2 + 2] & 0x0f == 5
+      and r[1][2 + 12] == 0x20,
+      "the same CDB whole, in BHS + AHS: reaches the backstore (INVALID COMMAND OPERATION CODE)")
 
 # --- text split over PDUs (C bit), both directions ---
 h = Conn(port)

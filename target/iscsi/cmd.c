@@ -39,18 +39,6 @@
 
 static void cmd_pump(struct iscsi_conn *c, struct iscsi_cmd *cmd);
 
-static uint8_t cdb_len_from_opcode(uint8_t op)
-{
-	switch (op >> 5) {
-	case 0: return 6;
-	case 1:
-	case 2: return 10;
-	case 4: return 16;
-	case 5: return 12;
-	default: return 16;
-	}
-}
-
 /* The command's data: its buffers, and the LU held while Data-In goes out from a file. */
 static void cmd_free_bufs(struct iscsi_cmd *cmd)
 {
@@ -418,7 +406,8 @@ void iscsi_cmd_rx_header(struct iscsi_conn *c, const uint8_t *bhs)
 	memcpy(cmd->lun_raw, h->lun, 8);
 	memset(cmd->sc.cdb, 0, SCSI_CDB_MAX);
 	memcpy(cmd->sc.cdb, h->cdb, 16);
-	cmd->sc.cdb_len = cdb_len_from_opcode(h->cdb[0]);
+	unsigned cdb_len = scsi_cdb_len(h->cdb);
+	cmd->sc.cdb_len = (uint8_t)(cdb_len < 16 ? cdb_len : 16);
 	cmd->sc.task_attr = h->flags & ISCSI_CMD_ATTR_MASK;
 	cmd->sc.dir = (rd ? SCSI_DIR_READ : 0) | (wr ? SCSI_DIR_WRITE : 0);
 	cmd->sc.lun = iscsi_lun_decode(h->lun);
@@ -449,6 +438,11 @@ void iscsi_cmd_rx_header(struct iscsi_conn *c, const uint8_t *bhs)
 			cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
 		}
 	}
+	/* A CDB that says it is longer than the bytes that came (a
+	 * variable-length CDB without its extended CDB AHS) is not run on a
+	 * guess at the rest. */
+	if (!cmd->failed && cdb_len > cmd->sc.cdb_len)
+		cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
 	if (rd && wr) {
 		cmd_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
 	} else if ((rd || wr) && edtl) {

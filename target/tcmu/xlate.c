@@ -26,25 +26,13 @@
 _Static_assert(TCMU_XLATE_SENSE_LEN == TCMU_SENSE_BUFFERSIZE, "ring sense buffer size");
 _Static_assert(SCSI_SENSE_MAX <= TCMU_XLATE_SENSE_LEN, "backstore sense fits the ring's buffer");
 
-unsigned tcmu_cdb_len(const uint8_t *cdb)
+/* The CDB's own length, and no more than a struct scsi_cmd holds: the
+ * backstore knows no command longer than SCSI_CDB_MAX and refuses the
+ * operation code of one. */
+static unsigned ring_cdb_len(const uint8_t *cdb)
 {
-	switch (cdb[0] >> 5) {
-	case 0: return 6;
-	case 1:
-	case 2: return 10;
-	case 4: return 16;
-	case 5: return 12;
-	case 3:
-		if (cdb[0] == 0x7f) {
-			unsigned n = 8u + cdb[7];
-			return n > SCSI_CDB_MAX ? SCSI_CDB_MAX : n;
-		}
-		return 6;
-	default:
-		/* vendor specific: read no more than the shortest CDB; the
-		 * backstore answers INVALID COMMAND OPERATION CODE anyway */
-		return 6;
-	}
+	unsigned n = scsi_cdb_len(cdb);
+	return n > SCSI_CDB_MAX ? SCSI_CDB_MAX : n;
 }
 
 const char *tcmu_cfgstring_lun(const char *cfgstring)
@@ -197,7 +185,7 @@ void tcmu_xlate_submit(struct tcmu_xdev *xd, struct tcmu_xcmd *xc, void *ring_cm
 {
 	struct scsi_cmd *sc = &xc->sc;
 	size_t total = iov_total(iov, iovcnt);
-	unsigned len = tcmu_cdb_len(cdb);
+	unsigned len = ring_cdb_len(cdb);
 
 	memset(xc, 0, sizeof(*xc));
 	xc->dev = xd;
@@ -269,7 +257,7 @@ int tcmu_xlate_internal(struct tcmu_xdev *xd, const uint8_t *cdb, void *buf, uin
 	struct internal_cmd *ic = calloc(1, sizeof(*ic));
 	if (!ic)
 		return -ENOMEM;
-	unsigned clen = tcmu_cdb_len(cdb);
+	unsigned clen = ring_cdb_len(cdb);
 	memcpy(ic->sc.cdb, cdb, clen);
 	ic->sc.cdb_len = (uint8_t)clen;
 	ic->sc.task_attr = SCSI_TASK_SIMPLE;

@@ -103,9 +103,6 @@ int tcmu_xlate_internal(struct tcmu_xdev *xd, const uint8_t *cdb, void *buf, uin
  */
 int tcmu_xlate_result(const struct scsi_cmd *sc, uint8_t sense_out[TCMU_XLATE_SENSE_LEN]);
 
-/* CDB length from the operation code (SAM-5 group codes; 7Fh variable). */
-unsigned tcmu_cdb_len(const uint8_t *cdb);
-
 /*
  * The LUN name a cfgstring names. LIO's dev_config (and what targetcli's
  * CheckConfig passes) is "tiercache/NAME"; "tiercache/tiercache/NAME"

@@ -326,19 +326,26 @@ static void test_result_table(void)
 static void test_cdb_len_and_cfgstring(void)
 {
 	uint8_t cdb[32] = { 0 };
+	/* the one rule both front ends use (backstore/scsi.h) */
 	cdb[0] = 0x12;
-	CHECK(tcmu_cdb_len(cdb) == 6, "INQUIRY is a 6-byte CDB");
+	CHECK(scsi_cdb_len(cdb) == 6, "INQUIRY is a 6-byte CDB");
 	cdb[0] = 0x28;
-	CHECK(tcmu_cdb_len(cdb) == 10, "READ(10) is 10 bytes");
+	CHECK(scsi_cdb_len(cdb) == 10, "READ(10) is 10 bytes");
 	cdb[0] = 0xa8;
-	CHECK(tcmu_cdb_len(cdb) == 12, "READ(12) is 12 bytes");
+	CHECK(scsi_cdb_len(cdb) == 12, "READ(12) is 12 bytes");
 	cdb[0] = 0x88;
-	CHECK(tcmu_cdb_len(cdb) == 16, "READ(16) is 16 bytes");
+	CHECK(scsi_cdb_len(cdb) == 16, "READ(16) is 16 bytes");
+	cdb[0] = 0x60;
+	CHECK(scsi_cdb_len(cdb) == 12, "reserved group 3 is sized 12, as Linux fills the ring");
+	cdb[0] = 0xc0;
+	CHECK(scsi_cdb_len(cdb) == 10, "vendor group 6 is sized 10");
+	cdb[0] = 0xe5;
+	CHECK(scsi_cdb_len(cdb) == 10, "vendor group 7 is sized 10");
 	cdb[0] = 0x7f;
 	cdb[7] = 24;
-	CHECK(tcmu_cdb_len(cdb) == 32, "a variable-length CDB is 8 + additional length");
+	CHECK(scsi_cdb_len(cdb) == 32, "a variable-length CDB is 8 + additional length");
 	cdb[7] = 200;
-	CHECK(tcmu_cdb_len(cdb) == SCSI_CDB_MAX, "a variable-length CDB is capped at %d", SCSI_CDB_MAX);
+	CHECK(scsi_cdb_len(cdb) == 208, "a variable-length CDB may pass SCSI_CDB_MAX (front ends refuse or cap)");
 
 	const char *s;
 	CHECK((s = tcmu_cfgstring_lun("tiercache/db")) && !strcmp(s, "db"), "tiercache/db names [lun db]");

@@ -14,10 +14,10 @@
  * descriptors across LUs through it) and the per-(nexus, LU) unit
  * attention masks.
  */
-#include "lu.h"
+#include "backstore/lu.h"
 
-#include "../common/log.h"
-#include "../common/worker.h"
+#include "common/log.h"
+#include "common/worker.h"
 
 #include <errno.h>
 #include <stdio.h>

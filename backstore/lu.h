@@ -22,9 +22,9 @@
 #ifndef TC_BACKSTORE_LU_H
 #define TC_BACKSTORE_LU_H
 
-#include "scsi.h"
+#include "backstore/scsi.h"
 
-#include "../bdev/bdev.h"
+#include "bdev/bdev.h"
 #include "common/endian.h"
 
 #include <pthread.h>

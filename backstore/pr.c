@@ -18,9 +18,9 @@
  * state file on the worker (rare, small, and the command must not
  * complete before it is durable).
  */
-#include "lu.h"
+#include "backstore/lu.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -28,10 +28,10 @@
  * back on the same worker. lu->mutex is taken only on the CAW slow path
  * and is never held across bdev_submit.
  */
-#include "lu.h"
+#include "backstore/lu.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <assert.h>
 #include <errno.h>

@@ -11,7 +11,7 @@
  * Threading: all functions touch only the command (and read the LU's
  * d_sense atomic); any thread.
  */
-#include "lu.h"
+#include "backstore/lu.h"
 
 #include <errno.h>
 

@@ -14,7 +14,7 @@
  * command before returning. Mode parameters other than the atomics are
  * read and written under lu->mutex.
  */
-#include "lu.h"
+#include "backstore/lu.h"
 
 #include <stdio.h>
 #include <stdlib.h>

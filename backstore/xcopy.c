@@ -17,9 +17,9 @@
  * Threading: the command runs on the submitting worker; bdev completions
  * come back there. The results table has its own mutex.
  */
-#include "lu.h"
+#include "backstore/lu.h"
 
-#include "../common/bufpool.h"
+#include "common/bufpool.h"
 
 #include <assert.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * backing.c - a [lun]'s backing store, by the driver its name asks for.
  */
-#include "backing.h"
+#include "bdev/backing.h"
 
 #include <string.h>
 

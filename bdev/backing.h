@@ -5,9 +5,9 @@
 #ifndef TC_BDEV_BACKING_H
 #define TC_BDEV_BACKING_H
 
-#include "bdev.h"
-#include "file.h"
-#include "rbd.h"
+#include "bdev/bdev.h"
+#include "bdev/file.h"
+#include "bdev/rbd.h"
 
 /*
  * Open the backing store a [lun] names: rbd:POOL/IMAGE through

@@ -1,7 +1,7 @@
 /*
  * bdev.c - the generic part of the block device interface (bdev.h).
  */
-#include "bdev.h"
+#include "bdev/bdev.h"
 
 int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 {

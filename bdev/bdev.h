@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "../common/worker.h"
+#include "common/worker.h"
 
 enum bdev_op {
 	BDEV_READ,

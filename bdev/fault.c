@@ -16,7 +16,7 @@
  * Threading: submit on a worker thread like any bdev (errors complete later
  * on the same worker, through worker_post); bdev_fault_set from any thread.
  */
-#include "fault.h"
+#include "bdev/fault.h"
 
 #include <errno.h>
 #include <pthread.h>

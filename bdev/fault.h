@@ -5,7 +5,7 @@
 #ifndef TC_BDEV_FAULT_H
 #define TC_BDEV_FAULT_H
 
-#include "bdev.h"
+#include "bdev/bdev.h"
 
 /*
  * Fault injection (bdev/fault.c), for tests through the daemon only: a

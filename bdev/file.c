@@ -12,9 +12,9 @@
  * WRITE_ZEROES uses FALLOC_FL_ZERO_RANGE. Short transfers are resumed until
  * the whole range is done.
  */
-#include "file.h"
+#include "bdev/file.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,7 +4,7 @@
 #ifndef TC_BDEV_FILE_H
 #define TC_BDEV_FILE_H
 
-#include "bdev.h"
+#include "bdev/bdev.h"
 
 /*
  * Open (and with create, make sparse if missing) a file or block device of

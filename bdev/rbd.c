@@ -36,9 +36,9 @@
  * fresh client (a new address, so the blocklist entry does not match it)
  * and swaps it in under the handoff described in rbd_int.h.
  */
-#include "rbd_int.h"
+#include "bdev/rbd_int.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
 #ifndef TC_BDEV_RBD_H
 #define TC_BDEV_RBD_H
 
-#include "bdev.h"
+#include "bdev/bdev.h"
 
 /*
  * RBD images (bdev/rbd.c, through librbd): backing = rbd:POOL/IMAGE.

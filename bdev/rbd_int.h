@@ -31,7 +31,7 @@
 #ifndef TC_BDEV_RBD_INT_H
 #define TC_BDEV_RBD_INT_H
 
-#include "rbd.h"
+#include "bdev/rbd.h"
 
 #include <pthread.h>
 #include <rados/librados.h>

@@ -49,9 +49,9 @@
  * op_mu before mu. The state, generation and owner group are atomics read
  * lock-free by any thread.
  */
-#include "rbd_int.h"
+#include "bdev/rbd_int.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -23,7 +23,7 @@
 #ifndef TC_CACHE_H
 #define TC_CACHE_H
 
-#include "../bdev/bdev.h"
+#include "bdev/bdev.h"
 
 #include <stdbool.h>
 #include <stddef.h>

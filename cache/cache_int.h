@@ -18,13 +18,13 @@
 #ifndef TC_CACHE_INT_H
 #define TC_CACHE_INT_H
 
-#include "../bdev/bdev.h"
-#include "../bdev/fault.h"
-#include "../bdev/file.h"
-#include "cache.h"
-#include "meta.h"
-#include "policy.h"
-#include "status.h"
+#include "bdev/bdev.h"
+#include "bdev/fault.h"
+#include "bdev/file.h"
+#include "cache/cache.h"
+#include "cache/meta.h"
+#include "cache/policy.h"
+#include "cache/status.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

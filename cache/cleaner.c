@@ -26,10 +26,10 @@
  * Threading: everything here runs on worker 0 (the set's tick and the
  * completions of the I/O it submits). cleaner_stats: any thread.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -39,10 +39,10 @@
  * dlog_heads, dlog_older_inflight, dlog_release on worker 0 (checkpoint);
  * dlog_init, dlog_destroy, dlog_recover on the main thread.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <isa-l/crc.h>

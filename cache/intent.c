@@ -36,10 +36,10 @@
  * the region's bit is not yet on disk; intent_tick on worker 0;
  * intent_init/intent_destroy on the main thread.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>

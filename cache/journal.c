@@ -23,7 +23,7 @@
  * Threading: journal_append and journal_kick on worker threads; a record's
  * done() runs on the worker that appended it.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
 #include <string.h>
 

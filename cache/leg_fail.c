@@ -10,9 +10,9 @@
  * last healthy leg is never failed this way: that would turn a warning into
  * data loss.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>

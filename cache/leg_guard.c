@@ -30,9 +30,9 @@
  * and the free list are per thread, so the path takes no lock. The cost
  * per I/O is a coarse clock read, an iovec copy and two list links.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdatomic.h>

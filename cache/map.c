@@ -38,7 +38,7 @@
  * one of them holds a partial extent: a fully valid, all clean or all
  * dirty extent needs only its summary flags.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 #include "common/hash.h"
 
 #include <errno.h>

@@ -5,7 +5,7 @@
  * journal.c) so that encode/decode and checksum rejection can be tested on
  * buffers alone. All functions are pure: any thread, never sleep.
  */
-#include "meta.h"
+#include "cache/meta.h"
 
 #include <isa-l/crc.h>
 #include <string.h>

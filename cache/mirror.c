@@ -26,9 +26,9 @@
  * own). Request contexts come from a per-thread free list: no malloc per
  * I/O in steady state.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -22,10 +22,10 @@
  * Threading: cache_repair_note on any worker (a short mutex, no I/O);
  * cache_repair_tick and the I/O completions on worker 0.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -25,10 +25,10 @@
  * Threading: cache_set_leg_replace on the main (control) thread; the copy
  * runs on worker 0.
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>

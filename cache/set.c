@@ -23,11 +23,11 @@
  * take alloc_lock briefly, never sleep. Checkpoints and superblock writes
  * run on worker 0.
  */
-#include "cache_int.h"
-#include "status.h"
+#include "cache/cache_int.h"
+#include "cache/status.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdarg.h>

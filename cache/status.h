@@ -12,7 +12,7 @@
 #ifndef TC_CACHE_STATUS_H
 #define TC_CACHE_STATUS_H
 
-#include "cache.h"
+#include "cache/cache.h"
 
 #include <stdbool.h>
 #include <stdint.h>

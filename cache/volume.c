@@ -38,10 +38,10 @@
  * Threading: vol_submit on a worker, completions on that worker. Contexts
  * come from per-thread free lists (no malloc per command in steady state).
  */
-#include "cache_int.h"
+#include "cache/cache_int.h"
 
-#include "../common/bufpool.h"
-#include "../common/log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,7 +4,7 @@
  * A thread caches at most CACHE_BYTES per class (and at least two buffers),
  * so a burst of large transfers cannot pin memory forever.
  */
-#include "bufpool.h"
+#include "common/bufpool.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  *
  * One write(2) per line so lines from different threads never interleave.
  */
-#include "log.h"
+#include "common/log.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

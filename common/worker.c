@@ -14,10 +14,10 @@
  * kernel wakes epoll on every signal, and the completion queue itself says
  * what is there, so reading the counter would be one syscall for nothing.
  */
-#include "worker.h"
+#include "common/worker.h"
 
-#include "bufpool.h"
-#include "log.h"
+#include "common/bufpool.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <liburing.h>

@@ -8,9 +8,9 @@
  * lunN naming a [lun] section, duplicate names) are checked after the whole
  * file is read, still naming the line that is wrong.
  */
-#include "config.h"
+#include "config/config.h"
 
-#include "../cache/cache.h"
+#include "cache/cache.h"
 
 #include <ctype.h>
 #include <errno.h>

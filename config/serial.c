@@ -7,7 +7,7 @@
  * daemon creates it; tools that only describe the setup (tierctl targetcli)
  * read it. Main or tool thread; may do file I/O.
  */
-#include "config.h"
+#include "config/config.h"
 
 #include <limits.h>
 #include <stdio.h>

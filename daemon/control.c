@@ -6,7 +6,7 @@
  * except through the thread-safe calls the handlers make. A request is
  * limited to 64 KiB and 5 seconds, so a stuck client cannot wedge it.
  */
-#include "control.h"
+#include "daemon/control.h"
 
 #include "common/log.h"
 

@@ -7,7 +7,7 @@
  * write-back flushes first, so they may take a while). Every refusal is a
  * sentence naming the object and what to do.
  */
-#include "ctl_cache.h"
+#include "daemon/ctl_cache.h"
 
 #include "cache/cache.h"
 #include "cache/status.h"

@@ -8,7 +8,9 @@
 #  3. every header of the daemon compiles on its own (it includes what it
 #     uses), with the project's flags;
 #  4. make CFLAGS=... keeps the required flags (-I. -D_GNU_SOURCE -Werror and
-#     the warnings): a user's CFLAGS replaces only optimisation and debug.
+#     the warnings): a user's CFLAGS replaces only optimisation and debug;
+#  5. a quoted include is written one way, from the top of the tree
+#     ("cache/meta.h", never "meta.h" or "../cache/meta.h").
 . "$(dirname "$0")/lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -60,3 +62,14 @@ for want in -I. -D_GNU_SOURCE -Werror -Wall -Wextra -O0; do
 	esac
 done
 pass "make CFLAGS=-O0 keeps -I. -D_GNU_SOURCE -Werror and the warnings"
+
+bad=$(for d in backstore bdev cache common config daemon target tools tests/unit tests/fuzz tests/bench tests/tools; do
+	find "$d" -name '*.[ch]'
+done | sort | while read -r f; do
+	sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f" | while read -r inc; do
+		[ -f "$inc" ] || echo "$f: \"$inc\""
+	done
+done)
+[ -z "$bad" ] || fail "quoted includes not written from the top of the tree:
+$bad"
+pass "quoted includes are written from the top of the tree"

@@ -7,7 +7,7 @@
  *
  * Threading: no shared state; any thread.
  */
-#include "chap.h"
+#include "target/iscsi/chap.h"
 
 #include <ctype.h>
 #include <openssl/crypto.h>

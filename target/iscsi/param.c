@@ -12,7 +12,7 @@
  *
  * Threading: no globals written; any thread.
  */
-#include "param.h"
+#include "target/iscsi/param.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -24,7 +24,7 @@
 #ifndef TC_CACHE_TEST_UTIL_H
 #define TC_CACHE_TEST_UTIL_H
 
-#include "check.h"
+#include "tests/unit/check.h"
 #include "bdev/bdev.h"
 #include "cache/cache.h"
 #include "common/bufpool.h"

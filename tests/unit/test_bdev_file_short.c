@@ -17,7 +17,7 @@
  * gets a short transfer; its resumption at the end reads 0 bytes and is
  * zero-filled.
  */
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 #include "bdev/file.h"
 
 #include <fcntl.h>

@@ -14,7 +14,7 @@
  */
 #include "bdev/file.h"
 #include "cache/cache_int.h" /* cache_want_checkpoint */
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #include <pthread.h>
 

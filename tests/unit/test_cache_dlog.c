@@ -24,7 +24,7 @@
  */
 #include "cache/cache_int.h"
 #include "cache/status.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK_SIZE (2u << 20)
 #define LEG_SIZE (4u << 20)

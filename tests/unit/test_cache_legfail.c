@@ -19,7 +19,7 @@
  */
 #include "cache/cache_int.h" /* intent_stats */
 #include "cache/status.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK_SIZE (8u << 20)
 #define LEG_SIZE (16u << 20)

@@ -39,7 +39,7 @@
  */
 #include "cache/meta.h"
 #include "cache/status.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK_SIZE (1u << 20)
 #define LEG_SIZE (8u << 20)

@@ -17,7 +17,7 @@
  * bytes than written), the scenario is run again on fresh devices.
  */
 #include "cache/status.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK_SIZE (8u << 20)
 #define LEG_SIZE (16u << 20)

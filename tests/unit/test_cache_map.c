@@ -23,7 +23,7 @@
  * dirty exactly where written; CLEAN, INVALIDATE, whole-extent summaries,
  * dirty-run iteration and the dirty block count follow.
  */
-#include "check.h"
+#include "tests/unit/check.h"
 #include "cache/cache_int.h"
 
 #include <errno.h>

@@ -15,7 +15,7 @@
  */
 #include "cache/meta.h"
 #include "cache/status.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 static void test_le(void)
 {

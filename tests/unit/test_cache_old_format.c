@@ -18,7 +18,7 @@
  */
 #include "cache/cache_int.h"
 #include "cache/meta.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK_SIZE (1u << 20)
 #define LEG_SIZE (8u << 20)

@@ -50,7 +50,7 @@
  * PC_PROFILE=1 prints where the time went.
  */
 #include "cache/cache_int.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 #include "common/log.h"
 
 #include <time.h>

@@ -11,7 +11,7 @@
  * trusted). The same again with leg 1 as the one that ran alone.
  */
 #include "cache/cache_int.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK_SIZE (1u << 20)
 #define LEG_SIZE (8u << 20)

@@ -22,7 +22,7 @@
  *    started and finished top-ups, or it proves nothing.
  */
 #include "cache/status.h"
-#include "cache_test_util.h"
+#include "tests/unit/cache_test_util.h"
 
 #define BACK (16u << 20)
 #define LEG (8u << 20)

@@ -2,7 +2,7 @@
  * test_config.c - the config parser accepts what the docs show and refuses
  * every bad file with "NAME:LINE:" and a sentence naming the fix.
  */
-#include "check.h"
+#include "tests/unit/check.h"
 #include "cache/cache.h"
 #include "config/config.h"
 

@@ -5,7 +5,7 @@
  * temperature. The real NVMe path (identify + SMART from QEMU's emulated
  * controllers) is proven by tests/system/run-vm-tcmu.sh.
  */
-#include "check.h"
+#include "tests/unit/check.h"
 #include "cache/nvme_health.h"
 
 #include <errno.h>

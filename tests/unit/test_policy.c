@@ -7,7 +7,7 @@
  * tsan builds it with -fsanitize=thread to let TSan watch the concurrency
  * check.
  */
-#include "check.h"
+#include "tests/unit/check.h"
 #include "cache/policy.h"
 
 #include <pthread.h>

@@ -12,7 +12,7 @@
  * once, bad CDBs come back as PASSTHROUGH_ERR with the backstore's exact
  * sense, and the status -> result table and cfgstring rules hold.
  */
-#include "check.h"
+#include "tests/unit/check.h"
 #include "backstore/scsi.h"
 #include "bdev/file.h"
 #include "common/worker.h"

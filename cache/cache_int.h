@@ -436,6 +436,17 @@ struct cache_set {
 	uint64_t *free_bits;          /* a bit per slot: on the free list (1 bit, not 4 bytes, per slot) */
 	_Atomic uint32_t nfree;       /* written under alloc_lock, read anywhere as a hint */
 	uint32_t free_cursor;
+	/*
+	 * Slots dropped when no eviction batch could be allocated (out of
+	 * memory), under alloc_lock: retire_bits wait for a grace period to
+	 * start, grace_bits are in the one under way (retire_rcu queued,
+	 * retire_inflight); they reach the free list when it ends. A bit
+	 * each per slot, so dropping a slot never allocates and a worker
+	 * never waits for a grace period.
+	 */
+	uint64_t *retire_bits, *grace_bits;
+	bool retire_inflight;
+	struct rcu_head retire_rcu;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
 	uint32_t version;             /* of the on-disk format: 3, or 2 (no block log) */

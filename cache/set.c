@@ -549,6 +549,53 @@ uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, ui
 	return s;
 }
 
+/*
+ * Slots retired without a batch (cache_drop_slot out of memory) go to the
+ * free list after a grace period of their own: retire_rcu, one at a time.
+ * Under alloc_lock: if none is under way and some wait, the waiting ones
+ * enter the next. The callback frees those and starts the next for slots
+ * retired meanwhile. Counted in bg_inflight, so a close waits for it.
+ */
+static void retire_graced(struct rcu_head *h);
+
+static void retire_start_locked(struct cache_set *cs)
+{
+	uint32_t words = (cs->lay.nslots + 63) / 64;
+	bool any = false;
+
+	if (cs->retire_inflight)
+		return;
+	for (uint32_t w = 0; w < words; w++) {
+		cs->grace_bits[w] = cs->retire_bits[w];
+		cs->retire_bits[w] = 0;
+		any |= cs->grace_bits[w] != 0;
+	}
+	if (!any)
+		return;
+	cs->retire_inflight = true;
+	atomic_fetch_add(&cs->bg_inflight, 1);
+	call_rcu(&cs->retire_rcu, retire_graced);
+}
+
+static void retire_graced(struct rcu_head *h)
+{
+	struct cache_set *cs = caa_container_of(h, struct cache_set, retire_rcu);
+	uint32_t words = (cs->lay.nslots + 63) / 64;
+
+	pthread_mutex_lock(&cs->alloc_lock);
+	for (uint32_t w = 0; w < words; w++)
+		for (uint64_t m = cs->grace_bits[w]; m; m &= m - 1) {
+			uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(m);
+			atomic_store(&cs->slots[s].key, CACHE_KEY_NONE);
+			atomic_store(&cs->slots[s].bits, SB_FREE);
+			free_push(cs, s);
+		}
+	cs->retire_inflight = false;
+	retire_start_locked(cs);
+	pthread_mutex_unlock(&cs->alloc_lock);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
+}
+
 /* Worker thread. A fill that never recorded anything gives its slot back. */
 void cache_drop_slot(struct cache_set *cs, uint32_t s)
 {
@@ -563,11 +610,10 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 	slot_unlock(sl);
 	pthread_mutex_unlock(&cs->alloc_lock);
 	if (!b) {
-		synchronize_rcu(); /* out of memory: the slow way */
+		/* out of memory: wait for a grace period without a batch */
 		pthread_mutex_lock(&cs->alloc_lock);
-		atomic_store(&sl->key, CACHE_KEY_NONE);
-		atomic_store(&sl->bits, SB_FREE);
-		free_push(cs, s);
+		cs->retire_bits[s / 64] |= 1ull << (s % 64);
+		retire_start_locked(cs);
 		pthread_mutex_unlock(&cs->alloc_lock);
 		return;
 	}
@@ -863,9 +909,11 @@ static int alloc_memory(struct cache_set *cs)
 	uint32_t n = cs->lay.nslots;
 	cs->slots = calloc(n, sizeof(*cs->slots));
 	cs->free_bits = calloc((n + 63) / 64, sizeof(uint64_t));
+	cs->retire_bits = calloc((n + 63) / 64, sizeof(uint64_t));
+	cs->grace_bits = calloc((n + 63) / 64, sizeof(uint64_t));
 	cs->ckpt_dirty = calloc((n + 7) / 8, 1);
 	cs->ckpt = calloc(1, sizeof(*cs->ckpt));
-	if (!cs->slots || !cs->free_bits || !cs->ckpt_dirty || !cs->ckpt)
+	if (!cs->slots || !cs->free_bits || !cs->retire_bits || !cs->grace_bits || !cs->ckpt_dirty || !cs->ckpt)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
 		atomic_init(&cs->slots[i].key, CACHE_KEY_NONE);
@@ -1833,6 +1881,8 @@ void cache_set_close(struct cache_set *cs)
 	dlog_destroy(cs);
 	free(cs->slots);
 	free(cs->free_bits);
+	free(cs->retire_bits);
+	free(cs->grace_bits);
 	free((void *)cs->ckpt_dirty);
 	pthread_mutex_destroy(&cs->alloc_lock);
 	pthread_mutex_destroy(&cs->sb_lock);

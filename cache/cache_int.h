@@ -417,6 +417,15 @@ struct slot_wait {
 
 struct sync_call;
 
+/* Writes that bypass the cache are counted per extent hash bucket: a fill
+ * or a destage of an extent whose bucket has one in flight stands back. */
+#define BYPASS_BUCKET_BITS 10
+#define BYPASS_BUCKETS (1u << BYPASS_BUCKET_BITS)
+static inline uint32_t bypass_bucket(uint64_t key)
+{
+	return (uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> (64 - BYPASS_BUCKET_BITS));
+}
+
 struct cache_set {
 	char *name;
 	struct cache_set_cfg cfg;
@@ -481,8 +490,8 @@ struct cache_set {
 	uint64_t read_err_since[CACHE_MAX_LEGS];
 	const struct bdev *read_err_dev[CACHE_MAX_LEGS]; /* the device they were counted on */
 	_Atomic uint64_t st_read_errors, st_repairs, st_leg_timeouts;
-	/* in-flight writes that bypass the cache, hashed by extent (fills check) */
-	_Atomic uint32_t bypass[1024];
+	/* in-flight writes that bypass the cache, by bypass_bucket(key) (fills check) */
+	_Atomic uint32_t bypass[BYPASS_BUCKETS];
 	/* statistics */
 	_Atomic uint64_t st_read_hits, st_read_misses, st_read_partial, st_write_hits, st_write_misses;
 	_Atomic uint64_t st_promotions, st_topups, st_evictions, st_destaged_bytes, st_lost_ios;

@@ -230,7 +230,7 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s)
 	struct cache_vol *v = atomic_load(&cs->vols[key_bid(key)]);
 	if (!v)
 		return false; /* its LUN is not attached this run */
-	if (atomic_load(&cs->bypass[(uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> 54)]))
+	if (atomic_load(&cs->bypass[bypass_bucket(key)]))
 		return false;
 	slot_lock(sl);
 	uint32_t bits = atomic_load(&sl->bits);

@@ -411,8 +411,6 @@ static bool cancel_fill(struct cache_set *cs, struct piece *p)
 	return false;
 }
 
-static uint32_t bucket_of(uint64_t key) { return (uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> 54); }
-
 /* ---- durability of what is read from the backing store ------------------------ */
 
 static void counter_max(_Atomic uint64_t *c, uint64_t v)
@@ -532,7 +530,7 @@ static void fill_start(struct cache_vol *v, uint64_t key)
 	uint32_t s = cache_alloc_slot(cs, key, SB_FILLING, &existing);
 	if (s == POLICY_NO_SLOT)
 		return;
-	if (atomic_load(&cs->bypass[bucket_of(key)])) {
+	if (atomic_load(&cs->bypass[bypass_bucket(key)])) {
 		cache_drop_slot(cs, s);
 		return;
 	}
@@ -762,7 +760,7 @@ static void topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
 	}
 	slot_unlock(sl);
 	/* after SB_TOPUP and the generation: a bypass write counted later pins and bumps it */
-	if (!t->nruns || atomic_load(&cs->bypass[bucket_of(key)])) {
+	if (!t->nruns || atomic_load(&cs->bypass[bypass_bucket(key)])) {
 		if (t->nruns) {
 			slot_lock(sl);
 			atomic_fetch_and(&sl->bits, ~(SB_TOPUP | SB_CANCEL));
@@ -1166,7 +1164,7 @@ static void piece_write(struct piece *p)
 		return;
 	}
 	/* Counted before the lookup: a fill that starts later sees it. */
-	p->bucket = bucket_of(p->key);
+	p->bucket = bypass_bucket(p->key);
 	atomic_fetch_add(&cs->bypass[p->bucket], 1);
 
 	rcu_read_lock();

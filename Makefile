@@ -95,8 +95,9 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)
 	$(CC) $(TC_CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS)
 
-# test_cache_drop_nomem refuses chosen allocations of the library itself
+# test_cache_{drop,submit}_nomem refuse chosen allocations of the library itself
 $(BUILD)/tests/test_cache_drop_nomem $(BUILD)/asan/tests/test_cache_drop_nomem: LDLIBS += -Wl,--wrap=calloc
+$(BUILD)/tests/test_cache_submit_nomem $(BUILD)/asan/tests/test_cache_submit_nomem: LDLIBS += -Wl,--wrap=malloc
 
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)

@@ -221,6 +221,14 @@ static inline void bdev_close(struct bdev *dev)
 }
 
 int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped);
+/*
+ * For a device's submit that cannot take req now (no memory for its
+ * context): req goes to dev's submit again at the end of this worker's
+ * iteration, or a later one while memory stays short, and done() is not
+ * called meanwhile, so the contract above holds without allocating.
+ * Uses req->link, which belongs to the device holding req. Worker thread.
+ */
+void bdev_submit_later(struct bdev *dev, struct bdev_req *req);
 
 /* See bdev_ops.cached_fd: -1 when the device cannot send from its page cache. */
 static inline int bdev_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint64_t *fd_off)

@@ -52,6 +52,7 @@ struct mreq {
 	uint32_t skipped;    /* write: resyncing legs it skipped (above the copy cursor) */
 	bool in_chunk;       /* counted in the resync chunk */
 	struct mirror_waiter wait;
+	struct worker_batch_end later; /* finish_async */
 };
 
 static __thread struct mreq *mreq_free;
@@ -97,11 +98,16 @@ static void finish_now(void *arg)
 }
 
 /* Complete later on this worker (done() must never run inside submit). */
+static void finish_later(struct worker_batch_end *b)
+{
+	finish_now(caa_container_of(b, struct mreq, later));
+}
+
 static void finish_async(struct mreq *r, int err)
 {
 	r->result = err;
-	if (worker_post(worker_self(), finish_now, r) < 0)
-		finish_now(r); /* out of memory: better a nested call than a lost I/O */
+	r->later = (struct worker_batch_end){ .fn = finish_later };
+	worker_at_batch_end(&r->later);
 }
 
 /* No leg holds a whole copy: every one failed, or is still being rebuilt. */
@@ -336,8 +342,7 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	struct mreq *r = mreq_get();
 
 	if (!r) {
-		/* cannot even say it asynchronously without memory; nested call */
-		req->done(req, -ENOMEM);
+		bdev_submit_later(dev, req); /* out of memory: again when there is some */
 		return;
 	}
 	r->m = m;

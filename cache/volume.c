@@ -129,6 +129,7 @@ struct vreq {
 	int err;
 	uint64_t flush_covers;  /* FLUSH: bw_volatile when it was sent */
 	struct bdev_req sub;    /* pass-through, flush */
+	struct worker_batch_end later; /* completion after a submit that did it all */
 };
 
 struct fill {
@@ -290,9 +291,9 @@ static void vreq_put(struct vreq *r)
 	up->done(up, err);
 }
 
-static void vreq_async_done(void *arg)
+static void vreq_async_done(struct worker_batch_end *b)
 {
-	vreq_put(arg);
+	vreq_put(caa_container_of(b, struct vreq, later));
 }
 
 static void slot_unpin(struct cache_set *cs, struct piece *p)
@@ -1262,7 +1263,7 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 	struct vreq *r = POOL_GET(vreq_free, struct vreq);
 
 	if (!r) {
-		req->done(req, -ENOMEM); /* nothing else can be done without memory */
+		bdev_submit_later(dev, req); /* out of memory: again when there is some */
 		return;
 	}
 	r->v = v;
@@ -1315,8 +1316,9 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 	}
 	/* Drop the guard later: done() must never run inside submit. */
 	if (r->pending == 1) {
-		if (worker_post(worker_self(), vreq_async_done, r) == 0)
-			return;
+		r->later = (struct worker_batch_end){ .fn = vreq_async_done };
+		worker_at_batch_end(&r->later);
+		return;
 	}
 	vreq_put(r);
 }

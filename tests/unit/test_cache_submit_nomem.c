@@ -1,0 +1,138 @@
+/*
+ * test_cache_submit_nomem.c - a cache volume or the mirror that finds no
+ * memory for a request's context takes it again later, and never calls
+ * done() from inside its submit.
+ *
+ * bdev.h promises that done() runs later, never inside bdev_submit:
+ * callers submit while holding their own state. vol_submit and
+ * mirror_submit used to answer -ENOMEM from inside submit when their
+ * per-thread pool was empty and malloc failed: a nested completion, and a
+ * failed I/O the host sees as a medium error. Here the first malloc of a
+ * submit fails (the test links with --wrap=malloc) on a worker that has
+ * not run I/O before, so its pools are empty and the request context is
+ * the allocation refused:
+ *  - done() is not called while submit runs;
+ *  - the request completes later, without an error;
+ *  - a write so retried reads back, and a mirror read returns the leg's bytes.
+ */
+#include "cache/cache_int.h"
+#include "tests/unit/cache_test_util.h"
+
+#include <semaphore.h>
+
+void *__real_malloc(size_t size);
+void *__wrap_malloc(size_t size);
+
+static __thread int fail_mallocs;  /* the next N mallocs on this thread fail */
+static __thread bool in_submit;
+static atomic_int failed_mallocs;
+
+void *__wrap_malloc(size_t size)
+{
+	if (fail_mallocs > 0) {
+		fail_mallocs--;
+		atomic_fetch_add(&failed_mallocs, 1);
+		return NULL;
+	}
+	return __real_malloc(size);
+}
+
+#define BACK_SIZE (2u << 20)
+#define LEG_SIZE (4u << 20)
+#define LEN 4096u
+
+static struct cache_set_cfg cfg = {
+	.name = "nomem", .nlegs = 2, .extent_size = 64u << 10, .mode = CACHE_WRITE_THROUGH,
+	.admit_hits = 1, .dirty_target = 90,
+};
+
+struct job {
+	struct bdev *dev;
+	struct bdev_req req;
+	struct iovec iov;
+	int fails;              /* mallocs to refuse inside the submit */
+	int err;
+	bool nested;            /* done() ran inside submit */
+	sem_t done;
+};
+
+static void job_done(struct bdev_req *req, int err)
+{
+	struct job *j = req->priv;
+	j->err = err;
+	j->nested = in_submit;
+	sem_post(&j->done);
+}
+
+static void job_start(void *arg)
+{
+	struct job *j = arg;
+	fail_mallocs = j->fails;
+	in_submit = true;
+	bdev_submit(j->dev, &j->req);
+	in_submit = false;
+	fail_mallocs = 0;
+}
+
+static int run_on(unsigned worker, struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, int fails,
+		  bool *nested)
+{
+	struct job j = { .dev = dev, .fails = fails };
+	sem_init(&j.done, 0, 0);
+	j.iov = (struct iovec){ .iov_base = buf, .iov_len = LEN };
+	j.req = (struct bdev_req){ .op = op, .offset = off, .len = LEN, .iov = &j.iov, .iovcnt = 1,
+				   .done = job_done, .priv = &j };
+	REQUIRE(worker_post(worker_get(worker), job_start, &j) == 0, "post");
+	while (sem_wait(&j.done) < 0)
+		;
+	sem_destroy(&j.done);
+	*nested = j.nested;
+	return j.err;
+}
+
+int main(void)
+{
+	REQUIRE(workers_start(4) == 0, "workers"); /* the set's own I/O runs on worker 0 */
+	char err[512];
+	struct mem_bdev *d[3];
+	uint64_t sizes[3] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
+	for (int i = 0; i < 3; i++)
+		d[i] = mem_new(i, sizes[i], NULL);
+	struct bdev *legs[2] = { &d[1]->dev, &d[2]->dev };
+	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
+	REQUIRE(cs, "open: %s", err);
+	struct bdev *vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_THROUGH, err, sizeof(err));
+	REQUIRE(vol, "attach: %s", err);
+
+	uint8_t *w = buf_get(LEN), *r = buf_get(LEN);
+	bool nested;
+	for (unsigned i = 0; i < LEN; i++)
+		w[i] = (uint8_t)(i * 7 + 1);
+
+	/* the volume, on worker 3: its request context is the first allocation */
+	int before = atomic_load(&failed_mallocs);
+	int e = run_on(3, vol, BDEV_WRITE, 64u << 10, w, 1, &nested);
+	CHECK(atomic_load(&failed_mallocs) == before + 1, "volume: the allocation was refused");
+	CHECK(!nested, "volume: done() did not run inside submit");
+	CHECK(e == 0, "volume: the write completed later without an error (err %d)", e);
+	memset(r, 0, LEN);
+	e = run_on(3, vol, BDEV_READ, 64u << 10, r, 0, &nested);
+	CHECK(e == 0 && !memcmp(r, w, LEN), "volume: the retried write reads back");
+
+	/* the mirror itself, on worker 2, which has run nothing yet */
+	before = atomic_load(&failed_mallocs);
+	memset(r, 0, LEN);
+	e = run_on(2, &cs->mirror.dev, BDEV_READ, 0, r, 1, &nested);
+	CHECK(atomic_load(&failed_mallocs) == before + 1, "mirror: the allocation was refused");
+	CHECK(!nested, "mirror: done() did not run inside submit");
+	CHECK(e == 0 && !memcmp(r, d[1]->data, LEN), "mirror: the read completed later with the leg's bytes (err %d)",
+	      e);
+
+	buf_put(w, LEN);
+	buf_put(r, LEN);
+	bdev_close(vol);
+	cache_set_shutdown(cs);
+	cache_set_close(cs);
+	workers_stop();
+	return check_failures ? 1 : 0;
+}

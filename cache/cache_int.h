@@ -644,4 +644,55 @@ void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy);
 int cache_sync_io(struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, uint64_t len,
 		  unsigned flags);
 
+/* ---- the set's own machinery, split over set.c (open, format, close),
+ * sync.c, sb.c, slots.c, ckpt.c, recover.c, attach.c, lost.c and
+ * set_status.c ---- */
+
+/* A call the main thread runs on worker 0 and waits for (sync.c). */
+struct sync_call {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+	struct cache_set *cs;
+};
+/* Post fn(c) to worker 0 and wait until it calls cache_sync_done. */
+int cache_sync_run(void (*fn)(void *), struct sync_call *c);
+void cache_sync_done(struct sync_call *c, int err);
+
+/* Format err and return -1 (open and attach errors). */
+int cache_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The mirror's callbacks into the set (sb.c): persist a leg failure in
+ * the superblock; every leg failed. */
+void cache_persist_failed(struct mirror *m, uint32_t failed, void *arg);
+void cache_all_legs_failed(struct mirror *m, void *arg);
+
+/* Checkpoints (ckpt.c). */
+#define CKPT_INFLIGHT 8
+
+struct ckpt {
+	struct cache_set *cs;
+	uint64_t heads[CACHE_NJOURNALS];
+	uint64_t dheads[CACHE_DLOG_RINGS]; /* block log heads */
+	uint64_t seq;
+	uint32_t npages, rpp, cursor;
+	int inflight;
+	bool final;                   /* clean shutdown: set the clean flag */
+	struct sync_call *waiter;
+	void *buf[CKPT_INFLIGHT];
+	struct bdev_req req[CKPT_INFLIGHT];
+	struct iovec iov[CKPT_INFLIGHT];
+	bool busy[CKPT_INFLIGHT];
+};
+/* One slot's table record. */
+void cache_encode_slot(struct cache_set *cs, uint32_t s, uint8_t *rec);
+/* On worker 0, for cache_sync_run: the final checkpoint (clean stop) or one now. */
+void cache_ckpt_final_fn(void *arg);
+void cache_ckpt_now_fn(void *arg);
+
+/* Recovery at open (recover.c): load leg's checkpoint, replay the journals. */
+int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen);
+int cache_journal_cut_heads(struct cache_set *cs);
+
 #endif

@@ -1,0 +1,152 @@
+/*
+ * attach.c - a set's volumes: attach a LUN's backing store (cache_vol_open),
+ * flush the attached volumes' dirty data, change a volume's cache mode.
+ *
+ * Threading: main (or control) thread, may sleep, needs running workers.
+ */
+#include "cache/cache_int.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- volumes --------------------------------------------------------------------------- */
+
+struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *backing,
+			    const char *backing_path, enum cache_mode mode, char *err, size_t errlen)
+{
+	struct stat st = { 0 };
+	if (backing_path && stat(backing_path, &st) < 0) {
+		cache_errf(err, errlen, "cache %s: cannot stat backing %s: %s", cs->name, backing_path, strerror(errno));
+		return NULL;
+	}
+	bool blk = !backing_path || S_ISBLK(st.st_mode);
+	if (!backing_path)
+		backing_path = backing->name;
+	uint64_t ino = blk ? 0 : (uint64_t)st.st_ino, fsdev = blk ? 0 : (uint64_t)st.st_dev;
+	int bid = -1, freeb = -1;
+	pthread_mutex_lock(&cs->sb_lock);
+	for (int i = 0; i < CACHE_MAX_BACKINGS; i++) {
+		struct cache_backing_disk *b = &cs->backing[i];
+		if (!b->lun[0]) {
+			if (freeb < 0)
+				freeb = i;
+			continue;
+		}
+		if (strncmp(b->lun, lun, sizeof(b->lun)))
+			continue;
+		bid = i;
+		if (le64_get(b->size) != backing->size || le64_get(b->ino) != ino || le64_get(b->fsdev) != fsdev) {
+			pthread_mutex_unlock(&cs->sb_lock);
+			cache_errf(err, errlen, "cache %s: lun %s: the backing store %s is not the one this cache holds "
+				"data for (%.128s, %llu bytes%s); put the original store back, or if the data in "
+				"the cache must be discarded, delete the legs to start with an empty cache",
+			     cs->name, lun, backing_path, b->path, (unsigned long long)le64_get(b->size),
+			     le64_get(b->ino) ? ", another inode" : "");
+			return NULL;
+		}
+		break;
+	}
+	bool added = false;
+	if (bid < 0) {
+		if (freeb < 0) {
+			pthread_mutex_unlock(&cs->sb_lock);
+			cache_errf(err, errlen, "cache %s: more than %d LUNs use this set; give some another set",
+			     cs->name, CACHE_MAX_BACKINGS);
+			return NULL;
+		}
+		bid = freeb;
+		struct cache_backing_disk *b = &cs->backing[bid];
+		memset(b, 0, sizeof(*b));
+		snprintf(b->lun, sizeof(b->lun), "%s", lun);
+		snprintf(b->path, sizeof(b->path), "%s", backing_path);
+		b->size = le64_of(backing->size);
+		b->ino = le64_of(ino);
+		b->fsdev = le64_of(fsdev);
+		b->bid = le32_of((uint32_t)bid);
+		b->is_blockdev = le32_of(blk);
+		added = true;
+	}
+	pthread_mutex_unlock(&cs->sb_lock);
+	if (added) {
+		struct sync_call c = { .cs = cs };
+		pthread_mutex_init(&c.lock, NULL);
+		pthread_cond_init(&c.cond, NULL);
+		cache_sb_write(cs, (void (*)(void *, int))cache_sync_done, &c);
+		pthread_mutex_lock(&c.lock);
+		while (!c.done)
+			pthread_cond_wait(&c.cond, &c.lock);
+		pthread_mutex_unlock(&c.lock);
+		if (c.err) {
+			cache_errf(err, errlen, "cache %s: cannot record lun %s in the superblock", cs->name, lun);
+			return NULL;
+		}
+	}
+	struct cache_vol *v = cache_vol_new(cs, lun, backing, (uint32_t)bid, mode);
+	if (!v) {
+		cache_errf(err, errlen, "out of memory");
+		return NULL;
+	}
+	atomic_store(&cs->vols[bid], v);
+	log_info("cache %s: lun %s attached (%s)", cs->name, lun, cache_mode_name(mode));
+	return (struct bdev *)v;
+}
+
+/* Any thread: is any slot of an attached LUN dirty? (dirty data of a LUN
+ * that is not configured this run cannot be destaged and is not waited for) */
+static bool attached_dirty(struct cache_set *cs)
+{
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint32_t bits = atomic_load(&cs->slots[s].bits);
+		if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY))
+			continue;
+		uint64_t key = atomic_load(&cs->slots[s].key);
+		if (key != CACHE_KEY_NONE && atomic_load(&cs->vols[key_bid(key)]))
+			return true;
+	}
+	return false;
+}
+
+/* Main (control) thread; sleeps. */
+int cache_set_flush(struct cache_set *cs, unsigned timeout_ms)
+{
+	uint64_t start = now_ms();
+	atomic_fetch_add(&cs->flush_req, 1);
+	int r = 0;
+	for (int i = 0; atomic_load(&cs->dirty_blocks); i++) {
+		if (timeout_ms && now_ms() - start > timeout_ms) {
+			r = -ETIMEDOUT;
+			break;
+		}
+		if (i % 20 == 19 && !attached_dirty(cs))
+			break;
+		if (mirror_all_failed(&cs->mirror)) {
+			r = -EIO; /* what is dirty is lost */
+			break;
+		}
+		usleep(10000);
+	}
+	atomic_fetch_sub(&cs->flush_req, 1);
+	return r;
+}
+
+int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode)
+{
+	struct cache_vol *v = (struct cache_vol *)vol;
+	enum cache_mode old = cache_vol_mode(v);
+	if (old == mode)
+		return 0;
+	/*
+	 * New writes follow the new mode at once; write-through, write-around
+	 * and pass-through writes over dirty blocks invalidate them first, so
+	 * switching before the flush is safe, and the flush converges because
+	 * nothing new becomes dirty. Then destage what is dirty.
+	 */
+	cache_vol_store_mode(v, mode);
+	if (old == CACHE_WRITE_BACK)
+		return cache_set_flush(cache_vol_set(v), 0);
+	return 0;
+}

@@ -1,0 +1,244 @@
+/*
+ * sb.c - superblock writes: one at a time per set, both copies on every
+ * healthy leg (alternating slots, generation + 1), callers queued behind
+ * the one in flight; and the mirror's callbacks that persist a leg
+ * failure in the superblock before the write that saw it completes.
+ *
+ * Threading: on worker 0 (cache_sb_write posts there from anywhere).
+ */
+#include "cache/cache_int.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- superblock ---------------------------------------------------------------- */
+
+struct sb_job {
+	struct sb_job *next;
+	void (*cb)(void *arg, int err);
+	void *arg;
+};
+
+static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_sb_disk *sb)
+{
+	memset(sb, 0, sizeof(*sb));
+	sb->magic = le64_of(CACHE_MAGIC);
+	sb->version = le32_of(cs->version);
+	memcpy(sb->set_uuid, cs->uuid, 16);
+	sb->gen = le64_of(gen);
+	sb->leg_index = le32_of((uint32_t)(cs->alone_index >= 0 ? cs->alone_index : leg));
+	sb->nlegs = le32_of((uint32_t)(cs->alone_index >= 0 ? 2 : cs->mirror.nlegs));
+	sb->extent_size = le32_of(cs->lay.extent_size);
+	sb->block_size = le32_of(CACHE_SECTOR);
+	sb->nslots = le32_of(cs->lay.nslots);
+	sb->rec_size = le32_of(cs->lay.rec_size);
+	sb->njournals = le32_of(CACHE_NJOURNALS);
+	sb->jblocks = le32_of(cs->lay.jblocks);
+	sb->leg_size = le64_of(cs->lay.leg_size);
+	sb->table_off = le64_of(cs->lay.table_off);
+	sb->journal_off = le64_of(cs->lay.journal_off);
+	sb->data_off = le64_of(cs->lay.data_off);
+	sb->clean = le32_of(cs->clean_flag ? 1 : 0);
+	sb->failed_mask = le32_of(atomic_load(&cs->mirror.failed) | atomic_load(&cs->mirror.resyncing));
+	if (cs->alone_index >= 0)
+		sb->failed_mask = le32_of(1u << (1 - cs->alone_index)); /* the leg left out is stale */
+	sb->ckpt_seq = le64_of(cs->ckpt_seq);
+	for (int j = 0; j < CACHE_NJOURNALS; j++)
+		sb->jtail[j] = le64_of(cs->jtail[j]);
+	snprintf(sb->set_name, sizeof(sb->set_name), "%s", cs->name);
+	memcpy(sb->backing, cs->backing, sizeof(cs->backing));
+	memcpy(sb->leg_uuid, cs->leg_uuid[leg], 16);
+	memcpy(sb->member_uuid, cs->leg_uuid, sizeof(sb->member_uuid));
+	if (cs->alone_index >= 0) {
+		memcpy(sb->member_uuid[cs->alone_index], cs->leg_uuid[0], 16);
+		memcpy(sb->member_uuid[1 - cs->alone_index], cs->alone_other_uuid, 16);
+	}
+	if (cs->lay.dlog_pages) {
+		sb->dlog_off = le64_of(cs->lay.dlog_off);
+		sb->dlog_rings = le32_of(CACHE_DLOG_RINGS);
+		sb->dlog_pages = le32_of(cs->lay.dlog_pages);
+	}
+	meta_sb_seal(sb);
+}
+
+static void sb_issue(struct cache_set *cs);
+
+/* Worker 0: the generation in flight is done (on sb_ok legs): answer its jobs, start the next. */
+static void sb_finish(struct cache_set *cs)
+{
+	struct sb_job *list = cs->sb_inflight;
+	int res = cs->sb_ok ? 0 : -EIO;
+	cs->sb_inflight = NULL;
+	cs->sb_busy = false;
+	int done = 0;
+	while (list) {
+		struct sb_job *j = list;
+		list = j->next;
+		j->cb(j->arg, res);
+		free(j);
+		done++;
+	}
+	if (cs->sb_waiting)
+		sb_issue(cs);
+	atomic_fetch_sub(&cs->sb_jobs, done); /* the last access: shutdown may free the set after it */
+}
+
+static void sb_leg_done(struct bdev_req *req, int err)
+{
+	struct cache_set *cs = req->priv;
+	int leg = (int)(req - cs->sbreq);
+	if (err)
+		mirror_leg_failed(&cs->mirror, leg, err);
+	else
+		cs->sb_ok++;
+	if (--cs->sb_pending)
+		return;
+	sb_finish(cs);
+}
+
+/* Worker 0. No leg to write to: the jobs fail with -EIO (sbreq[] was not issued: no leg erred). */
+static void sb_fail_async(void *arg)
+{
+	struct cache_set *cs = arg;
+	cs->sb_pending = 0;
+	cs->sb_ok = 0;
+	sb_finish(cs);
+}
+
+/* Worker 0. Writes one generation to every healthy leg, serving every waiter. */
+static void sb_issue(struct cache_set *cs)
+{
+	cs->sb_busy = true;
+	cs->sb_inflight = cs->sb_waiting;
+	cs->sb_waiting = NULL;
+	pthread_mutex_lock(&cs->sb_lock);
+	uint64_t gen = ++cs->sb_gen;
+	uint32_t failed = atomic_load(&cs->mirror.failed) |
+			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb_include));
+	int n = 0;
+	for (int i = 0; i < cs->mirror.nlegs; i++) {
+		if (failed & (1u << i))
+			continue;
+		build_sb(cs, i, gen, cs->sbbuf[i]);
+		n++;
+	}
+	pthread_mutex_unlock(&cs->sb_lock);
+	cs->sb_pending = n;
+	cs->sb_ok = 0;
+	if (!n) {
+		worker_post(worker_self(), sb_fail_async, cs);
+		return;
+	}
+	for (int i = 0; i < cs->mirror.nlegs; i++) {
+		if (failed & (1u << i))
+			continue;
+		cs->sbiov[i].iov_base = cs->sbbuf[i];
+		cs->sbiov[i].iov_len = CACHE_PAGE;
+		cs->sbreq[i] = (struct bdev_req){
+			.op = BDEV_WRITE,
+			.flags = BDEV_F_FUA,
+			.offset = (gen & 1) * CACHE_PAGE,
+			.len = CACHE_PAGE,
+			.iov = &cs->sbiov[i],
+			.iovcnt = 1,
+			.done = sb_leg_done,
+			.priv = cs,
+		};
+		bdev_submit(cs->legs[i], &cs->sbreq[i]);
+	}
+}
+
+struct sb_post {
+	struct cache_set *cs;
+	struct sb_job *job;
+};
+
+static void sb_post_fn(void *arg)
+{
+	struct sb_post *p = arg;
+	struct cache_set *cs = p->cs;
+	struct sb_job *j = p->job;
+	free(p);
+	j->next = NULL;
+	struct sb_job **t = &cs->sb_waiting;
+	while (*t)
+		t = &(*t)->next;
+	*t = j;
+	if (!cs->sb_busy)
+		sb_issue(cs);
+}
+
+/* Any thread. cb(arg, err) runs on worker 0 when the superblock is durable. */
+void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *arg)
+{
+	struct sb_job *j = malloc(sizeof(*j));
+	struct sb_post *p = malloc(sizeof(*p));
+	if (!j || !p) {
+		free(j);
+		free(p);
+		log_err("cache %s: out of memory writing the superblock", cs->name);
+		return;
+	}
+	j->cb = cb;
+	j->arg = arg;
+	p->cs = cs;
+	p->job = j;
+	atomic_fetch_add(&cs->sb_jobs, 1);
+	worker_post(worker_get(0), sb_post_fn, p);
+}
+
+struct persist_arg {
+	struct cache_set *cs;
+	uint32_t failed;
+};
+
+static void persist_done(void *arg, int err)
+{
+	struct persist_arg *pa = arg;
+	if (!err)
+		log_warn("cache %s: degraded; leg failure recorded in the surviving leg's superblock",
+			 pa->cs->name);
+	mirror_persisted(&pa->cs->mirror, pa->failed);
+	free(pa);
+}
+
+/* Any worker: the mirror lost a leg; record it before writes complete. */
+void cache_persist_failed(struct mirror *m, uint32_t failed, void *arg)
+{
+	struct cache_set *cs = arg;
+	struct persist_arg *pa = malloc(sizeof(*pa));
+	if (!pa)
+		return;
+	pa->cs = cs;
+	pa->failed = failed;
+	cache_sb_write(cs, persist_done, pa);
+}
+
+/*
+ * Any worker, once: the last leg failed. Every dirty block is lost from
+ * this moment; list them all now (cache_lost_note), so status names the
+ * lost ranges before a host meets them.
+ */
+void cache_all_legs_failed(struct mirror *m, void *arg)
+{
+	struct cache_set *cs = arg;
+	(void)m;
+	uint64_t slots = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		struct slot *sl = &cs->slots[s];
+		if (!(atomic_load(&sl->bits) & SB_DIRTY))
+			continue;
+		atomic_fetch_add(&sl->users, SU_READER); /* pin, then look: the bitmaps stay this slot's */
+		uint32_t bits = atomic_load(&sl->bits);
+		uint64_t key = atomic_load(&sl->key);
+		if ((bits & SB_STATE_MASK) == SB_READY && (bits & SB_DIRTY) && key != CACHE_KEY_NONE) {
+			cache_lost_note(cs, key_bid(key), s, key_ext(key) * cs->lay.extent_size, 0, cs->lay.bpe);
+			slots++;
+		}
+		atomic_fetch_sub(&sl->users, SU_READER);
+	}
+	log_err("cache %s: dirty data of %llu extent(s) is lost; tierctl status lists the ranges", cs->name,
+		(unsigned long long)slots);
+}

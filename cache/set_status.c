@@ -1,0 +1,90 @@
+/*
+ * set_status.c - a set's status and memory use, for tierctl and metrics.
+ *
+ * Threading: any thread; counters are read without stopping I/O.
+ */
+#include "cache/cache_int.h"
+#include "cache/status.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- status ------------------------------------------------------------------------------- */
+
+uint64_t cache_set_mem_bytes(const struct cache_set *cs)
+{
+	return map_mem_bytes(&cs->map) + atomic_load(&cs->bm.allocated_bytes) +
+	       (uint64_t)(cs->lay.nslots + 63) / 64 * 8 /* free list */ + (cs->lay.nslots + 7) / 8 +
+	       (cs->policy ? policy_mem_bytes(cs->policy) : 0);
+}
+
+void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
+{
+	memset(st, 0, sizeof(*st));
+	snprintf(st->name, sizeof(st->name), "%s", cs->name);
+	st->nlegs = cs->mirror.nlegs;
+	uint32_t failed = atomic_load(&cs->mirror.failed), resync = atomic_load(&cs->mirror.resyncing);
+	for (int i = 0; i < st->nlegs; i++) {
+		snprintf(st->legs[i].path, sizeof(st->legs[i].path), "%s", cs->legs[i]->name);
+		st->legs[i].health = (failed & (1u << i)) ? LEG_FAILED
+				     : (resync & (1u << i)) ? LEG_RESYNCING : LEG_HEALTHY;
+		st->legs[i].errors = atomic_load(&cs->mirror.errors[i]);
+		if (resync & (1u << i)) {
+			st->legs[i].resync_done = atomic_load(&cs->mirror.resync_pos) - 2 * CACHE_PAGE;
+			st->legs[i].resync_total = atomic_load(&cs->mirror.resync_end) - 2 * CACHE_PAGE;
+			uint64_t ms = now_ms() - atomic_load(&cs->mirror.resync_started_ms);
+			uint64_t done = st->legs[i].resync_done, total = st->legs[i].resync_total;
+			st->legs[i].resync_rate_bps = ms ? done * 1000 / ms : 0;
+			st->legs[i].resync_eta_s = st->legs[i].resync_rate_bps
+							   ? (int64_t)((total - (done < total ? done : total)) /
+								       st->legs[i].resync_rate_bps)
+							   : -1;
+		}
+	}
+	st->degraded = failed || resync;
+	st->extent_size = cs->lay.extent_size;
+	st->nslots = cs->lay.nslots;
+	st->slots_used = cs->lay.nslots - cs->nfree;
+	st->dirty_bytes = atomic_load(&cs->dirty_blocks) * CACHE_SECTOR;
+	st->read_hits = atomic_load(&cs->st_read_hits);
+	st->read_misses = atomic_load(&cs->st_read_misses);
+	st->read_partial = atomic_load(&cs->st_read_partial);
+	st->write_hits = atomic_load(&cs->st_write_hits);
+	st->write_misses = atomic_load(&cs->st_write_misses);
+	uint64_t reads = st->read_hits + st->read_misses + st->read_partial;
+	st->hit_ratio = reads ? (double)st->read_hits / (double)reads : 0.0;
+	st->promotions = atomic_load(&cs->st_promotions);
+	st->topups = atomic_load(&cs->st_topups);
+	st->evictions = atomic_load(&cs->st_evictions);
+	st->destaged_bytes = atomic_load(&cs->st_destaged_bytes);
+	uint64_t busy;
+	cleaner_stats(cs->cleaner, &st->cleaner_rate_bps, &busy);
+	st->lost_ios = atomic_load(&cs->st_lost_ios);
+	st->leg_read_errors = atomic_load(&cs->st_read_errors);
+	st->leg_timeouts = atomic_load(&cs->st_leg_timeouts);
+	st->leg_repairs = atomic_load(&cs->st_repairs);
+	uint64_t parked;
+	uint32_t regions;
+	intent_stats(cs, &st->intent_writes, &parked, &regions);
+	st->block_log_writes = atomic_load(&cs->st_dlog_records);
+	st->block_log_waits = atomic_load(&cs->st_dlog_waits);
+	st->version = cs->version;
+	pthread_mutex_lock(&cs->lost_lock);
+	for (int i = 0; i < cs->nlost; i++) {
+		memcpy(st->lost[i].lun, cs->lost[i].lun, sizeof(st->lost[i].lun));
+		st->lost[i].offset = cs->lost[i].lo;
+		st->lost[i].length = cs->lost[i].hi - cs->lost[i].lo;
+	}
+	st->nlost = cs->nlost;
+	st->lost_dropped = cs->lost_dropped;
+	pthread_mutex_unlock(&cs->lost_lock);
+	st->mem_bytes = cache_set_mem_bytes(cs);
+	for (int i = 0; i < CACHE_SET_MAX_VOLS && st->nluns < 16; i++) {
+		struct cache_vol *v = atomic_load(&cs->vols[i]);
+		if (!v)
+			continue;
+		snprintf(st->luns[st->nluns], sizeof(st->luns[0]), "%s", cache_vol_name(v));
+		st->lun_mode[st->nluns] = cache_vol_mode(v);
+		st->nluns++;
+	}
+}

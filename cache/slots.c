@@ -1,0 +1,282 @@
+/*
+ * slots.c - slot allocation and eviction.
+ *
+ * A slot is evicted only when it is clean and unpinned; it leaves the map
+ * at once, but is handed out again only when (a) its FREE record is
+ * durable (else a crash would replay the old owner's records over the new
+ * owner's data) and (b) an RCU grace period has passed (so no reader that
+ * found it in the map is still pinning it). Eviction runs ahead of need,
+ * keeping a small free pool, so a miss never waits for a grace period.
+ *
+ * Threading: cache_alloc_slot/cache_drop_slot/cache_reclaim: worker
+ * threads, take alloc_lock briefly, never sleep or wait for a grace period.
+ */
+#include "cache/cache_int.h"
+
+/* ---- slot allocation and reclaim ------------------------------------------------- */
+
+struct evict_batch {
+	struct rcu_head rcu;
+	struct cache_set *cs;
+	_Atomic int refs;       /* FREE records outstanding + 1 for the grace period */
+	uint32_t n;
+	uint32_t *slots;
+	struct jwait *jw;
+};
+
+static void batch_release(struct evict_batch *b)
+{
+	if (atomic_fetch_sub(&b->refs, 1) != 1)
+		return;
+	struct cache_set *cs = b->cs;
+	pthread_mutex_lock(&cs->alloc_lock);
+	for (uint32_t i = 0; i < b->n; i++) {
+		struct slot *sl = &cs->slots[b->slots[i]];
+		atomic_store(&sl->key, CACHE_KEY_NONE);
+		atomic_store(&sl->bits, SB_FREE);
+		free_push(cs, b->slots[i]);
+	}
+	pthread_mutex_unlock(&cs->alloc_lock);
+	free(b);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
+}
+
+static void batch_graced(struct rcu_head *h)
+{
+	batch_release(caa_container_of(h, struct evict_batch, rcu));
+}
+
+static void batch_recorded(struct jwait *w, int err)
+{
+	/* jw[] follows the header: find the batch from the record's index */
+	struct evict_batch *b = *(struct evict_batch **)((char *)w - sizeof(void *));
+	(void)err;
+	batch_release(b);
+}
+
+static struct evict_batch *batch_new(struct cache_set *cs, uint32_t n)
+{
+	/* layout: header, slots[n], then n x { back pointer, jwait } */
+	size_t per = sizeof(void *) + sizeof(struct jwait);
+	struct evict_batch *b = calloc(1, sizeof(*b) + n * sizeof(uint32_t) + n * per + 16);
+	if (!b)
+		return NULL;
+	b->cs = cs;
+	b->slots = (uint32_t *)(b + 1);
+	atomic_fetch_add(&cs->bg_inflight, 1);
+	return b;
+}
+
+static struct jwait *batch_jw(struct evict_batch *b, uint32_t cap, uint32_t i)
+{
+	size_t per = sizeof(void *) + sizeof(struct jwait);
+	char *base = (char *)(b->slots + cap);
+	base = (char *)(((uintptr_t)base + 7) & ~(uintptr_t)7);
+	char *e = base + i * per;
+	*(struct evict_batch **)e = b;
+	return (struct jwait *)(e + sizeof(void *));
+}
+
+static bool evictable(uint32_t s, void *arg)
+{
+	struct cache_set *cs = arg;
+	struct slot *sl = &cs->slots[s];
+	uint32_t bits = atomic_load(&sl->bits);
+	return (bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_DIRTY | SB_DESTAGING | SB_LOCK)) &&
+	       atomic_load(&sl->users) == 0;
+}
+
+/*
+ * Worker thread. Keeps about 1/64 of the slots free: evicts clean cold
+ * slots (policy_victim), journals their FREE records and frees them after
+ * both the records are durable and a grace period passed.
+ */
+void cache_reclaim(struct cache_set *cs)
+{
+	uint32_t want = cs->lay.nslots / 64 + 4;
+	uint32_t cap = 64;
+	struct evict_batch *b = NULL;
+
+	pthread_mutex_lock(&cs->alloc_lock);
+	if (cs->nfree >= want) {
+		pthread_mutex_unlock(&cs->alloc_lock);
+		atomic_store(&cs->reclaim_pending, false);
+		return;
+	}
+	b = batch_new(cs, cap);
+	if (!b) {
+		pthread_mutex_unlock(&cs->alloc_lock);
+		return;
+	}
+	uint64_t keys[64];
+	while (b->n < cap && cs->nfree + b->n < want) {
+		uint32_t s = policy_victim(cs->policy, evictable, cs);
+		if (s == POLICY_NO_SLOT)
+			break;
+		struct slot *sl = &cs->slots[s];
+		uint64_t key = atomic_load(&sl->key);
+		slot_lock(sl);
+		uint32_t bits = atomic_load(&sl->bits);
+		bool ok = (bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_DIRTY | SB_DESTAGING));
+		if (ok) {
+			atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+			atomic_fetch_or(&sl->bits, SB_RETIRED);
+			/* Dekker with pin_lookup: users after state */
+			if (atomic_load(&sl->users)) {
+				atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+				atomic_fetch_or(&sl->bits, SB_READY);
+				ok = false;
+			}
+		}
+		slot_unlock(sl);
+		if (!ok) {
+			policy_insert(cs->policy, s, key);
+			break;
+		}
+		map_remove(&cs->map, key, s);
+		keys[b->n] = key;
+		b->slots[b->n++] = s;
+	}
+	pthread_mutex_unlock(&cs->alloc_lock);
+	atomic_store(&cs->reclaim_pending, false);
+	if (!b->n) {
+		free(b);
+		atomic_fetch_sub(&cs->bg_inflight, 1);
+		return;
+	}
+	atomic_fetch_add(&cs->st_evictions, b->n);
+	atomic_store(&b->refs, (int)b->n + 1);
+	for (uint32_t i = 0; i < b->n; i++) {
+		struct jwait *w = batch_jw(b, cap, i);
+		struct slot *sl = &cs->slots[b->slots[i]];
+		w->done = batch_recorded;
+		slot_lock(sl);
+		cache_record_locked(cs, b->slots[i], keys[i], JOP_FREE, 0, cs->lay.bpe, w);
+		slot_unlock(sl);
+		journal_append(cs, w);
+	}
+	call_rcu(&b->rcu, batch_graced);
+}
+
+static void maybe_reclaim(struct cache_set *cs)
+{
+	if (cs->nfree < cs->lay.nslots / 128 + 2 && !atomic_exchange(&cs->reclaim_pending, true))
+		cache_reclaim(cs);
+}
+
+/*
+ * Worker thread. Insert key with a free slot in state (SB_READY: pinned
+ * for the calling writer; SB_FILLING: not pinned). If key is present
+ * already, returns POLICY_NO_SLOT and, for SB_READY, *existing = that
+ * slot pinned for the writer. POLICY_NO_SLOT and *existing untouched if
+ * no slot is free (a reclaim is started).
+ */
+uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing)
+{
+	pthread_mutex_lock(&cs->alloc_lock);
+	uint32_t s = map_lookup(&cs->map, key);
+	if (s != POLICY_NO_SLOT) {
+		if (state == SB_READY) {
+			atomic_fetch_add(&cs->slots[s].users, SU_WRITER);
+			atomic_fetch_add(&cs->slots[s].bits, SB_WGEN_ONE);
+			*existing = s;
+		}
+		pthread_mutex_unlock(&cs->alloc_lock);
+		return POLICY_NO_SLOT;
+	}
+	if (!cs->nfree) {
+		pthread_mutex_unlock(&cs->alloc_lock);
+		if (!atomic_exchange(&cs->reclaim_pending, true))
+			cache_reclaim(cs);
+		return POLICY_NO_SLOT;
+	}
+	s = free_pop(cs);
+	struct slot *sl = &cs->slots[s];
+	atomic_store(&sl->users, state == SB_READY ? SU_WRITER : 0);
+	atomic_store(&sl->bits, state);
+	if (map_insert(&cs->map, key, s) < 0) {
+		free_push(cs, s);
+		atomic_store(&sl->bits, SB_FREE);
+		atomic_store(&sl->users, 0);
+		pthread_mutex_unlock(&cs->alloc_lock);
+		return POLICY_NO_SLOT;
+	}
+	policy_insert(cs->policy, s, key);
+	pthread_mutex_unlock(&cs->alloc_lock);
+	maybe_reclaim(cs);
+	return s;
+}
+
+/*
+ * Slots retired without a batch (cache_drop_slot out of memory) go to the
+ * free list after a grace period of their own: retire_rcu, one at a time.
+ * Under alloc_lock: if none is under way and some wait, the waiting ones
+ * enter the next. The callback frees those and starts the next for slots
+ * retired meanwhile. Counted in bg_inflight, so a close waits for it.
+ */
+static void retire_graced(struct rcu_head *h);
+
+static void retire_start_locked(struct cache_set *cs)
+{
+	uint32_t words = (cs->lay.nslots + 63) / 64;
+	bool any = false;
+
+	if (cs->retire_inflight)
+		return;
+	for (uint32_t w = 0; w < words; w++) {
+		cs->grace_bits[w] = cs->retire_bits[w];
+		cs->retire_bits[w] = 0;
+		any |= cs->grace_bits[w] != 0;
+	}
+	if (!any)
+		return;
+	cs->retire_inflight = true;
+	atomic_fetch_add(&cs->bg_inflight, 1);
+	call_rcu(&cs->retire_rcu, retire_graced);
+}
+
+static void retire_graced(struct rcu_head *h)
+{
+	struct cache_set *cs = caa_container_of(h, struct cache_set, retire_rcu);
+	uint32_t words = (cs->lay.nslots + 63) / 64;
+
+	pthread_mutex_lock(&cs->alloc_lock);
+	for (uint32_t w = 0; w < words; w++)
+		for (uint64_t m = cs->grace_bits[w]; m; m &= m - 1) {
+			uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(m);
+			atomic_store(&cs->slots[s].key, CACHE_KEY_NONE);
+			atomic_store(&cs->slots[s].bits, SB_FREE);
+			free_push(cs, s);
+		}
+	cs->retire_inflight = false;
+	retire_start_locked(cs);
+	pthread_mutex_unlock(&cs->alloc_lock);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
+}
+
+/* Worker thread. A fill that never recorded anything gives its slot back. */
+void cache_drop_slot(struct cache_set *cs, uint32_t s)
+{
+	struct evict_batch *b = batch_new(cs, 1);
+	struct slot *sl = &cs->slots[s];
+	pthread_mutex_lock(&cs->alloc_lock);
+	map_remove(&cs->map, atomic_load(&sl->key), s);
+	policy_remove(cs->policy, s);
+	slot_lock(sl);
+	atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+	atomic_fetch_or(&sl->bits, SB_RETIRED);
+	slot_unlock(sl);
+	pthread_mutex_unlock(&cs->alloc_lock);
+	if (!b) {
+		/* out of memory: wait for a grace period without a batch */
+		pthread_mutex_lock(&cs->alloc_lock);
+		cs->retire_bits[s / 64] |= 1ull << (s % 64);
+		retire_start_locked(cs);
+		pthread_mutex_unlock(&cs->alloc_lock);
+		return;
+	}
+	b->n = 1;
+	b->slots[0] = s;
+	atomic_store(&b->refs, 1);
+	call_rcu(&b->rcu, batch_graced);
+}

@@ -104,7 +104,7 @@ static bool attached_dirty(struct cache_set *cs)
 		if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY))
 			continue;
 		uint64_t key = atomic_load(&cs->slots[s].key);
-		if (key != CACHE_KEY_NONE && atomic_load(&cs->vols[key_bid(key)]))
+		if (key != CACHE_KEY_NONE && cache_vol_of(cs, key_bid(key)))
 			return true;
 	}
 	return false;

@@ -233,6 +233,9 @@ struct jwait {
 struct journal {
 	struct cache_set *cs;
 	unsigned idx;
+	/* The ring is half full: its owner should checkpoint so it can be
+	 * reused (set up at open: cache_want_checkpoint). Any worker. */
+	void (*half_full)(struct cache_set *cs);
 	pthread_mutex_t lock;                  /* lists and busy; never held across I/O */
 	struct jwait *pend_head, **pend_tail;  /* records waiting for a block */
 	struct jwait *inflight;                /* records in the block being written */
@@ -577,6 +580,15 @@ void cache_slot_wake(struct cache_set *cs, uint32_t s);
 /* Same, with the slot lock already held by the caller (who unlocks). */
 void cache_record_locked(struct cache_set *cs, uint32_t s, uint64_t key, int op, uint32_t first,
 			 uint32_t count, struct jwait *w);
+
+/* The volume attached with backing id bid, or NULL (not attached this
+ * run, or detached). Any thread. The cleaner and the engine reach volumes
+ * only through this; a volume is closed only with none of its I/O or
+ * destages in flight (vol_close). */
+static inline struct cache_vol *cache_vol_of(struct cache_set *cs, uint32_t bid)
+{
+	return atomic_load(&cs->vols[bid]);
+}
 
 /* The free list, under alloc_lock. */
 static inline void free_push(struct cache_set *cs, uint32_t s)

@@ -227,7 +227,7 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s)
 	uint64_t key = atomic_load(&sl->key);
 	if (key == CACHE_KEY_NONE)
 		return false;
-	struct cache_vol *v = atomic_load(&cs->vols[key_bid(key)]);
+	struct cache_vol *v = cache_vol_of(cs, key_bid(key));
 	if (!v)
 		return false; /* its LUN is not attached this run */
 	if (atomic_load(&cs->bypass[bypass_bucket(key)]))

@@ -17,7 +17,7 @@
  * an earlier one of the same ring, and recovery stops at the first block
  * whose position or checksum is wrong.
  *
- * The ring is reused after a checkpoint (set.c) wrote the slot table and
+ * The ring is reused after a checkpoint (ckpt.c) wrote the slot table and
  * moved the ring's tail; when the ring fills, commits pause until then.
  *
  * Threading: journal_append and journal_kick on worker threads; a record's
@@ -78,7 +78,7 @@ void journal_kick(struct journal *j)
 	}
 	uint64_t head = atomic_load(&j->head), tail = atomic_load(&j->tail);
 	if (head - tail >= cs->lay.jblocks / 2)
-		cache_want_checkpoint(cs);
+		j->half_full(cs);
 	if (head - tail >= cs->lay.jblocks) {
 		pthread_mutex_unlock(&j->lock);
 		return; /* full: the checkpoint's completion kicks us again */

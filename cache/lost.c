@@ -53,7 +53,7 @@ static void lost_add(struct cache_set *cs, uint32_t bid, const char *lun, uint64
 void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t off, uint32_t first,
 		     uint32_t count)
 {
-	struct cache_vol *v = bid < CACHE_SET_MAX_VOLS ? atomic_load(&cs->vols[bid]) : NULL;
+	struct cache_vol *v = bid < CACHE_SET_MAX_VOLS ? cache_vol_of(cs, bid) : NULL;
 	const char *lun = v ? cache_vol_name(v) : "";
 	uint32_t end = first + count;
 

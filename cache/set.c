@@ -103,6 +103,7 @@ static int alloc_memory(struct cache_set *cs)
 		struct journal *jr = &cs->journals[j];
 		jr->cs = cs;
 		jr->idx = (unsigned)j;
+		jr->half_full = cache_want_checkpoint;
 		jr->pend_tail = &jr->pend_head;
 		pthread_mutex_init(&jr->lock, NULL);
 		if (!(jr->buf = buf_get(CACHE_PAGE)))

@@ -80,7 +80,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	pthread_mutex_unlock(&cs->lost_lock);
 	st->mem_bytes = cache_set_mem_bytes(cs);
 	for (int i = 0; i < CACHE_SET_MAX_VOLS && st->nluns < 16; i++) {
-		struct cache_vol *v = atomic_load(&cs->vols[i]);
+		struct cache_vol *v = cache_vol_of(cs, i);
 		if (!v)
 			continue;
 		snprintf(st->luns[st->nluns], sizeof(st->luns[0]), "%s", cache_vol_name(v));

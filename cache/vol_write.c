@@ -1,0 +1,351 @@
+/*
+ * vol_write.c - a piece of a WRITE, UNMAP or WRITE ZEROES, by cache mode:
+ * write-back (legs with FUA, then a DIRTY journal record; overwrites of
+ * dirty blocks on a guarded volume through the block log first),
+ * write-through (backing, then the cached copy refreshed), write-around
+ * (backing, then the cached blocks invalidated durably), and bypass (a
+ * miss not admitted, or no free slot).
+ *
+ * Threading: on the submitting worker; waits are re-posts, never sleeps.
+ */
+#include "cache/cache_int.h"
+#include "cache/vol_int.h"
+
+/* ---- writes ------------------------------------------------------------------ */
+
+enum { ST_CACHE_DATA = 1, ST_BACKING, ST_RECORD, ST_BACKING_INVAL };
+
+static void write_step(struct bdev_req *req, int err);
+static void retry_piece(void *arg);
+
+static void submit_sub(struct piece *p, struct bdev *dev, enum bdev_op op, unsigned flags,
+		       uint64_t offset)
+{
+	p->sub = (struct bdev_req){
+		.op = op,
+		.flags = flags,
+		.offset = offset,
+		.len = p->len,
+		.iov = p->iov,
+		.iovcnt = p->iovcnt,
+		.done = write_step,
+		.priv = p,
+	};
+	bdev_submit(dev, &p->sub);
+}
+
+/*
+ * Before the first device write of a piece that may change data the
+ * metadata references (its pinned slot is READY and not its own fresh
+ * one): the slot's write-intent region must be durable (intent.c), so that
+ * recovery knows to reconcile the legs and the backing store there. true:
+ * go on now; false: parked, cont(p) runs later on this worker.
+ */
+static bool piece_intent(struct piece *p, void (*cont)(void *))
+{
+	if (p->intent_held || !p->pin || p->fresh)
+		return true;
+	p->intent_held = true;
+	p->iw.fn = cont;
+	p->iw.arg = p;
+	return intent_enter(p->parent->v->cs, p->slot, &p->iw);
+}
+
+static void to_backing_cont(void *arg);
+
+static void to_backing(struct piece *p)
+{
+	struct vreq *r = p->parent;
+	if (!piece_intent(p, to_backing_cont))
+		return;
+	p->stage = ST_BACKING;
+	unsigned fl = r->up->flags & BDEV_F_FUA;
+	/*
+	 * Write-through over a cached copy refreshes the copy as clean right
+	 * after: the backing store must hold the data durably by then, or a
+	 * power cut could leave a clean cached block it does not have.
+	 */
+	if (p->pin && r->up->op == BDEV_WRITE)
+		fl |= BDEV_F_FUA;
+	submit_sub(p, r->v->backing, r->up->op, fl, p->off);
+}
+
+static void to_backing_cont(void *arg) { to_backing(arg); }
+
+static void to_cache_cont(void *arg);
+static void to_cache(struct piece *p);
+static bool park_while(struct piece *p, uint32_t mask);
+
+static void piece_logged(struct dlog_ent *e, int err)
+{
+	struct piece *p = e->priv;
+	if (err) {
+		piece_end(p, err);
+		return;
+	}
+	to_cache(p);
+}
+
+/*
+ * An overwrite of dirty blocks that a torn write could leave part old,
+ * part new (the LUN's blocks are larger than what the legs write
+ * atomically): the only copy of acknowledged data. It goes whole into the
+ * block log first (dlog.c), then in place.
+ */
+static bool needs_log(struct piece *p)
+{
+	struct cache_vol *v = p->parent->v;
+	struct cache_set *cs = v->cs;
+	return !p->logged && !p->fresh && p->pin && cs->lay.dlog_pages && atomic_load(&v->guard_torn) &&
+	       p->count > 1 && slot_any_dirty(cs, p->slot, p->first, p->count);
+}
+
+static void to_cache(struct piece *p)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	if (!piece_intent(p, to_cache_cont))
+		return;
+	if (needs_log(p)) {
+		/*
+		 * One logged overwrite per extent at a time: recovery takes a
+		 * later journal record on a block to mean the logged write
+		 * before it had completed, which only holds if they never
+		 * overlap in time (two in flight over one block, the later
+		 * acknowledged first, could otherwise stay torn).
+		 */
+		while (atomic_fetch_or(&cs->slots[p->slot].bits, SB_LOGWR) & SB_LOGWR)
+			if (park_while(p, SB_LOGWR))
+				return; /* starts over from the lookup when it is clear */
+		p->logged = true;
+		p->stage = ST_CACHE_DATA;
+		dlog_write(cs, &p->dl, p->slot, atomic_load(&cs->slots[p->slot].key), p->first, p->count, p->iov,
+			   p->iovcnt, piece_logged, p);
+		return;
+	}
+	p->stage = ST_CACHE_DATA;
+	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA,
+		   slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR);
+}
+
+static void to_cache_cont(void *arg) { to_cache(arg); }
+
+static void record_done(struct jwait *w, int err)
+{
+	struct piece *p = caa_container_of(w, struct piece, jw);
+	piece_end(p, err ? err : p->err); /* p->err: the backing write's, after an INVALIDATE */
+}
+
+static void record(struct piece *p, int op, int next_stage)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	p->stage = next_stage;
+	p->jw.done = record_done;
+	/* the data is in place (or the write failed): the logged copy is not needed any more */
+	vol_dlog_drop(cs, p);
+	cache_record(cs, p->slot, op, p->first, p->count, &p->jw);
+}
+
+static void write_step(struct bdev_req *req, int err)
+{
+	struct piece *p = req->priv;
+	struct cache_vol *v = p->parent->v;
+	int mode = atomic_load(&v->mode);
+
+	if (err) {
+		struct cache_set *cs = v->cs;
+		bool to_back = p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL;
+		if (to_back)
+			atomic_fetch_add(&v->bw_volatile, 1); /* it may have landed in part */
+		if (p->stage == ST_CACHE_DATA && mode != CACHE_WRITE_BACK) {
+			/* backing has the data; the stale cached copy must go */
+			record(p, JOP_INVALIDATE, ST_RECORD);
+			return;
+		}
+		if (to_back && p->pin && (atomic_load(&cs->slots[p->slot].bits) & SB_STATE_MASK) == SB_READY &&
+		    !slot_any_dirty(cs, p->slot, p->first, p->count)) {
+			/*
+			 * The backing store may now hold part of the new data: a
+			 * clean cached copy of the old must not stay (an eviction
+			 * would change what the block reads). Dirty blocks stay:
+			 * they are the only copy of acknowledged data.
+			 */
+			p->err = err;
+			record(p, JOP_INVALIDATE, ST_RECORD);
+			return;
+		}
+		piece_end(p, err);
+		return;
+	}
+	if ((p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL) && !(p->sub.flags & BDEV_F_FUA))
+		atomic_fetch_add(&v->bw_volatile, 1);
+	switch (p->stage) {
+	case ST_CACHE_DATA:
+		record(p, mode == CACHE_WRITE_BACK ? JOP_DIRTY : JOP_VALID, ST_RECORD);
+		return;
+	case ST_BACKING_INVAL:
+		record(p, JOP_INVALIDATE, ST_RECORD);
+		return;
+	case ST_BACKING:
+		if (p->pin && p->parent->up->op == BDEV_WRITE) {
+			/* write-through: refresh the cached copy we kept pinned */
+			to_cache(p);
+			return;
+		}
+		piece_end(p, 0);
+		return;
+	}
+	piece_end(p, 0);
+}
+
+/*
+ * If any of the slot's bits in mask is set, park p (pin and bypass count
+ * dropped) until it is cleared, then start it over from the lookup on this
+ * worker; true if parked. The check under the slot lock pairs with the
+ * clearer's, which wakes after clearing.
+ */
+static bool park_while(struct piece *p, uint32_t mask)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	struct slot *sl = &cs->slots[p->slot];
+
+	slot_lock(sl);
+	bool busy = atomic_load(&sl->bits) & mask;
+	if (busy) {
+		p->dwait.fn = retry_piece;
+		p->dwait.arg = p;
+		p->dwait.mask = mask;
+		cache_slot_wait(cs, p->slot, &p->dwait);
+	}
+	slot_unlock(sl);
+	if (!busy)
+		return false;
+	vol_intent_drop(cs, p);
+	vol_slot_unpin(cs, p);
+	vol_bypass_put(cs, p);
+	vol_slice_free(p->iov, p->iov_inline);
+	p->iov = NULL;
+	return true;
+}
+
+/*
+ * Send the piece to the backing store, then invalidate its cached blocks
+ * durably (write-around, pass-through, UNMAP, WRITE_ZEROES, and a
+ * write-through write over dirty blocks). The writer pin held all along
+ * keeps the cleaner off the slot (it skips slots with writers), so old
+ * dirty data cannot be destaged over the new data; a destage already
+ * running is waited for. The order matters for crashes: invalidating first
+ * would, after a cut between the two steps, expose the backing store's
+ * older data in place of the dirty copy.
+ */
+static void backing_then_invalidate_cont(void *arg);
+
+static void backing_then_invalidate(struct piece *p)
+{
+	/*
+	 * Wait for a running destage to end, parked (not re-posted: a piece
+	 * that re-posts itself keeps its worker in run_posts, and when that is
+	 * worker 0 the destage's own completions never run). The retry starts
+	 * over from the lookup; it runs on this worker, after this returns.
+	 */
+	if (park_while(p, SB_DESTAGING))
+		return;
+	if (!piece_intent(p, backing_then_invalidate_cont))
+		return; /* parked: comes back here, destage check included */
+	p->stage = ST_BACKING_INVAL;
+	submit_sub(p, p->parent->v->backing, p->parent->up->op, p->parent->up->flags & BDEV_F_FUA, p->off);
+}
+
+static void backing_then_invalidate_cont(void *arg) { backing_then_invalidate(arg); }
+
+/* Worker thread; the RCU read lock is held around the lookup and pin only. */
+void piece_write(struct piece *p)
+{
+	struct vreq *r = p->parent;
+	struct cache_vol *v = r->v;
+	struct cache_set *cs = v->cs;
+	int mode = atomic_load(&v->mode);
+	bool is_write = r->up->op == BDEV_WRITE;
+
+	p->fresh = false;
+	if (vol_slice_into(r->up, p->data_off, is_write ? p->len : 0, p->iov_inline, &p->iov, &p->iovcnt) < 0) {
+		piece_end(p, -ENOMEM);
+		return;
+	}
+	/* Counted before the lookup: a fill that starts later sees it. */
+	p->bucket = bypass_bucket(p->key);
+	atomic_fetch_add(&cs->bypass[p->bucket], 1);
+
+	rcu_read_lock();
+	uint32_t st = vol_pin_lookup(cs, p, true);
+	rcu_read_unlock();
+	if (st == SB_FILLING)
+		st = vol_cancel_fill(cs, p) ? SB_READY : SB_FREE; /* READY: the fill had finished */
+	/* a top-up writing the legs: wait (the lock-free test pairs with topup_read's) */
+	if (st == SB_READY && (atomic_load(&cs->slots[p->slot].bits) & SB_TOPUP_WR) &&
+	    park_while(p, SB_TOPUP_WR))
+		return;
+
+	bool around = !is_write || mode == CACHE_WRITE_AROUND || mode == CACHE_PASS_THROUGH;
+	if (st == SB_READY &&
+	    (around || (mode == CACHE_WRITE_THROUGH && slot_any_dirty(cs, p->slot, p->first, p->count)))) {
+		backing_then_invalidate(p);
+		return;
+	}
+	if (around || mode == CACHE_WRITE_THROUGH) {
+		if (st == SB_READY)
+			atomic_fetch_add(&cs->st_write_hits, 1);
+		else
+			atomic_fetch_add(&cs->st_write_misses, 1);
+		to_backing(p); /* write-through keeps its pin and refreshes the copy after */
+		return;
+	}
+	/* write-back */
+	if (mirror_all_failed(&cs->mirror)) {
+		/* no leg to hold it: the backing store takes it; dirty blocks lost stay unreadable */
+		vol_slot_unpin(cs, p);
+		to_backing(p);
+		return;
+	}
+	if (st == SB_READY) {
+		atomic_fetch_add(&cs->st_write_hits, 1);
+		policy_touch(cs->policy, p->slot);
+		vol_bypass_put(cs, p);
+		to_cache(p);
+		return;
+	}
+	atomic_fetch_add(&cs->st_write_misses, 1);
+	if (policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, true)) {
+		uint32_t existing = POLICY_NO_SLOT;
+		uint32_t s = cache_alloc_slot(cs, p->key, SB_READY, &existing);
+		if (s == POLICY_NO_SLOT && existing != POLICY_NO_SLOT) {
+			/* someone else's slot for this extent, pinned for us */
+			p->slot = existing;
+			p->pin = SU_WRITER;
+			if ((atomic_load(&cs->slots[existing].bits) & SB_TOPUP_WR) && park_while(p, SB_TOPUP_WR))
+				return;
+			if ((atomic_load(&cs->slots[existing].bits) & SB_STATE_MASK) == SB_FILLING &&
+			    !vol_cancel_fill(cs, p)) {
+				to_backing(p);
+				return;
+			}
+			vol_bypass_put(cs, p);
+			to_cache(p);
+			return;
+		}
+		if (s != POLICY_NO_SLOT) {
+			p->slot = s;
+			p->pin = SU_WRITER;
+			p->fresh = true;
+			vol_bypass_put(cs, p);
+			to_cache(p);
+			return;
+		}
+	}
+	to_backing(p);
+}
+
+static void retry_piece(void *arg)
+{
+	struct piece *p = arg;
+	piece_write(p);
+}

@@ -214,6 +214,37 @@ uint32_t vol_pin_lookup(struct cache_set *cs, struct piece *p, bool writer);
 /* A writer met a fill: cancel it; true if the slot is READY after all. */
 bool vol_cancel_fill(struct cache_set *cs, struct piece *p);
 
+/* ---- cache modes: what a WRITE does, one file each ---- */
+struct vol_mode_ops {
+	/* A WRITE piece, its slot pinned (st SB_READY) or a miss (SB_FREE):
+	 * choose its stages (vol_write.c). */
+	void (*write)(struct piece *p, uint32_t st);
+	bool dirty;  /* data written to the legs is recorded dirty (destaged later) */
+	bool fills;  /* reads promote misses and top up partial hits */
+};
+extern const struct vol_mode_ops vol_mode_wb;      /* mode_wb.c: write-back */
+extern const struct vol_mode_ops vol_mode_wt;      /* mode_wt.c: write-through */
+extern const struct vol_mode_ops vol_mode_around;  /* mode_around.c: write-around, and UNMAP/WRITE ZEROES */
+extern const struct vol_mode_ops vol_mode_pt;      /* mode_around.c: pass-through */
+
+static inline const struct vol_mode_ops *vol_mode(int mode)
+{
+	switch (mode) {
+	case CACHE_WRITE_BACK: return &vol_mode_wb;
+	case CACHE_WRITE_THROUGH: return &vol_mode_wt;
+	case CACHE_WRITE_AROUND: return &vol_mode_around;
+	default: return &vol_mode_pt;
+	}
+}
+
+/* The stages a mode's write picks (vol_write.c). */
+void to_cache(struct piece *p);                 /* legs, then a journal record (VALID or DIRTY) */
+void to_backing(struct piece *p);               /* the backing store; a kept pin refreshes the copy after */
+void backing_then_invalidate(struct piece *p);  /* the backing store, then the cached blocks invalidated */
+/* A flag in mask is set on the piece's slot: true if the piece was parked
+ * until it clears (it starts over then); false if it cleared meanwhile. */
+bool park_while(struct piece *p, uint32_t mask);
+
 /* ---- the paths of a piece ---- */
 void piece_read(struct piece *p);             /* vol_read.c */
 void piece_write(struct piece *p);            /* vol_write.c: writes, UNMAP, WRITE ZEROES */

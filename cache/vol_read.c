@@ -107,13 +107,13 @@ void piece_read(struct piece *p)
 			left -= n;
 		}
 		atomic_fetch_add(whole ? &cs->st_read_hits : &cs->st_read_partial, 1);
-		if (!whole && mode != CACHE_PASS_THROUGH && !mirror_all_failed(&cs->mirror))
+		if (!whole && vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror))
 			vol_topup_start(v, p->slot, p->key);
 	} else {
 		atomic_fetch_add(&cs->st_read_misses, 1);
 		if (add_read_sub(p, false, p->first, p->count) < 0)
 			p->err = -ENOMEM;
-		if (mode != CACHE_PASS_THROUGH && !mirror_all_failed(&cs->mirror) &&
+		if (vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror) &&
 		    policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, false))
 			vol_fill_start(v, p->key);
 	}

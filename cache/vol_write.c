@@ -1,10 +1,12 @@
 /*
- * vol_write.c - a piece of a WRITE, UNMAP or WRITE ZEROES, by cache mode:
- * write-back (legs with FUA, then a DIRTY journal record; overwrites of
- * dirty blocks on a guarded volume through the block log first),
- * write-through (backing, then the cached copy refreshed), write-around
- * (backing, then the cached blocks invalidated durably), and bypass (a
- * miss not admitted, or no free slot).
+ * vol_write.c - a piece of a WRITE, UNMAP or WRITE ZEROES: the slot looked
+ * up and pinned, a fill in the way cancelled, a top-up in the way waited
+ * for; then the cache mode's write (mode_wb.c, mode_wt.c, mode_around.c)
+ * picks the stages, which live here: to the legs (to_cache: FUA, then a
+ * journal record; overwrites of dirty blocks on a guarded volume through
+ * the block log first), to the backing store (to_backing), or to the
+ * backing store and then the cached blocks invalidated durably
+ * (backing_then_invalidate).
  *
  * Threading: on the submitting worker; waits are re-posts, never sleeps.
  */
@@ -53,7 +55,7 @@ static bool piece_intent(struct piece *p, void (*cont)(void *))
 
 static void to_backing_cont(void *arg);
 
-static void to_backing(struct piece *p)
+void to_backing(struct piece *p)
 {
 	struct vreq *r = p->parent;
 	if (!piece_intent(p, to_backing_cont))
@@ -73,8 +75,6 @@ static void to_backing(struct piece *p)
 static void to_backing_cont(void *arg) { to_backing(arg); }
 
 static void to_cache_cont(void *arg);
-static void to_cache(struct piece *p);
-static bool park_while(struct piece *p, uint32_t mask);
 
 static void piece_logged(struct dlog_ent *e, int err)
 {
@@ -100,7 +100,7 @@ static bool needs_log(struct piece *p)
 	       p->count > 1 && slot_any_dirty(cs, p->slot, p->first, p->count);
 }
 
-static void to_cache(struct piece *p)
+void to_cache(struct piece *p)
 {
 	struct cache_set *cs = p->parent->v->cs;
 	if (!piece_intent(p, to_cache_cont))
@@ -156,7 +156,7 @@ static void write_step(struct bdev_req *req, int err)
 		bool to_back = p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL;
 		if (to_back)
 			atomic_fetch_add(&v->bw_volatile, 1); /* it may have landed in part */
-		if (p->stage == ST_CACHE_DATA && mode != CACHE_WRITE_BACK) {
+		if (p->stage == ST_CACHE_DATA && !vol_mode(mode)->dirty) {
 			/* backing has the data; the stale cached copy must go */
 			record(p, JOP_INVALIDATE, ST_RECORD);
 			return;
@@ -180,7 +180,7 @@ static void write_step(struct bdev_req *req, int err)
 		atomic_fetch_add(&v->bw_volatile, 1);
 	switch (p->stage) {
 	case ST_CACHE_DATA:
-		record(p, mode == CACHE_WRITE_BACK ? JOP_DIRTY : JOP_VALID, ST_RECORD);
+		record(p, vol_mode(mode)->dirty ? JOP_DIRTY : JOP_VALID, ST_RECORD);
 		return;
 	case ST_BACKING_INVAL:
 		record(p, JOP_INVALIDATE, ST_RECORD);
@@ -203,7 +203,7 @@ static void write_step(struct bdev_req *req, int err)
  * worker; true if parked. The check under the slot lock pairs with the
  * clearer's, which wakes after clearing.
  */
-static bool park_while(struct piece *p, uint32_t mask)
+bool park_while(struct piece *p, uint32_t mask)
 {
 	struct cache_set *cs = p->parent->v->cs;
 	struct slot *sl = &cs->slots[p->slot];
@@ -239,7 +239,7 @@ static bool park_while(struct piece *p, uint32_t mask)
  */
 static void backing_then_invalidate_cont(void *arg);
 
-static void backing_then_invalidate(struct piece *p)
+void backing_then_invalidate(struct piece *p)
 {
 	/*
 	 * Wait for a running destage to end, parked (not re-posted: a piece
@@ -285,63 +285,8 @@ void piece_write(struct piece *p)
 	    park_while(p, SB_TOPUP_WR))
 		return;
 
-	bool around = !is_write || mode == CACHE_WRITE_AROUND || mode == CACHE_PASS_THROUGH;
-	if (st == SB_READY &&
-	    (around || (mode == CACHE_WRITE_THROUGH && slot_any_dirty(cs, p->slot, p->first, p->count)))) {
-		backing_then_invalidate(p);
-		return;
-	}
-	if (around || mode == CACHE_WRITE_THROUGH) {
-		if (st == SB_READY)
-			atomic_fetch_add(&cs->st_write_hits, 1);
-		else
-			atomic_fetch_add(&cs->st_write_misses, 1);
-		to_backing(p); /* write-through keeps its pin and refreshes the copy after */
-		return;
-	}
-	/* write-back */
-	if (mirror_all_failed(&cs->mirror)) {
-		/* no leg to hold it: the backing store takes it; dirty blocks lost stay unreadable */
-		vol_slot_unpin(cs, p);
-		to_backing(p);
-		return;
-	}
-	if (st == SB_READY) {
-		atomic_fetch_add(&cs->st_write_hits, 1);
-		policy_touch(cs->policy, p->slot);
-		vol_bypass_put(cs, p);
-		to_cache(p);
-		return;
-	}
-	atomic_fetch_add(&cs->st_write_misses, 1);
-	if (policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, true)) {
-		uint32_t existing = POLICY_NO_SLOT;
-		uint32_t s = cache_alloc_slot(cs, p->key, SB_READY, &existing);
-		if (s == POLICY_NO_SLOT && existing != POLICY_NO_SLOT) {
-			/* someone else's slot for this extent, pinned for us */
-			p->slot = existing;
-			p->pin = SU_WRITER;
-			if ((atomic_load(&cs->slots[existing].bits) & SB_TOPUP_WR) && park_while(p, SB_TOPUP_WR))
-				return;
-			if ((atomic_load(&cs->slots[existing].bits) & SB_STATE_MASK) == SB_FILLING &&
-			    !vol_cancel_fill(cs, p)) {
-				to_backing(p);
-				return;
-			}
-			vol_bypass_put(cs, p);
-			to_cache(p);
-			return;
-		}
-		if (s != POLICY_NO_SLOT) {
-			p->slot = s;
-			p->pin = SU_WRITER;
-			p->fresh = true;
-			vol_bypass_put(cs, p);
-			to_cache(p);
-			return;
-		}
-	}
-	to_backing(p);
+	/* UNMAP and WRITE ZEROES go around the cache in every mode */
+	(is_write ? vol_mode(mode) : &vol_mode_around)->write(p, st);
 }
 
 static void retry_piece(void *arg)

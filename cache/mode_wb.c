@@ -1,0 +1,62 @@
+/*
+ * mode_wb.c - write-back: a write goes to the legs (FUA on every healthy
+ * leg) and is acknowledged once its DIRTY journal record is durable; the
+ * cleaner destages it later. A miss the policy admits takes a fresh slot;
+ * one it does not, or that finds no free slot, goes to the backing store
+ * (bypass). With no healthy leg the backing store takes the write.
+ *
+ * Threading: on the submitting worker.
+ */
+#include "cache/cache_int.h"
+#include "cache/vol_int.h"
+
+static void wb_write(struct piece *p, uint32_t st)
+{
+	struct cache_vol *v = p->parent->v;
+	struct cache_set *cs = v->cs;
+
+	if (mirror_all_failed(&cs->mirror)) {
+		/* no leg to hold it: the backing store takes it; dirty blocks lost stay unreadable */
+		vol_slot_unpin(cs, p);
+		to_backing(p);
+		return;
+	}
+	if (st == SB_READY) {
+		atomic_fetch_add(&cs->st_write_hits, 1);
+		policy_touch(cs->policy, p->slot);
+		vol_bypass_put(cs, p);
+		to_cache(p);
+		return;
+	}
+	atomic_fetch_add(&cs->st_write_misses, 1);
+	if (policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, true)) {
+		uint32_t existing = POLICY_NO_SLOT;
+		uint32_t s = cache_alloc_slot(cs, p->key, SB_READY, &existing);
+		if (s == POLICY_NO_SLOT && existing != POLICY_NO_SLOT) {
+			/* someone else's slot for this extent, pinned for us */
+			p->slot = existing;
+			p->pin = SU_WRITER;
+			if ((atomic_load(&cs->slots[existing].bits) & SB_TOPUP_WR) && park_while(p, SB_TOPUP_WR))
+				return;
+			if ((atomic_load(&cs->slots[existing].bits) & SB_STATE_MASK) == SB_FILLING &&
+			    !vol_cancel_fill(cs, p)) {
+				to_backing(p);
+				return;
+			}
+			vol_bypass_put(cs, p);
+			to_cache(p);
+			return;
+		}
+		if (s != POLICY_NO_SLOT) {
+			p->slot = s;
+			p->pin = SU_WRITER;
+			p->fresh = true;
+			vol_bypass_put(cs, p);
+			to_cache(p);
+			return;
+		}
+	}
+	to_backing(p);
+}
+
+const struct vol_mode_ops vol_mode_wb = { .write = wb_write, .dirty = true, .fills = true };

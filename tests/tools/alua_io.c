@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/tools/tc_iscsi.h"
+#include "tc_iscsi.h"
 
 #define SECT 512
 

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/tools/tc_iscsi.h"
+#include "tc_iscsi.h"
 
 #include <iscsi/scsi-lowlevel.h>
 

@@ -75,7 +75,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/tools/tc_iscsi.h"
+#include "tc_iscsi.h"
 
 #define SECT 512
 #define MAX_SECTORS_PER_WRITE 512 /* 256 KiB */

@@ -225,16 +225,331 @@ struct cache_set *cache_set_open(const struct cache_set_cfg *cfg, char *err, siz
 	return cache_set_open_devs(cfg, legs, err, errlen);
 }
 
+/*
+ * What opening a set learns from its legs before it trusts them: each
+ * leg's two superblock copies, which is valid (have: copy index, or -1),
+ * blank (fresh) or marked as being rebuilt; the newest superblock (nsb, on
+ * config leg best); the legs it must not read (failed, not_member); a
+ * blank or interrupted leg to rebuild (blank); whether the legs are listed
+ * in the other order than their recorded index (swap).
+ */
+struct set_scan {
+	struct cache_sb_disk *sbs[CACHE_MAX_LEGS][2];
+	int have[CACHE_MAX_LEGS];
+	bool fresh[CACHE_MAX_LEGS];
+	bool rebuilding[CACHE_MAX_LEGS];
+	uint8_t mark_uuid[CACHE_MAX_LEGS][16];
+	const struct cache_sb_disk *mark_sb[CACHE_MAX_LEGS]; /* a marked leg's other copy */
+	int best;
+	struct cache_sb_disk *nsb;
+	uint32_t failed, not_member;
+	int blank; /* config index of a blank leg to resync onto */
+	bool swap;
+};
+
+/* Read both superblock copies of every leg and sort each leg out. */
+static int scan_legs(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc, char *err,
+		     size_t errlen)
+{
+	for (int i = 0; i < cfg->nlegs; i++) {
+		for (int k = 0; k < 2; k++) {
+			sc->sbs[i][k] = buf_get(CACHE_PAGE);
+			if (!sc->sbs[i][k] ||
+			    cache_sync_io(cs->legs[i], BDEV_READ, (uint64_t)k * CACHE_PAGE, sc->sbs[i][k], CACHE_PAGE, 0) < 0) {
+				cache_errf(err, errlen, "cache %s: cannot read the superblock of leg %s", cfg->name,
+				     cfg->legs[i]);
+				return -1;
+			}
+		}
+		const char *why = NULL, *why2 = NULL;
+		int a = meta_sb_check(sc->sbs[i][0], &why), b = meta_sb_check(sc->sbs[i][1], &why2);
+		if (meta_rebuild_marked(sc->sbs[i][0], sc->mark_uuid[i]) || meta_rebuild_marked(sc->sbs[i][1], sc->mark_uuid[i])) {
+			sc->rebuilding[i] = true; /* whatever the other copy holds: not a member */
+			sc->mark_sb[i] = a == 0 ? sc->sbs[i][0] : b == 0 ? sc->sbs[i][1] : NULL;
+		}
+		else if (a == 0 && (b != 0 || le64_get(sc->sbs[i][0]->gen) >= le64_get(sc->sbs[i][1]->gen)))
+			sc->have[i] = 0;
+		else if (b == 0)
+			sc->have[i] = 1;
+		else if (all_zero(sc->sbs[i][0], CACHE_PAGE) && all_zero(sc->sbs[i][1], CACHE_PAGE))
+			sc->fresh[i] = true;
+		else {
+			cache_errf(err, errlen, "cache %s: leg %s: %s; if it holds nothing you need, zero its first "
+				"8 KiB (dd if=/dev/zero of=%s bs=4096 count=2 conv=notrunc) so tiercached formats it",
+			     cfg->name, cs->legs[i]->name, why, cs->legs[i]->name);
+			return -1;
+		}
+	}
+	if (cfg->nlegs == 2 && cs->legs[0]->size != cs->legs[1]->size) {
+		cache_errf(err, errlen, "cache %s: leg %s is %llu bytes, leg %s is %llu bytes; legs of a mirror must "
+			"be the same size", cfg->name, cfg->legs[1], (unsigned long long)cs->legs[1]->size,
+		     cfg->legs[0], (unsigned long long)cs->legs[0]->size);
+		return -1;
+	}
+	return 0;
+}
+
+/* The newest superblock of the legs, if any holds one. */
+static int pick_newest(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc, char *err,
+		       size_t errlen)
+{
+	/* pick the newest superblock; check every leg belongs to it */
+	sc->best = -1;
+	for (int i = 0; i < cfg->nlegs; i++)
+		if (sc->have[i] >= 0 && (sc->best < 0 || le64_get(sc->sbs[i][sc->have[i]]->gen) >
+						     le64_get(sc->sbs[sc->best][sc->have[sc->best]]->gen)))
+			sc->best = i;
+	sc->nsb = sc->best >= 0 ? sc->sbs[sc->best][sc->have[sc->best]] : NULL;
+	for (int i = 0; i < cfg->nlegs; i++)
+		if (sc->rebuilding[i] && !sc->nsb) {
+			cache_errf(err, errlen, "cache %s: leg %s is marked as being rebuilt, and no leg holds the set "
+				"to rebuild it from; if the data is not needed, zero the first 8 KiB of every leg",
+			     cfg->name, cs->legs[i]->name);
+			return -1;
+		}
+	return 0;
+}
+
+/* Every listed leg belongs to the newest superblock's set, or is a blank
+ * or interrupted leg at a place it records as failed (rebuilt once open). */
+static int check_members(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc, char *err,
+			 size_t errlen)
+{
+	memcpy(cs->uuid, sc->nsb->set_uuid, 16);
+	char u[37];
+	uuid_str(cs->uuid, u);
+	for (int i = 0; i < cfg->nlegs; i++) {
+		/*
+		 * A blank leg, or one marked as being rebuilt for this set,
+		 * at a place the newest superblock records as failed (a
+		 * drive swapped for a failed one, a rebuild a stop or a
+		 * crash interrupted), or a marked leg whose other copy is
+		 * already its own superblock as the member the newest one
+		 * names (cut just before the last superblock write): the
+		 * set needs nothing on it, the other leg is at least as
+		 * new. Rebuild it from the other leg once the set is open.
+		 * Anywhere else it is refused: the good drive may be the
+		 * one missing.
+		 */
+		bool place_failed = false;
+		if (cfg->nlegs == 2 && (sc->fresh[i] || sc->rebuilding[i]) && sc->have[1 - i] >= 0) {
+			uint32_t idx = 1 - (le32_get(sc->nsb->leg_index) & 1);
+			bool recorded = (le32_get(sc->nsb->failed_mask) & (1u << idx)) != 0;
+			if (sc->fresh[i])
+				place_failed = recorded;
+			else
+				place_failed = !memcmp(sc->mark_uuid[i], sc->nsb->set_uuid, 16) &&
+					       (recorded || (sc->mark_sb[i] && !all_zero(sc->nsb->member_uuid[idx], 16) &&
+							     !memcmp(sc->mark_sb[i]->leg_uuid, sc->nsb->member_uuid[idx], 16)));
+		}
+		if (place_failed) {
+			sc->blank = i;
+			continue;
+		}
+		if (sc->rebuilding[i]) {
+			cache_errf(err, errlen, "cache %s: leg %s is marked as being rebuilt, but for another "
+				"set or at a place the set records as healthy; list the right device, or "
+				"zero its first 8 KiB to start it afresh", cfg->name, cs->legs[i]->name);
+			return -1;
+		}
+		if (sc->fresh[i]) {
+			cache_errf(err, errlen, "cache %s: leg %s is blank but leg %s holds set %s; a replaced "
+				"leg is rebuilt online with `tierctl leg replace`; to start the daemon now, "
+				"give allow_single_leg = yes and list only %s", cfg->name, cfg->legs[i],
+			     cfg->legs[sc->best], u, cfg->legs[sc->best]);
+			return -1;
+		}
+		struct cache_sb_disk *sb = sc->sbs[i][sc->have[i]];
+		if (memcmp(sb->set_uuid, cs->uuid, 16)) {
+			char u2[37];
+			uuid_str(sb->set_uuid, u2);
+			cache_errf(err, errlen, "cache %s: leg %s belongs to another cache set (\"%.64s\", %s), not "
+				"to this one (%s); list the right device, or zero its first 8 KiB if its "
+				"contents may be discarded", cfg->name, cfg->legs[i], sb->set_name, u2, u);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* The configuration agrees with the set's extent size and leg count. */
+static int check_shape(const struct cache_set_cfg *cfg, const struct set_scan *sc, char *err, size_t errlen)
+{
+	uint32_t ext = le32_get(sc->nsb->extent_size);
+	if (ext != cfg->extent_size) {
+		cache_errf(err, errlen, "cache %s: the legs were formatted with extent = %uK but the "
+			"configuration says %uK; set extent = %uK (the extent size cannot change without "
+			"reformatting the legs)", cfg->name, ext >> 10, cfg->extent_size >> 10, ext >> 10);
+		return -1;
+	}
+	if (le32_get(sc->nsb->nlegs) != (uint32_t)cfg->nlegs && !cfg->allow_single_leg) {
+		cache_errf(err, errlen, "cache %s: the set was made of %u legs, the configuration lists %d; "
+			"list both legs", cfg->name, le32_get(sc->nsb->nlegs), cfg->nlegs);
+		return -1;
+	}
+	return 0;
+}
+
+/* Put the legs in the order of their recorded index, and learn which
+ * device each index is. */
+static void order_legs(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc)
+{
+	/* order legs by their recorded index (a blank leg takes the other index) */
+	sc->swap = false;
+	if (cfg->nlegs == 2) {
+		int ref = sc->blank == 0 ? 1 : 0;
+		sc->swap = le32_get(sc->sbs[ref][sc->have[ref]]->leg_index) == (uint32_t)(ref == 0 ? 1 : 0);
+	}
+	if (sc->swap) {
+		struct bdev *t = cs->legs[0];
+		cs->legs[0] = cs->legs[1];
+		cs->legs[1] = t;
+		sc->best = 1 - sc->best;
+	}
+	/*
+	 * Which device each index is. A leg whose own identity is not
+	 * the member the newest superblock names for its index was
+	 * replaced (`leg replace` onto another device, the configuration
+	 * still listing the old one): its contents are stale however
+	 * good they look, so it is failed, never read.
+	 */
+	bool members = !all_zero(sc->nsb->member_uuid, sizeof(sc->nsb->member_uuid));
+	for (int c = 0; c < cfg->nlegs; c++) {
+		int i = sc->swap ? 1 - c : c; /* mirror index of config leg c */
+		if (cfg->nlegs == 1)
+			i = (int)le32_get(sc->sbs[c][sc->have[c]]->leg_index) % CACHE_MAX_LEGS;
+		int at = cfg->nlegs == 1 ? 0 : i; /* where it sits in cs->legs[] */
+		const uint8_t *want = sc->nsb->member_uuid[i];
+		bool want_known = members && !all_zero(want, 16);
+		if (c == sc->blank) {
+			sc->not_member |= 1u << i;
+		} else if (want_known && memcmp(sc->sbs[c][sc->have[c]]->leg_uuid, want, 16) &&
+			   !(all_zero(sc->sbs[c][sc->have[c]]->leg_uuid, 16) &&
+			     le64_get(sc->sbs[c][sc->have[c]]->gen) + 1 >= le64_get(sc->nsb->gen))) {
+			/* (a leg with no identity of its own yet, from before they
+			 * existed, whose superblock is the newest but one: the
+			 * first write after an upgrade was cut on it) */
+			log_err("cache %s: leg %s is not the device the set last recorded at its place (it "
+				"was replaced by `tierctl leg replace`): it is out of service; list the "
+				"replacement in legs =", cfg->name, cs->legs[at]->name);
+			sc->not_member |= 1u << i;
+		}
+		if (want_known)
+			memcpy(cs->leg_uuid[at], want, 16);
+		else if (c != sc->blank && !all_zero(sc->sbs[c][sc->have[c]]->leg_uuid, 16))
+			memcpy(cs->leg_uuid[at], sc->sbs[c][sc->have[c]]->leg_uuid, 16);
+		else if (getrandom(cs->leg_uuid[at], 16, 0) != 16)
+			memset(cs->leg_uuid[at], 0, 16); /* unchecked, as before */
+	}
+	if (sc->blank >= 0)
+		cs->blank_leg = sc->swap ? 1 - sc->blank : sc->blank;
+}
+
+/* Take the set's geometry from the newest superblock, once it is one
+ * tiercached writes. */
+static int adopt_layout(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc, char *err,
+			size_t errlen)
+{
+	uint32_t ext = le32_get(sc->nsb->extent_size);
+	struct cache_layout lay = {
+		.leg_size = le64_get(sc->nsb->leg_size),
+		.extent_size = ext,
+		.bpe = ext / CACHE_SECTOR,
+		.rec_size = le32_get(sc->nsb->rec_size),
+		.nslots = le32_get(sc->nsb->nslots),
+		.jblocks = le32_get(sc->nsb->jblocks),
+		.table_off = le64_get(sc->nsb->table_off),
+		.journal_off = le64_get(sc->nsb->journal_off),
+		.data_off = le64_get(sc->nsb->data_off),
+	};
+	uint32_t version = le32_get(sc->nsb->version);
+	if (version >= CACHE_VERSION) {
+		lay.dlog_off = le64_get(sc->nsb->dlog_off);
+		lay.dlog_pages = le32_get(sc->nsb->dlog_pages);
+	}
+	if (cs->legs[0]->size < lay.leg_size || lay.data_off + (uint64_t)lay.nslots * ext > lay.leg_size) {
+		cache_errf(err, errlen, "cache %s: legs are %llu bytes but the set was formatted for %llu; "
+			"give size = %llu", cfg->name, (unsigned long long)cs->legs[0]->size,
+		     (unsigned long long)lay.leg_size, (unsigned long long)lay.leg_size);
+		return -1;
+	}
+	/*
+	 * The geometry is a function of leg size and extent size
+	 * (meta_layout, unchanged since the first format): anything
+	 * else is a superblock that passed its checksum but cannot be
+	 * ours, and trusting it divides by a zero rec_size, reads a
+	 * ring of zero blocks or sizes the slot array from garbage.
+	 */
+	struct cache_layout want;
+	if (le32_get(sc->nsb->block_size) != CACHE_SECTOR || le32_get(sc->nsb->njournals) != CACHE_NJOURNALS ||
+	    meta_layout(lay.leg_size, ext, version, &want) < 0 || want.rec_size != lay.rec_size ||
+	    want.nslots != lay.nslots || want.jblocks != lay.jblocks || want.table_off != lay.table_off ||
+	    want.journal_off != lay.journal_off || want.data_off != lay.data_off ||
+	    want.dlog_off != lay.dlog_off || want.dlog_pages != lay.dlog_pages ||
+	    (version >= CACHE_VERSION && le32_get(sc->nsb->dlog_rings) != CACHE_DLOG_RINGS)) {
+		cache_errf(err, errlen, "cache %s: the superblock of %s describes a layout tiercached never writes "
+			"(%u slots of %u bytes, %u journal blocks per ring, table at %llu, journal at %llu, "
+			"data at %llu for %llu-byte legs); the set cannot be trusted: restore the leg from "
+			"the other one, or delete both legs to start with an empty cache (dirty data in it "
+			"will be lost)", cfg->name, cs->legs[sc->best]->name, lay.nslots, lay.rec_size, lay.jblocks,
+		     (unsigned long long)lay.table_off, (unsigned long long)lay.journal_off,
+		     (unsigned long long)lay.data_off, (unsigned long long)lay.leg_size);
+		return -1;
+	}
+	cs->lay = lay;
+	/* a version 1 set gains the write-intent page (version 2); a version 2 set keeps its layout */
+	cs->version = version == CACHE_VERSION_V1 ? CACHE_VERSION_V2 : version;
+	cs->sb_gen = le64_get(sc->nsb->gen);
+	cs->ckpt_seq = le64_get(sc->nsb->ckpt_seq);
+	for (int j = 0; j < CACHE_NJOURNALS; j++)
+		cs->jtail[j] = le64_get(sc->nsb->jtail[j]);
+	memcpy(cs->backing, sc->nsb->backing, sizeof(cs->backing));
+	return 0;
+}
+
+/* The legs the set must not read, and a leg listed alone. */
+static int adopt_failed(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc, char *err,
+			size_t errlen)
+{
+	/*
+	 * failed_mask is by leg index (the superblock's leg_index), and
+	 * so is cs->legs[] with two legs. One leg listed alone is index
+	 * 0 of the mirror whatever its index was: it may run alone only
+	 * if it is not the one recorded stale; the other is gone.
+	 */
+	sc->failed = (le32_get(sc->nsb->failed_mask) | sc->not_member) & ((1u << CACHE_MAX_LEGS) - 1);
+	if (cfg->nlegs == 1) {
+		uint32_t self = le32_get(sc->nsb->leg_index);
+		if (self >= CACHE_MAX_LEGS || (sc->failed & (1u << self))) {
+			cache_errf(err, errlen, "cache %s: leg %s is recorded as failed in the set's superblock (it "
+				"missed writes the other leg took); it cannot serve alone: list the other leg",
+			     cfg->name, cs->legs[0]->name);
+			return -1;
+		}
+		if (le32_get(sc->nsb->nlegs) == 2) {
+			/* the other leg misses what this run writes: say so in our superblocks */
+			cs->alone_index = (int)self;
+			memcpy(cs->alone_other_uuid, sc->nsb->member_uuid[1 - self], 16);
+			log_warn("cache %s: running on leg %s alone; the other leg is recorded as stale and is "
+				 "rebuilt (tierctl leg replace) before it serves again", cfg->name, cs->legs[0]->name);
+		}
+		sc->failed = 0;
+	} else if (sc->failed == 3) {
+		cache_errf(err, errlen, "cache %s: both legs are recorded as failed in the set's superblock; no leg "
+			"holds data that can be trusted: delete both legs to start with an empty cache (dirty "
+			"data in it is lost)", cfg->name);
+		return -1;
+	}
+	if (!le32_get(sc->nsb->clean))
+		log_warn("cache %s: not shut down cleanly; recovering from the journal", cfg->name);
+	return 0;
+}
+
 struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bdev **legdevs, char *err,
 				      size_t errlen)
 {
 	struct cache_set *cs = calloc(1, sizeof(*cs));
-	struct cache_sb_disk *sbs[CACHE_MAX_LEGS][2] = { { NULL } };
-	int have[CACHE_MAX_LEGS] = { -1, -1 };
-	bool fresh[CACHE_MAX_LEGS] = { false, false };
-	bool rebuilding[CACHE_MAX_LEGS] = { false, false };
-	uint8_t mark_uuid[CACHE_MAX_LEGS][16];
-	const struct cache_sb_disk *mark_sb[CACHE_MAX_LEGS] = { NULL, NULL }; /* a marked leg's other copy */
+	struct set_scan scan = { .have = { -1, -1 }, .blank = -1 }, *sc = &scan;
 
 	if (!cs) {
 		for (int i = 0; i < cfg->nlegs; i++)
@@ -271,257 +586,14 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		     cfg->name);
 		goto out;
 	}
-	for (int i = 0; i < cfg->nlegs; i++) {
-		for (int k = 0; k < 2; k++) {
-			sbs[i][k] = buf_get(CACHE_PAGE);
-			if (!sbs[i][k] ||
-			    cache_sync_io(cs->legs[i], BDEV_READ, (uint64_t)k * CACHE_PAGE, sbs[i][k], CACHE_PAGE, 0) < 0) {
-				cache_errf(err, errlen, "cache %s: cannot read the superblock of leg %s", cfg->name,
-				     cfg->legs[i]);
-				goto out;
-			}
-		}
-		const char *why = NULL, *why2 = NULL;
-		int a = meta_sb_check(sbs[i][0], &why), b = meta_sb_check(sbs[i][1], &why2);
-		if (meta_rebuild_marked(sbs[i][0], mark_uuid[i]) || meta_rebuild_marked(sbs[i][1], mark_uuid[i])) {
-			rebuilding[i] = true; /* whatever the other copy holds: not a member */
-			mark_sb[i] = a == 0 ? sbs[i][0] : b == 0 ? sbs[i][1] : NULL;
-		}
-		else if (a == 0 && (b != 0 || le64_get(sbs[i][0]->gen) >= le64_get(sbs[i][1]->gen)))
-			have[i] = 0;
-		else if (b == 0)
-			have[i] = 1;
-		else if (all_zero(sbs[i][0], CACHE_PAGE) && all_zero(sbs[i][1], CACHE_PAGE))
-			fresh[i] = true;
-		else {
-			cache_errf(err, errlen, "cache %s: leg %s: %s; if it holds nothing you need, zero its first "
-				"8 KiB (dd if=/dev/zero of=%s bs=4096 count=2 conv=notrunc) so tiercached formats it",
-			     cfg->name, cs->legs[i]->name, why, cs->legs[i]->name);
-			goto out;
-		}
-	}
-	if (cfg->nlegs == 2 && cs->legs[0]->size != cs->legs[1]->size) {
-		cache_errf(err, errlen, "cache %s: leg %s is %llu bytes, leg %s is %llu bytes; legs of a mirror must "
-			"be the same size", cfg->name, cfg->legs[1], (unsigned long long)cs->legs[1]->size,
-		     cfg->legs[0], (unsigned long long)cs->legs[0]->size);
+	if (scan_legs(cs, cfg, sc, err, errlen) < 0 || pick_newest(cs, cfg, sc, err, errlen) < 0)
 		goto out;
-	}
-	/* pick the newest superblock; check every leg belongs to it */
-	int best = -1;
-	for (int i = 0; i < cfg->nlegs; i++)
-		if (have[i] >= 0 && (best < 0 || le64_get(sbs[i][have[i]]->gen) >
-						     le64_get(sbs[best][have[best]]->gen)))
-			best = i;
-	struct cache_sb_disk *nsb = best >= 0 ? sbs[best][have[best]] : NULL;
-	for (int i = 0; i < cfg->nlegs; i++)
-		if (rebuilding[i] && !nsb) {
-			cache_errf(err, errlen, "cache %s: leg %s is marked as being rebuilt, and no leg holds the set "
-				"to rebuild it from; if the data is not needed, zero the first 8 KiB of every leg",
-			     cfg->name, cs->legs[i]->name);
+	if (sc->nsb) {
+		if (check_members(cs, cfg, sc, err, errlen) < 0 || check_shape(cfg, sc, err, errlen) < 0)
 			goto out;
-		}
-	uint32_t failed = 0, not_member = 0;
-	int blank = -1; /* config index of a blank leg to resync onto */
-	if (nsb) {
-		memcpy(cs->uuid, nsb->set_uuid, 16);
-		char u[37];
-		uuid_str(cs->uuid, u);
-		for (int i = 0; i < cfg->nlegs; i++) {
-			/*
-			 * A blank leg, or one marked as being rebuilt for this set,
-			 * at a place the newest superblock records as failed (a
-			 * drive swapped for a failed one, a rebuild a stop or a
-			 * crash interrupted), or a marked leg whose other copy is
-			 * already its own superblock as the member the newest one
-			 * names (cut just before the last superblock write): the
-			 * set needs nothing on it, the other leg is at least as
-			 * new. Rebuild it from the other leg once the set is open.
-			 * Anywhere else it is refused: the good drive may be the
-			 * one missing.
-			 */
-			bool place_failed = false;
-			if (cfg->nlegs == 2 && (fresh[i] || rebuilding[i]) && have[1 - i] >= 0) {
-				uint32_t idx = 1 - (le32_get(nsb->leg_index) & 1);
-				bool recorded = (le32_get(nsb->failed_mask) & (1u << idx)) != 0;
-				if (fresh[i])
-					place_failed = recorded;
-				else
-					place_failed = !memcmp(mark_uuid[i], nsb->set_uuid, 16) &&
-						       (recorded || (mark_sb[i] && !all_zero(nsb->member_uuid[idx], 16) &&
-								     !memcmp(mark_sb[i]->leg_uuid, nsb->member_uuid[idx], 16)));
-			}
-			if (place_failed) {
-				blank = i;
-				continue;
-			}
-			if (rebuilding[i]) {
-				cache_errf(err, errlen, "cache %s: leg %s is marked as being rebuilt, but for another "
-					"set or at a place the set records as healthy; list the right device, or "
-					"zero its first 8 KiB to start it afresh", cfg->name, cs->legs[i]->name);
-				goto out;
-			}
-			if (fresh[i]) {
-				cache_errf(err, errlen, "cache %s: leg %s is blank but leg %s holds set %s; a replaced "
-					"leg is rebuilt online with `tierctl leg replace`; to start the daemon now, "
-					"give allow_single_leg = yes and list only %s", cfg->name, cfg->legs[i],
-				     cfg->legs[best], u, cfg->legs[best]);
-				goto out;
-			}
-			struct cache_sb_disk *sb = sbs[i][have[i]];
-			if (memcmp(sb->set_uuid, cs->uuid, 16)) {
-				char u2[37];
-				uuid_str(sb->set_uuid, u2);
-				cache_errf(err, errlen, "cache %s: leg %s belongs to another cache set (\"%.64s\", %s), not "
-					"to this one (%s); list the right device, or zero its first 8 KiB if its "
-					"contents may be discarded", cfg->name, cfg->legs[i], sb->set_name, u2, u);
-				goto out;
-			}
-		}
-		uint32_t ext = le32_get(nsb->extent_size);
-		if (ext != cfg->extent_size) {
-			cache_errf(err, errlen, "cache %s: the legs were formatted with extent = %uK but the "
-				"configuration says %uK; set extent = %uK (the extent size cannot change without "
-				"reformatting the legs)", cfg->name, ext >> 10, cfg->extent_size >> 10, ext >> 10);
+		order_legs(cs, cfg, sc);
+		if (adopt_layout(cs, cfg, sc, err, errlen) < 0 || adopt_failed(cs, cfg, sc, err, errlen) < 0)
 			goto out;
-		}
-		if (le32_get(nsb->nlegs) != (uint32_t)cfg->nlegs && !cfg->allow_single_leg) {
-			cache_errf(err, errlen, "cache %s: the set was made of %u legs, the configuration lists %d; "
-				"list both legs", cfg->name, le32_get(nsb->nlegs), cfg->nlegs);
-			goto out;
-		}
-		/* order legs by their recorded index (a blank leg takes the other index) */
-		bool swap = false;
-		if (cfg->nlegs == 2) {
-			int ref = blank == 0 ? 1 : 0;
-			swap = le32_get(sbs[ref][have[ref]]->leg_index) == (uint32_t)(ref == 0 ? 1 : 0);
-		}
-		if (swap) {
-			struct bdev *t = cs->legs[0];
-			cs->legs[0] = cs->legs[1];
-			cs->legs[1] = t;
-			best = 1 - best;
-		}
-		/*
-		 * Which device each index is. A leg whose own identity is not
-		 * the member the newest superblock names for its index was
-		 * replaced (`leg replace` onto another device, the configuration
-		 * still listing the old one): its contents are stale however
-		 * good they look, so it is failed, never read.
-		 */
-		bool members = !all_zero(nsb->member_uuid, sizeof(nsb->member_uuid));
-		for (int c = 0; c < cfg->nlegs; c++) {
-			int i = swap ? 1 - c : c; /* mirror index of config leg c */
-			if (cfg->nlegs == 1)
-				i = (int)le32_get(sbs[c][have[c]]->leg_index) % CACHE_MAX_LEGS;
-			int at = cfg->nlegs == 1 ? 0 : i; /* where it sits in cs->legs[] */
-			const uint8_t *want = nsb->member_uuid[i];
-			bool want_known = members && !all_zero(want, 16);
-			if (c == blank) {
-				not_member |= 1u << i;
-			} else if (want_known && memcmp(sbs[c][have[c]]->leg_uuid, want, 16) &&
-				   !(all_zero(sbs[c][have[c]]->leg_uuid, 16) &&
-				     le64_get(sbs[c][have[c]]->gen) + 1 >= le64_get(nsb->gen))) {
-				/* (a leg with no identity of its own yet, from before they
-				 * existed, whose superblock is the newest but one: the
-				 * first write after an upgrade was cut on it) */
-				log_err("cache %s: leg %s is not the device the set last recorded at its place (it "
-					"was replaced by `tierctl leg replace`): it is out of service; list the "
-					"replacement in legs =", cfg->name, cs->legs[at]->name);
-				not_member |= 1u << i;
-			}
-			if (want_known)
-				memcpy(cs->leg_uuid[at], want, 16);
-			else if (c != blank && !all_zero(sbs[c][have[c]]->leg_uuid, 16))
-				memcpy(cs->leg_uuid[at], sbs[c][have[c]]->leg_uuid, 16);
-			else if (getrandom(cs->leg_uuid[at], 16, 0) != 16)
-				memset(cs->leg_uuid[at], 0, 16); /* unchecked, as before */
-		}
-		if (blank >= 0)
-			cs->blank_leg = swap ? 1 - blank : blank;
-		struct cache_layout lay = {
-			.leg_size = le64_get(nsb->leg_size),
-			.extent_size = ext,
-			.bpe = ext / CACHE_SECTOR,
-			.rec_size = le32_get(nsb->rec_size),
-			.nslots = le32_get(nsb->nslots),
-			.jblocks = le32_get(nsb->jblocks),
-			.table_off = le64_get(nsb->table_off),
-			.journal_off = le64_get(nsb->journal_off),
-			.data_off = le64_get(nsb->data_off),
-		};
-		uint32_t version = le32_get(nsb->version);
-		if (version >= CACHE_VERSION) {
-			lay.dlog_off = le64_get(nsb->dlog_off);
-			lay.dlog_pages = le32_get(nsb->dlog_pages);
-		}
-		if (cs->legs[0]->size < lay.leg_size || lay.data_off + (uint64_t)lay.nslots * ext > lay.leg_size) {
-			cache_errf(err, errlen, "cache %s: legs are %llu bytes but the set was formatted for %llu; "
-				"give size = %llu", cfg->name, (unsigned long long)cs->legs[0]->size,
-			     (unsigned long long)lay.leg_size, (unsigned long long)lay.leg_size);
-			goto out;
-		}
-		/*
-		 * The geometry is a function of leg size and extent size
-		 * (meta_layout, unchanged since the first format): anything
-		 * else is a superblock that passed its checksum but cannot be
-		 * ours, and trusting it divides by a zero rec_size, reads a
-		 * ring of zero blocks or sizes the slot array from garbage.
-		 */
-		struct cache_layout want;
-		if (le32_get(nsb->block_size) != CACHE_SECTOR || le32_get(nsb->njournals) != CACHE_NJOURNALS ||
-		    meta_layout(lay.leg_size, ext, version, &want) < 0 || want.rec_size != lay.rec_size ||
-		    want.nslots != lay.nslots || want.jblocks != lay.jblocks || want.table_off != lay.table_off ||
-		    want.journal_off != lay.journal_off || want.data_off != lay.data_off ||
-		    want.dlog_off != lay.dlog_off || want.dlog_pages != lay.dlog_pages ||
-		    (version >= CACHE_VERSION && le32_get(nsb->dlog_rings) != CACHE_DLOG_RINGS)) {
-			cache_errf(err, errlen, "cache %s: the superblock of %s describes a layout tiercached never writes "
-				"(%u slots of %u bytes, %u journal blocks per ring, table at %llu, journal at %llu, "
-				"data at %llu for %llu-byte legs); the set cannot be trusted: restore the leg from "
-				"the other one, or delete both legs to start with an empty cache (dirty data in it "
-				"will be lost)", cfg->name, cs->legs[best]->name, lay.nslots, lay.rec_size, lay.jblocks,
-			     (unsigned long long)lay.table_off, (unsigned long long)lay.journal_off,
-			     (unsigned long long)lay.data_off, (unsigned long long)lay.leg_size);
-			goto out;
-		}
-		cs->lay = lay;
-		/* a version 1 set gains the write-intent page (version 2); a version 2 set keeps its layout */
-		cs->version = version == CACHE_VERSION_V1 ? CACHE_VERSION_V2 : version;
-		cs->sb_gen = le64_get(nsb->gen);
-		cs->ckpt_seq = le64_get(nsb->ckpt_seq);
-		for (int j = 0; j < CACHE_NJOURNALS; j++)
-			cs->jtail[j] = le64_get(nsb->jtail[j]);
-		memcpy(cs->backing, nsb->backing, sizeof(cs->backing));
-		/*
-		 * failed_mask is by leg index (the superblock's leg_index), and
-		 * so is cs->legs[] with two legs. One leg listed alone is index
-		 * 0 of the mirror whatever its index was: it may run alone only
-		 * if it is not the one recorded stale; the other is gone.
-		 */
-		failed = (le32_get(nsb->failed_mask) | not_member) & ((1u << CACHE_MAX_LEGS) - 1);
-		if (cfg->nlegs == 1) {
-			uint32_t self = le32_get(nsb->leg_index);
-			if (self >= CACHE_MAX_LEGS || (failed & (1u << self))) {
-				cache_errf(err, errlen, "cache %s: leg %s is recorded as failed in the set's superblock (it "
-					"missed writes the other leg took); it cannot serve alone: list the other leg",
-				     cfg->name, cs->legs[0]->name);
-				goto out;
-			}
-			if (le32_get(nsb->nlegs) == 2) {
-				/* the other leg misses what this run writes: say so in our superblocks */
-				cs->alone_index = (int)self;
-				memcpy(cs->alone_other_uuid, nsb->member_uuid[1 - self], 16);
-				log_warn("cache %s: running on leg %s alone; the other leg is recorded as stale and is "
-					 "rebuilt (tierctl leg replace) before it serves again", cfg->name, cs->legs[0]->name);
-			}
-			failed = 0;
-		} else if (failed == 3) {
-			cache_errf(err, errlen, "cache %s: both legs are recorded as failed in the set's superblock; no leg "
-				"holds data that can be trusted: delete both legs to start with an empty cache (dirty "
-				"data in it is lost)", cfg->name);
-			goto out;
-		}
-		if (!le32_get(nsb->clean))
-			log_warn("cache %s: not shut down cleanly; recovering from the journal", cfg->name);
 	} else if (meta_layout(cs->legs[0]->size, cfg->extent_size, CACHE_VERSION, &cs->lay) < 0) {
 		cache_errf(err, errlen, "cache %s: legs of %llu bytes are too small for %u KiB extents; give a "
 			"larger size", cfg->name, (unsigned long long)cs->legs[0]->size, cfg->extent_size >> 10);
@@ -531,7 +603,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		cache_errf(err, errlen, "cache %s: out of memory for %u slots", cfg->name, cs->lay.nslots);
 		goto out;
 	}
-	mirror_init(&cs->mirror, cs->legs, cfg->nlegs, failed);
+	mirror_init(&cs->mirror, cs->legs, cfg->nlegs, sc->failed);
 	cs->mirror.persist = cache_persist_failed;
 	cs->mirror.persist_arg = cs;
 	cs->mirror.read_error = cache_repair_note;
@@ -540,17 +612,17 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		cache_errf(err, errlen, "cache %s: out of memory", cfg->name);
 		goto out;
 	}
-	bool unclean = nsb && !le32_get(nsb->clean);
-	if (failed)
+	bool unclean = sc->nsb && !le32_get(sc->nsb->clean);
+	if (sc->failed)
 		log_warn("cache %s: degraded: a leg was recorded as failed; replace it", cfg->name);
-	if (nsb) {
-		int leg = best;
-		if (failed & (1u << leg))
+	if (sc->nsb) {
+		int leg = sc->best;
+		if (sc->failed & (1u << leg))
 			leg = 1 - leg;
 		if (cache_recover_set(cs, leg, err, errlen) < 0)
 			goto out;
 		if (unclean &&
-		    intent_recover(cs, leg, le32_get(nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)
+		    intent_recover(cs, leg, le32_get(sc->nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)
 			goto out;
 		int jr = unclean ? cache_journal_cut_heads(cs) : 0;
 		if (jr < 0) {
@@ -603,7 +675,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	cache_sync_run(tick_add, &t);
 	for (int i = 0; i < cfg->nlegs; i++)
 		for (int k = 0; k < 2; k++)
-			buf_put(sbs[i][k], CACHE_PAGE);
+			buf_put(sc->sbs[i][k], CACHE_PAGE);
 	atomic_store(&cs->open_done, true);
 	if (cs->blank_leg >= 0) {
 		int b = cs->blank_leg;
@@ -618,8 +690,8 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 out:
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)
 		for (int k = 0; k < 2; k++)
-			if (sbs[i][k])
-				buf_put(sbs[i][k], CACHE_PAGE);
+			if (sc->sbs[i][k])
+				buf_put(sc->sbs[i][k], CACHE_PAGE);
 	cs->cfg.nlegs = cfg->nlegs;
 	cache_set_close(cs);
 	return NULL;

@@ -327,20 +327,19 @@ static void test_cdb_len_and_cfgstring(void)
 {
 	uint8_t cdb[32] = { 0 };
 	/* the one rule both front ends use (backstore/scsi.h) */
-	cdb[0] = 0x12;
-	CHECK(scsi_cdb_len(cdb) == 6, "INQUIRY is a 6-byte CDB");
-	cdb[0] = 0x28;
-	CHECK(scsi_cdb_len(cdb) == 10, "READ(10) is 10 bytes");
-	cdb[0] = 0xa8;
-	CHECK(scsi_cdb_len(cdb) == 12, "READ(12) is 12 bytes");
-	cdb[0] = 0x88;
-	CHECK(scsi_cdb_len(cdb) == 16, "READ(16) is 16 bytes");
-	cdb[0] = 0x60;
-	CHECK(scsi_cdb_len(cdb) == 12, "reserved group 3 is sized 12, as Linux fills the ring");
-	cdb[0] = 0xc0;
-	CHECK(scsi_cdb_len(cdb) == 10, "vendor group 6 is sized 10");
-	cdb[0] = 0xe5;
-	CHECK(scsi_cdb_len(cdb) == 10, "vendor group 7 is sized 10");
+	static const struct { uint8_t op; unsigned len; const char *what; } by_op[] = {
+		{ 0x12, 6, "INQUIRY is a 6-byte CDB" },
+		{ 0x28, 10, "READ(10) is 10 bytes" },
+		{ 0xa8, 12, "READ(12) is 12 bytes" },
+		{ 0x88, 16, "READ(16) is 16 bytes" },
+		{ 0x60, 12, "reserved group 3 is sized 12, as Linux fills the ring" },
+		{ 0xc0, 10, "vendor group 6 is sized 10" },
+		{ 0xe5, 10, "vendor group 7 is sized 10" },
+	};
+	for (size_t i = 0; i < sizeof(by_op) / sizeof(by_op[0]); i++) {
+		cdb[0] = by_op[i].op;
+		CHECK(scsi_cdb_len(cdb) == by_op[i].len, "%s", by_op[i].what);
+	}
 	cdb[0] = 0x7f;
 	cdb[7] = 24;
 	CHECK(scsi_cdb_len(cdb) == 32, "a variable-length CDB is 8 + additional length");

@@ -28,7 +28,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 		backing_path = backing->name;
 	uint64_t ino = blk ? 0 : (uint64_t)st.st_ino, fsdev = blk ? 0 : (uint64_t)st.st_dev;
 	int bid = -1, freeb = -1;
-	pthread_mutex_lock(&cs->sb_lock);
+	pthread_mutex_lock(&cs->sb.lock);
 	for (int i = 0; i < CACHE_MAX_BACKINGS; i++) {
 		struct cache_backing_disk *b = &cs->backing[i];
 		if (!b->lun[0]) {
@@ -40,7 +40,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 			continue;
 		bid = i;
 		if (le64_get(b->size) != backing->size || le64_get(b->ino) != ino || le64_get(b->fsdev) != fsdev) {
-			pthread_mutex_unlock(&cs->sb_lock);
+			pthread_mutex_unlock(&cs->sb.lock);
 			cache_errf(err, errlen, "cache %s: lun %s: the backing store %s is not the one this cache holds "
 				"data for (%.128s, %llu bytes%s); put the original store back, or if the data in "
 				"the cache must be discarded, delete the legs to start with an empty cache",
@@ -53,7 +53,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 	bool added = false;
 	if (bid < 0) {
 		if (freeb < 0) {
-			pthread_mutex_unlock(&cs->sb_lock);
+			pthread_mutex_unlock(&cs->sb.lock);
 			cache_errf(err, errlen, "cache %s: more than %d LUNs use this set; give some another set",
 			     cs->name, CACHE_MAX_BACKINGS);
 			return NULL;
@@ -70,7 +70,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 		b->is_blockdev = le32_of(blk);
 		added = true;
 	}
-	pthread_mutex_unlock(&cs->sb_lock);
+	pthread_mutex_unlock(&cs->sb.lock);
 	if (added) {
 		struct sync_call c = { .cs = cs };
 		pthread_mutex_init(&c.lock, NULL);

@@ -429,10 +429,87 @@ static inline uint32_t bypass_bucket(uint64_t key)
 	return (uint32_t)((key * 0x9e3779b97f4a7c15ULL) >> (64 - BYPASS_BUCKET_BITS));
 }
 
+/* Slot allocation and eviction (slots.c). */
+struct set_alloc {
+	pthread_mutex_t lock;         /* free list, map inserts/removes, policy structures */
+	uint64_t *free_bits;          /* a bit per slot: on the free list (1 bit, not 4 bytes, per slot) */
+	_Atomic uint32_t nfree;       /* written under lock, read anywhere as a hint */
+	uint32_t cursor;              /* where free_pop looks first */
+	/*
+	 * Slots dropped when no eviction batch could be allocated (out of
+	 * memory), under lock: retire_bits wait for a grace period to start,
+	 * grace_bits are in the one under way (retire_rcu queued,
+	 * retire_inflight); they reach the free list when it ends. A bit
+	 * each per slot, so dropping a slot never allocates and a worker
+	 * never waits for a grace period.
+	 */
+	uint64_t *retire_bits, *grace_bits;
+	bool retire_inflight;
+	struct rcu_head retire_rcu;
+	_Atomic bool reclaim_pending;
+};
+
+/* Superblock writes (sb.c): one at a time, callers queued behind it. */
+struct set_sb {
+	pthread_mutex_t lock;
+	uint64_t gen;
+	struct sb_job *waiting, *inflight;
+	_Atomic int jobs;               /* cache_sb_write calls whose callback has not run */
+	bool busy;
+	_Atomic uint32_t include;       /* resyncing legs that superblock writes reach anyway (resync.c) */
+	int pending, ok;
+	struct cache_sb_disk *buf[CACHE_MAX_LEGS];
+	struct bdev_req req[CACHE_MAX_LEGS];
+	struct iovec iov[CACHE_MAX_LEGS];
+};
+
+/* Checkpoints (ckpt.c). */
+struct set_ckpt {
+	_Atomic uint8_t *dirty;       /* a bit per slot: record changed since checkpoint */
+	uint64_t seq;                 /* the last durable checkpoint's: replay from here */
+	bool running;
+	_Atomic bool wanted;
+	struct sync_call *queued;     /* waits for the running checkpoint to end (worker 0) */
+	bool queued_final;
+	struct ckpt *run;             /* the one running, its buffers kept for the next */
+};
+
+/* Read errors waiting for a rewrite (repair.c). */
+struct set_repair {
+	pthread_mutex_t lock;
+	struct repair_ent q[REPAIR_MAX];
+	int n;
+	/* per leg: ranges noted for a rewrite since read_err_since (ms, monotonic), for max_read_errors */
+	uint32_t read_errs[CACHE_MAX_LEGS];
+	uint64_t read_err_since[CACHE_MAX_LEGS];
+	const struct bdev *read_err_dev[CACHE_MAX_LEGS]; /* the device they were counted on */
+};
+
+/* Lost dirty data (both legs gone), as met by reads: cache_lost_note (lost.c). */
+struct set_lost {
+	pthread_mutex_t lock;         /* the fields below; never held across I/O */
+	struct lost_range {
+		uint32_t bid;
+		char lun[64];         /* the LUN's name when the loss was seen */
+		uint64_t lo, hi;      /* backing byte offsets [lo, hi) */
+	} r[CACHE_LOST_MAX];          /* sorted by (bid, lo), disjoint, not adjacent */
+	int n;
+	uint64_t dropped;             /* ranges not recorded: the list was full */
+};
+
+/* Counters, for status (set_status.c); relaxed, summed on read. */
+struct set_stats {
+	_Atomic uint64_t read_hits, read_misses, read_partial, write_hits, write_misses;
+	_Atomic uint64_t promotions, topups, evictions, destaged_bytes, lost_ios;
+	_Atomic uint64_t read_errors, repairs, leg_timeouts;
+	_Atomic uint64_t dlog_records, dlog_waits;
+};
+
 struct cache_set {
 	char *name;
 	struct cache_set_cfg cfg;
 	struct cache_layout lay;
+	uint32_t version;             /* of the on-disk format: 3, or 2 (no block log) */
 	uint8_t uuid[16];
 	uint8_t leg_uuid[CACHE_MAX_LEGS][16]; /* the member at each index (superblock member_uuid) */
 	struct mirror mirror;
@@ -442,26 +519,12 @@ struct cache_set {
 	struct cache_map map;
 	struct cache_bitmaps bm;
 	struct policy *policy;
-	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id */
+	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id: cache_vol_of */
 	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
-	pthread_mutex_t alloc_lock;   /* free list, map inserts/removes, policy structures */
-	uint64_t *free_bits;          /* a bit per slot: on the free list (1 bit, not 4 bytes, per slot) */
-	_Atomic uint32_t nfree;       /* written under alloc_lock, read anywhere as a hint */
-	uint32_t free_cursor;
-	/*
-	 * Slots dropped when no eviction batch could be allocated (out of
-	 * memory), under alloc_lock: retire_bits wait for a grace period to
-	 * start, grace_bits are in the one under way (retire_rcu queued,
-	 * retire_inflight); they reach the free list when it ends. A bit
-	 * each per slot, so dropping a slot never allocates and a worker
-	 * never waits for a grace period.
-	 */
-	uint64_t *retire_bits, *grace_bits;
-	bool retire_inflight;
-	struct rcu_head retire_rcu;
+	struct set_alloc alloc;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
-	uint32_t version;             /* of the on-disk format: 3, or 2 (no block log) */
+	uint64_t jtail[CACHE_NJOURNALS];
 	/*
 	 * A two-leg set running on one of them (allow_single_leg): that leg's
 	 * index in the set (-1: not so) and the other member's identity. Its
@@ -472,68 +535,25 @@ struct cache_set {
 	uint8_t alone_other_uuid[16];
 	struct dlog_ring dlog[CACHE_DLOG_RINGS];
 	_Atomic bool dlog_ckpt_wait;  /* a checkpoint waits for an older record to finish */
-	_Atomic uint64_t st_dlog_records, st_dlog_waits;
-	_Atomic uint8_t *ckpt_dirty;  /* a bit per slot: record changed since checkpoint */
-	/* superblock writes */
-	pthread_mutex_t sb_lock;
-	uint64_t sb_gen;
-	uint64_t ckpt_seq;
-	uint64_t jtail[CACHE_NJOURNALS];
-	bool ckpt_running;
-	_Atomic bool ckpt_wanted;
-	struct sync_call *ckpt_queued;   /* waits for the running checkpoint to end (set.c, worker 0) */
-	bool ckpt_queued_final;
-	bool clean_flag;
-	/* read errors waiting for a rewrite (repair.c) */
-	pthread_mutex_t repair_lock;
-	struct repair_ent repair_q[REPAIR_MAX];
-	int nrepair;
-	/* per leg: ranges noted for a rewrite since read_err_since (ms, monotonic), for max_read_errors */
-	uint32_t read_errs[CACHE_MAX_LEGS];
-	uint64_t read_err_since[CACHE_MAX_LEGS];
-	const struct bdev *read_err_dev[CACHE_MAX_LEGS]; /* the device they were counted on */
-	_Atomic uint64_t st_read_errors, st_repairs, st_leg_timeouts;
+	struct set_sb sb;
+	struct set_ckpt ck;
+	bool clean_flag;              /* what the next superblock says */
+	struct set_repair repair;
 	/* in-flight writes that bypass the cache, by bypass_bucket(key) (fills check) */
 	_Atomic uint32_t bypass[BYPASS_BUCKETS];
-	/* statistics */
-	_Atomic uint64_t st_read_hits, st_read_misses, st_read_partial, st_write_hits, st_write_misses;
-	_Atomic uint64_t st_promotions, st_topups, st_evictions, st_destaged_bytes, st_lost_ios;
+	struct set_stats st;
 	_Atomic uint64_t dirty_blocks;  /* approximate: blocks marked dirty */
-	/* lost dirty data (both legs gone), as met by reads: cache_lost_note */
 	/* writers waiting for a destage or top-up to end: cache_slot_wait */
 	pthread_mutex_t dwait_lock;
 	struct slot_wait *dwait;
-	pthread_mutex_t lost_lock;    /* the three fields below; never held across I/O */
-	struct lost_range {
-		uint32_t bid;
-		char lun[64];         /* the LUN's name when the loss was seen */
-		uint64_t lo, hi;      /* backing byte offsets [lo, hi) */
-	} lost[CACHE_LOST_MAX];       /* sorted by (bid, lo), disjoint, not adjacent */
-	int nlost;
-	uint64_t lost_dropped;        /* ranges not recorded: the list was full */
-	/* reclaim: slots retired, waiting for a grace period then users == 0 */
-	uint32_t *reclaim;
-	uint32_t nreclaim;
-	uint32_t *graced;             /* past a grace period */
-	uint32_t ngraced;
-	_Atomic bool reclaim_pending;
-	/* cleaner and checkpoint */
+	struct set_lost lost;
 	struct cleaner *cleaner;
-	struct ckpt *ckpt;
 	_Atomic uint32_t flush_req;      /* >0: the cleaner ignores its rate limit */
 	struct worker_tick tick;
-	struct sb_job *sb_waiting, *sb_inflight;
-	_Atomic int sb_jobs;            /* cache_sb_write calls whose callback has not run */
-	bool sb_busy;
-	_Atomic uint32_t sb_include;    /* resyncing legs that superblock writes reach anyway (resync.c) */
-	int sb_pending, sb_ok;
-	struct cache_sb_disk *sbbuf[CACHE_MAX_LEGS];
-	struct bdev_req sbreq[CACHE_MAX_LEGS];
-	struct iovec sbiov[CACHE_MAX_LEGS];
 	struct bdev *old_legs[8];       /* replaced legs, closed with the set */
+	int nold_legs;
 	int blank_leg;                  /* open found this leg blank: resync it (-1: none) */
 	_Atomic bool open_done;         /* cache_set_open finished: legs may be failed by timeouts */
-	int nold_legs;
 	/* activity: last foreground I/O (ms), for idle detection */
 	_Atomic uint64_t last_io_ms;
 	_Atomic uint64_t fg_inflight;
@@ -555,7 +575,7 @@ static inline uint64_t cache_seq(struct cache_set *cs) { return atomic_fetch_add
 /* mark slot's table record as changed since the last checkpoint */
 static inline void ckpt_mark(struct cache_set *cs, uint32_t s)
 {
-	atomic_fetch_or(&cs->ckpt_dirty[s / 8], (uint8_t)(1u << (s % 8)));
+	atomic_fetch_or(&cs->ck.dirty[s / 8], (uint8_t)(1u << (s % 8)));
 }
 
 /*
@@ -593,19 +613,19 @@ static inline struct cache_vol *cache_vol_of(struct cache_set *cs, uint32_t bid)
 /* The free list, under alloc_lock. */
 static inline void free_push(struct cache_set *cs, uint32_t s)
 {
-	cs->free_bits[s / 64] |= 1ull << (s % 64);
-	cs->nfree++;
+	cs->alloc.free_bits[s / 64] |= 1ull << (s % 64);
+	cs->alloc.nfree++;
 }
 static inline uint32_t free_pop(struct cache_set *cs)
 {
 	uint32_t words = (cs->lay.nslots + 63) / 64;
 	for (uint32_t k = 0; k <= words; k++) {
-		uint32_t w = (cs->free_cursor + k) % words;
-		if (cs->free_bits[w]) {
-			uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(cs->free_bits[w]);
-			cs->free_bits[w] &= cs->free_bits[w] - 1;
-			cs->free_cursor = w;
-			cs->nfree--;
+		uint32_t w = (cs->alloc.cursor + k) % words;
+		if (cs->alloc.free_bits[w]) {
+			uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(cs->alloc.free_bits[w]);
+			cs->alloc.free_bits[w] &= cs->alloc.free_bits[w] - 1;
+			cs->alloc.cursor = w;
+			cs->alloc.nfree--;
 			return s;
 		}
 	}

@@ -72,17 +72,17 @@ static void ckpt_sb_done(void *arg, int err)
 	}
 	if (!err)
 		dlog_release(cs, ck->dheads); /* else the next checkpoint frees it */
-	cs->ckpt_running = false;
+	cs->ck.running = false;
 	struct sync_call *w = ck->waiter;
 	ck->waiter = NULL;
 	if (w)
 		cache_sync_done(w, err);
-	struct sync_call *q = cs->ckpt_queued;
+	struct sync_call *q = cs->ck.queued;
 	if (q) {
 		/* a checkpoint the main thread waits for was asked for meanwhile */
-		cs->ckpt_queued = NULL;
-		ckpt_sync_start(q, cs->ckpt_queued_final);
-	} else if (atomic_load(&cs->ckpt_wanted)) {
+		cs->ck.queued = NULL;
+		ckpt_sync_start(q, cs->ck.queued_final);
+	} else if (atomic_load(&cs->ck.wanted)) {
 		ckpt_start(cs);
 	}
 }
@@ -106,7 +106,7 @@ static bool page_dirty_take(struct cache_set *cs, uint32_t page, uint32_t rpp)
 		hi = cs->lay.nslots;
 	for (uint32_t s = lo; s < hi; s++) {
 		uint8_t bit = (uint8_t)(1u << (s % 8));
-		if (atomic_fetch_and(&cs->ckpt_dirty[s / 8], (uint8_t)~bit) & bit)
+		if (atomic_fetch_and(&cs->ck.dirty[s / 8], (uint8_t)~bit) & bit)
 			any = true;
 	}
 	return any;
@@ -157,12 +157,12 @@ static void ckpt_pump(struct ckpt *ck)
 			if (dlog_older_inflight(cs, ck->seq) || !atomic_exchange(&cs->dlog_ckpt_wait, false))
 				return; /* still, or a finish took the flag and posted us */
 		}
-		pthread_mutex_lock(&cs->sb_lock);
-		cs->ckpt_seq = ck->seq;
+		pthread_mutex_lock(&cs->sb.lock);
+		cs->ck.seq = ck->seq;
 		for (int j = 0; j < CACHE_NJOURNALS; j++)
 			cs->jtail[j] = ck->heads[j];
 		cs->clean_flag = ck->final;
-		pthread_mutex_unlock(&cs->sb_lock);
+		pthread_mutex_unlock(&cs->sb.lock);
 		ck->cursor++; /* once */
 		cache_sb_write(cs, ckpt_sb_done, ck);
 	}
@@ -171,11 +171,11 @@ static void ckpt_pump(struct ckpt *ck)
 /* Worker 0. */
 static void ckpt_start(struct cache_set *cs)
 {
-	struct ckpt *ck = cs->ckpt;
-	if (cs->ckpt_running)
+	struct ckpt *ck = cs->ck.run;
+	if (cs->ck.running)
 		return;
-	cs->ckpt_running = true;
-	atomic_store(&cs->ckpt_wanted, false);
+	cs->ck.running = true;
+	atomic_store(&cs->ck.wanted, false);
 	/* heads first, then seq: every block before a head holds only seq < S */
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		ck->heads[j] = atomic_load(&cs->journals[j].head);
@@ -193,8 +193,8 @@ static void ckpt_post(void *arg)
 static void ckpt_resume_fn(void *arg)
 {
 	struct cache_set *cs = arg;
-	if (cs->ckpt_running)
-		ckpt_pump(cs->ckpt);
+	if (cs->ck.running)
+		ckpt_pump(cs->ck.run);
 }
 
 /* Any worker: a checkpoint waiting for the block log may go on (dlog_finish). */
@@ -207,7 +207,7 @@ void cache_ckpt_resume(struct cache_set *cs)
 /* Any thread. */
 void cache_want_checkpoint(struct cache_set *cs)
 {
-	if (!atomic_exchange(&cs->ckpt_wanted, true))
+	if (!atomic_exchange(&cs->ck.wanted, true))
 		worker_post(worker_get(0), ckpt_post, cs);
 }
 
@@ -222,13 +222,13 @@ void cache_want_checkpoint(struct cache_set *cs)
 static void ckpt_sync_start(struct sync_call *c, bool final)
 {
 	struct cache_set *cs = c->cs;
-	if (cs->ckpt_running) {
-		cs->ckpt_queued = c;
-		cs->ckpt_queued_final = final;
+	if (cs->ck.running) {
+		cs->ck.queued = c;
+		cs->ck.queued_final = final;
 		return;
 	}
-	cs->ckpt->final = final;
-	cs->ckpt->waiter = c;
+	cs->ck.run->final = final;
+	cs->ck.run->waiter = c;
 	ckpt_start(cs);
 }
 

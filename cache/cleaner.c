@@ -149,7 +149,7 @@ static void recorded(struct jwait *w, int err)
 	struct destage *d = caa_container_of(w, struct cjw, jw)->d;
 	if (--d->pending)
 		return;
-	atomic_fetch_add(&d->c->cs->st_destaged_bytes, d->bytes);
+	atomic_fetch_add(&d->c->cs->st.destaged_bytes, d->bytes);
 	op_end(d);
 }
 

@@ -134,7 +134,7 @@ static void dlog_issue(struct cache_set *cs, struct dlog_ent *e)
 		.done = dlog_written,
 		.priv = e,
 	};
-	atomic_fetch_add(&cs->st_dlog_records, 1);
+	atomic_fetch_add(&cs->st.dlog_records, 1);
 	bdev_submit(&cs->mirror.dev, &e->req);
 }
 
@@ -165,7 +165,7 @@ void dlog_write(struct cache_set *cs, struct dlog_ent *e, uint32_t slot, uint64_
 		*g->wait_tail = e;
 		g->wait_tail = &e->wnext;
 		g->waits++;
-		atomic_fetch_add(&cs->st_dlog_waits, 1);
+		atomic_fetch_add(&cs->st.dlog_waits, 1);
 	}
 	pthread_mutex_unlock(&g->lock);
 	if (half || !placed)
@@ -330,7 +330,7 @@ int dlog_recover(struct cache_set *cs, const struct rrec *recs, size_t nrecs, ch
 					continue;
 				uint64_t seq = le64_get(h->seq);
 				uint32_t slot = le32_get(h->slot), first = le16_get(h->first), count = le16_get(h->count);
-				if (seq < cs->ckpt_seq || slot >= cs->lay.nslots || !count ||
+				if (seq < cs->ck.seq || slot >= cs->lay.nslots || !count ||
 				    first + count > cs->lay.bpe ||
 				    le32_get(h->npages) != 1 + (count * CACHE_SECTOR + CACHE_PAGE - 1) / CACHE_PAGE)
 					continue;

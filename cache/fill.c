@@ -61,7 +61,7 @@ static void fill_end(struct fill *f, bool keep)
 static void fill_recorded(struct jwait *w, int err)
 {
 	struct fill *f = caa_container_of(w, struct fill, jw);
-	atomic_fetch_add(&f->v->cs->st_promotions, 1);
+	atomic_fetch_add(&f->v->cs->st.promotions, 1);
 	fill_end(f, true);
 }
 
@@ -218,7 +218,7 @@ static void topup_recorded(struct jwait *w, int err)
 	struct topup *t = caa_container_of(w, struct tjw, jw)->t;
 	if (--t->pending)
 		return;
-	atomic_fetch_add(&t->v->cs->st_topups, 1);
+	atomic_fetch_add(&t->v->cs->st.topups, 1);
 	topup_free_ctx(t);
 }
 

@@ -19,8 +19,8 @@
  */
 static void lost_add(struct cache_set *cs, uint32_t bid, const char *lun, uint64_t lo, uint64_t hi)
 {
-	struct lost_range *l = cs->lost;
-	int n = cs->nlost, i = 0;
+	struct lost_range *l = cs->lost.r;
+	int n = cs->lost.n, i = 0;
 
 	while (i < n && (l[i].bid < bid || (l[i].bid == bid && l[i].hi < lo)))
 		i++;
@@ -34,14 +34,14 @@ static void lost_add(struct cache_set *cs, uint32_t bid, const char *lun, uint64
 	}
 	if (j == i) {
 		if (n == CACHE_LOST_MAX) {
-			cs->lost_dropped++;
+			cs->lost.dropped++;
 			return;
 		}
 		memmove(&l[i + 1], &l[i], (size_t)(n - i) * sizeof(l[0]));
-		cs->nlost = n + 1;
+		cs->lost.n = n + 1;
 	} else {
 		memmove(&l[i + 1], &l[j], (size_t)(n - j) * sizeof(l[0]));
-		cs->nlost = n - (j - i) + 1;
+		cs->lost.n = n - (j - i) + 1;
 	}
 	l[i].bid = bid;
 	snprintf(l[i].lun, sizeof(l[i].lun), "%s", lun);
@@ -65,10 +65,10 @@ void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t of
 		uint32_t e = b + 1;
 		while (e < end && slot_any_dirty(cs, s, e, 1))
 			e++;
-		pthread_mutex_lock(&cs->lost_lock);
+		pthread_mutex_lock(&cs->lost.lock);
 		lost_add(cs, bid, lun, off + (uint64_t)(b - first) * CACHE_SECTOR,
 			 off + (uint64_t)(e - first) * CACHE_SECTOR);
-		pthread_mutex_unlock(&cs->lost_lock);
+		pthread_mutex_unlock(&cs->lost.lock);
 		b = e;
 	}
 }

@@ -18,7 +18,7 @@ static void around_write(struct piece *p, uint32_t st)
 		backing_then_invalidate(p);
 		return;
 	}
-	atomic_fetch_add(&cs->st_write_misses, 1);
+	atomic_fetch_add(&cs->st.write_misses, 1);
 	to_backing(p);
 }
 

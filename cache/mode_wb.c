@@ -22,13 +22,13 @@ static void wb_write(struct piece *p, uint32_t st)
 		return;
 	}
 	if (st == SB_READY) {
-		atomic_fetch_add(&cs->st_write_hits, 1);
+		atomic_fetch_add(&cs->st.write_hits, 1);
 		policy_touch(cs->policy, p->slot);
 		vol_bypass_put(cs, p);
 		to_cache(p);
 		return;
 	}
-	atomic_fetch_add(&cs->st_write_misses, 1);
+	atomic_fetch_add(&cs->st.write_misses, 1);
 	if (policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, true)) {
 		uint32_t existing = POLICY_NO_SLOT;
 		uint32_t s = cache_alloc_slot(cs, p->key, SB_READY, &existing);

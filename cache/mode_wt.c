@@ -18,7 +18,7 @@ static void wt_write(struct piece *p, uint32_t st)
 		backing_then_invalidate(p);
 		return;
 	}
-	atomic_fetch_add(st == SB_READY ? &cs->st_write_hits : &cs->st_write_misses, 1);
+	atomic_fetch_add(st == SB_READY ? &cs->st.write_hits : &cs->st.write_misses, 1);
 	to_backing(p); /* keeps its pin and refreshes the copy after */
 }
 

@@ -45,7 +45,7 @@ int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 	if (!buf)
 		return cache_errf(err, errlen, "cache %s: out of memory", cs->name);
 	/* 1. the table */
-	uint64_t table_bytes = (uint64_t)cs->ckpt->npages * CACHE_PAGE;
+	uint64_t table_bytes = (uint64_t)cs->ck.run->npages * CACHE_PAGE;
 	uint32_t loaded = 0;
 	for (uint64_t off = 0; off < table_bytes; off += chunk) {
 		uint64_t len = table_bytes - off < chunk ? table_bytes - off : chunk;
@@ -56,8 +56,8 @@ int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 				    dev->name, strerror(-r));
 		}
 		for (uint64_t p = 0; p < len / CACHE_PAGE; p++)
-			for (uint32_t k = 0; k < cs->ckpt->rpp; k++) {
-				uint32_t s = (uint32_t)((off / CACHE_PAGE + p) * cs->ckpt->rpp + k);
+			for (uint32_t k = 0; k < cs->ck.run->rpp; k++) {
+				uint32_t s = (uint32_t)((off / CACHE_PAGE + p) * cs->ck.run->rpp + k);
 				if (s >= cs->lay.nslots)
 					break;
 				uint8_t *rec = buf + p * CACHE_PAGE + (size_t)k * cs->lay.rec_size;
@@ -107,7 +107,7 @@ int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 		return cache_errf(err, errlen, "cache %s: out of memory reading the journal", cs->name);
 	size_t cap = 1024, n = 0;
 	struct rrec *recs = malloc(cap * sizeof(*recs));
-	uint64_t max_seq = cs->ckpt_seq;
+	uint64_t max_seq = cs->ck.seq;
 	for (int j = 0; j < CACHE_NJOURNALS; j++) {
 		int r = cache_sync_io(dev, BDEV_READ, cs->lay.journal_off + (uint64_t)j * ring, rbuf, ring, 0);
 		if (r < 0) {
@@ -128,7 +128,7 @@ int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 					.seq = le64_get(d->seq), .key = le64_get(d->key), .slot = le32_get(d->slot),
 					.op = le16_get(d->op), .first = le16_get(d->first), .count = le16_get(d->count),
 				};
-				if (x.seq < cs->ckpt_seq || x.slot >= cs->lay.nslots || x.op < JOP_DIRTY ||
+				if (x.seq < cs->ck.seq || x.slot >= cs->lay.nslots || x.op < JOP_DIRTY ||
 				    x.op > JOP_FREE || (uint32_t)x.first + x.count > cs->lay.bpe ||
 				    (x.op != JOP_FREE && (!x.count || key_bid(x.key) >= CACHE_MAX_BACKINGS)))
 					continue;

@@ -54,12 +54,12 @@ static bool read_errors_exceeded(struct cache_set *cs, int leg, uint32_t *n)
 {
 	uint32_t max = cs->cfg.max_read_errors;
 	uint64_t now = now_ms();
-	if (cs->read_err_dev[leg] != cs->legs[leg] || now - cs->read_err_since[leg] >= 3600u * 1000u) {
-		cs->read_err_dev[leg] = cs->legs[leg]; /* a replaced leg starts again */
-		cs->read_err_since[leg] = now;
-		cs->read_errs[leg] = 0;
+	if (cs->repair.read_err_dev[leg] != cs->legs[leg] || now - cs->repair.read_err_since[leg] >= 3600u * 1000u) {
+		cs->repair.read_err_dev[leg] = cs->legs[leg]; /* a replaced leg starts again */
+		cs->repair.read_err_since[leg] = now;
+		cs->repair.read_errs[leg] = 0;
 	}
-	*n = ++cs->read_errs[leg];
+	*n = ++cs->repair.read_errs[leg];
 	return max && *n > max;
 }
 
@@ -70,25 +70,25 @@ int cache_repair_note(struct mirror *m, int leg, uint64_t off, uint64_t len, voi
 	int rc = 0;
 	uint32_t nerr = 0;
 	bool too_many = false;
-	pthread_mutex_lock(&cs->repair_lock);
+	pthread_mutex_lock(&cs->repair.lock);
 	bool dup = false;
-	for (int i = 0; i < cs->nrepair; i++)
-		if (cs->repair_q[i].leg == leg && cs->repair_q[i].off == off && cs->repair_q[i].len == len)
+	for (int i = 0; i < cs->repair.n; i++)
+		if (cs->repair.q[i].leg == leg && cs->repair.q[i].off == off && cs->repair.q[i].len == len)
 			dup = true;
 	if (!dup) {
-		if (cs->nrepair == REPAIR_MAX)
+		if (cs->repair.n == REPAIR_MAX)
 			rc = -1;
 		else if ((too_many = read_errors_exceeded(cs, leg, &nerr)))
 			rc = -1;
 		else
-			cs->repair_q[cs->nrepair++] = (struct repair_ent){ off, len, leg };
+			cs->repair.q[cs->repair.n++] = (struct repair_ent){ off, len, leg };
 	}
-	pthread_mutex_unlock(&cs->repair_lock);
+	pthread_mutex_unlock(&cs->repair.lock);
 	if (too_many)
 		log_err("cache %s: leg %s: %u unreadable ranges within an hour (max_read_errors %u); failing it",
 			cs->name, cs->legs[leg]->name, nerr, cs->cfg.max_read_errors);
 	if (!rc)
-		atomic_fetch_add(&cs->st_read_errors, 1);
+		atomic_fetch_add(&cs->st.read_errors, 1);
 	return rc;
 }
 
@@ -115,7 +115,7 @@ static void repair_written(struct bdev_req *req, int err)
 			cs->mirror.leg[rp->leg]->name, rp->count, rp->slot, strerror(-err));
 		mirror_leg_failed(&cs->mirror, rp->leg, err);
 	} else {
-		atomic_fetch_add(&cs->st_repairs, 1);
+		atomic_fetch_add(&cs->st.repairs, 1);
 		log_warn("cache %s: leg %s: %u block(s) of slot %u that could not be read were rewritten from "
 			 "the other leg", cs->name, cs->mirror.leg[rp->leg]->name, rp->count, rp->slot);
 	}
@@ -215,12 +215,12 @@ static bool repair_start(struct cache_set *cs, const struct repair_ent *e)
 void cache_repair_tick(struct cache_set *cs)
 {
 	struct repair_ent q[REPAIR_MAX];
-	pthread_mutex_lock(&cs->repair_lock);
-	int n = cs->nrepair;
-	memcpy(q, cs->repair_q, (size_t)n * sizeof(q[0]));
-	cs->nrepair = 0;
-	pthread_mutex_unlock(&cs->repair_lock);
+	pthread_mutex_lock(&cs->repair.lock);
+	int n = cs->repair.n;
+	memcpy(q, cs->repair.q, (size_t)n * sizeof(q[0]));
+	cs->repair.n = 0;
+	pthread_mutex_unlock(&cs->repair.lock);
 	for (int i = 0; i < n; i++)
 		if (!repair_start(cs, &q[i]) && cache_repair_note(&cs->mirror, q[i].leg, q[i].off, q[i].len, cs) == 0)
-			atomic_fetch_sub(&cs->st_read_errors, 1); /* put back, not a new error */
+			atomic_fetch_sub(&cs->st.read_errors, 1); /* put back, not a new error */
 }

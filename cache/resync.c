@@ -76,7 +76,7 @@ static void resync_own_sb_done(void *arg, int err)
 {
 	struct resync *rs = arg;
 	struct cache_set *cs = rs->cs;
-	atomic_store(&cs->sb_include, 0);
+	atomic_store(&cs->sb.include, 0);
 	if (err) {
 		resync_fail(rs, err);
 		return;
@@ -144,7 +144,7 @@ static void resync_finish(void *arg)
 		resync_fail(rs, -EIO); /* a catch-up failed on it, or the source failed */
 		return;
 	}
-	atomic_store(&rs->cs->sb_include, 1u << rs->leg);
+	atomic_store(&rs->cs->sb.include, 1u << rs->leg);
 	cache_sb_write(rs->cs, resync_own_sb_done, rs);
 }
 

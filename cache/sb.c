@@ -44,7 +44,7 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	sb->failed_mask = le32_of(atomic_load(&cs->mirror.failed) | atomic_load(&cs->mirror.resyncing));
 	if (cs->alone_index >= 0)
 		sb->failed_mask = le32_of(1u << (1 - cs->alone_index)); /* the leg left out is stale */
-	sb->ckpt_seq = le64_of(cs->ckpt_seq);
+	sb->ckpt_seq = le64_of(cs->ck.seq);
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		sb->jtail[j] = le64_of(cs->jtail[j]);
 	snprintf(sb->set_name, sizeof(sb->set_name), "%s", cs->name);
@@ -68,10 +68,10 @@ static void sb_issue(struct cache_set *cs);
 /* Worker 0: the generation in flight is done (on sb_ok legs): answer its jobs, start the next. */
 static void sb_finish(struct cache_set *cs)
 {
-	struct sb_job *list = cs->sb_inflight;
-	int res = cs->sb_ok ? 0 : -EIO;
-	cs->sb_inflight = NULL;
-	cs->sb_busy = false;
+	struct sb_job *list = cs->sb.inflight;
+	int res = cs->sb.ok ? 0 : -EIO;
+	cs->sb.inflight = NULL;
+	cs->sb.busy = false;
 	int done = 0;
 	while (list) {
 		struct sb_job *j = list;
@@ -80,20 +80,20 @@ static void sb_finish(struct cache_set *cs)
 		free(j);
 		done++;
 	}
-	if (cs->sb_waiting)
+	if (cs->sb.waiting)
 		sb_issue(cs);
-	atomic_fetch_sub(&cs->sb_jobs, done); /* the last access: shutdown may free the set after it */
+	atomic_fetch_sub(&cs->sb.jobs, done); /* the last access: shutdown may free the set after it */
 }
 
 static void sb_leg_done(struct bdev_req *req, int err)
 {
 	struct cache_set *cs = req->priv;
-	int leg = (int)(req - cs->sbreq);
+	int leg = (int)(req - cs->sb.req);
 	if (err)
 		mirror_leg_failed(&cs->mirror, leg, err);
 	else
-		cs->sb_ok++;
-	if (--cs->sb_pending)
+		cs->sb.ok++;
+	if (--cs->sb.pending)
 		return;
 	sb_finish(cs);
 }
@@ -102,31 +102,31 @@ static void sb_leg_done(struct bdev_req *req, int err)
 static void sb_fail_async(void *arg)
 {
 	struct cache_set *cs = arg;
-	cs->sb_pending = 0;
-	cs->sb_ok = 0;
+	cs->sb.pending = 0;
+	cs->sb.ok = 0;
 	sb_finish(cs);
 }
 
 /* Worker 0. Writes one generation to every healthy leg, serving every waiter. */
 static void sb_issue(struct cache_set *cs)
 {
-	cs->sb_busy = true;
-	cs->sb_inflight = cs->sb_waiting;
-	cs->sb_waiting = NULL;
-	pthread_mutex_lock(&cs->sb_lock);
-	uint64_t gen = ++cs->sb_gen;
+	cs->sb.busy = true;
+	cs->sb.inflight = cs->sb.waiting;
+	cs->sb.waiting = NULL;
+	pthread_mutex_lock(&cs->sb.lock);
+	uint64_t gen = ++cs->sb.gen;
 	uint32_t failed = atomic_load(&cs->mirror.failed) |
-			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb_include));
+			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb.include));
 	int n = 0;
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
 		if (failed & (1u << i))
 			continue;
-		build_sb(cs, i, gen, cs->sbbuf[i]);
+		build_sb(cs, i, gen, cs->sb.buf[i]);
 		n++;
 	}
-	pthread_mutex_unlock(&cs->sb_lock);
-	cs->sb_pending = n;
-	cs->sb_ok = 0;
+	pthread_mutex_unlock(&cs->sb.lock);
+	cs->sb.pending = n;
+	cs->sb.ok = 0;
 	if (!n) {
 		worker_post(worker_self(), sb_fail_async, cs);
 		return;
@@ -134,19 +134,19 @@ static void sb_issue(struct cache_set *cs)
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
 		if (failed & (1u << i))
 			continue;
-		cs->sbiov[i].iov_base = cs->sbbuf[i];
-		cs->sbiov[i].iov_len = CACHE_PAGE;
-		cs->sbreq[i] = (struct bdev_req){
+		cs->sb.iov[i].iov_base = cs->sb.buf[i];
+		cs->sb.iov[i].iov_len = CACHE_PAGE;
+		cs->sb.req[i] = (struct bdev_req){
 			.op = BDEV_WRITE,
 			.flags = BDEV_F_FUA,
 			.offset = (gen & 1) * CACHE_PAGE,
 			.len = CACHE_PAGE,
-			.iov = &cs->sbiov[i],
+			.iov = &cs->sb.iov[i],
 			.iovcnt = 1,
 			.done = sb_leg_done,
 			.priv = cs,
 		};
-		bdev_submit(cs->legs[i], &cs->sbreq[i]);
+		bdev_submit(cs->legs[i], &cs->sb.req[i]);
 	}
 }
 
@@ -162,11 +162,11 @@ static void sb_post_fn(void *arg)
 	struct sb_job *j = p->job;
 	free(p);
 	j->next = NULL;
-	struct sb_job **t = &cs->sb_waiting;
+	struct sb_job **t = &cs->sb.waiting;
 	while (*t)
 		t = &(*t)->next;
 	*t = j;
-	if (!cs->sb_busy)
+	if (!cs->sb.busy)
 		sb_issue(cs);
 }
 
@@ -185,7 +185,7 @@ void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *
 	j->arg = arg;
 	p->cs = cs;
 	p->job = j;
-	atomic_fetch_add(&cs->sb_jobs, 1);
+	atomic_fetch_add(&cs->sb.jobs, 1);
 	worker_post(worker_get(0), sb_post_fn, p);
 }
 

@@ -65,12 +65,12 @@ static int alloc_memory(struct cache_set *cs)
 {
 	uint32_t n = cs->lay.nslots;
 	cs->slots = calloc(n, sizeof(*cs->slots));
-	cs->free_bits = calloc((n + 63) / 64, sizeof(uint64_t));
-	cs->retire_bits = calloc((n + 63) / 64, sizeof(uint64_t));
-	cs->grace_bits = calloc((n + 63) / 64, sizeof(uint64_t));
-	cs->ckpt_dirty = calloc((n + 7) / 8, 1);
-	cs->ckpt = calloc(1, sizeof(*cs->ckpt));
-	if (!cs->slots || !cs->free_bits || !cs->retire_bits || !cs->grace_bits || !cs->ckpt_dirty || !cs->ckpt)
+	cs->alloc.free_bits = calloc((n + 63) / 64, sizeof(uint64_t));
+	cs->alloc.retire_bits = calloc((n + 63) / 64, sizeof(uint64_t));
+	cs->alloc.grace_bits = calloc((n + 63) / 64, sizeof(uint64_t));
+	cs->ck.dirty = calloc((n + 7) / 8, 1);
+	cs->ck.run = calloc(1, sizeof(*cs->ck.run));
+	if (!cs->slots || !cs->alloc.free_bits || !cs->alloc.retire_bits || !cs->alloc.grace_bits || !cs->ck.dirty || !cs->ck.run)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
 		atomic_init(&cs->slots[i].key, CACHE_KEY_NONE);
@@ -89,7 +89,7 @@ static int alloc_memory(struct cache_set *cs)
 	cs->policy = policy_new(&pc);
 	if (!cs->policy)
 		return -ENOMEM;
-	struct ckpt *ck = cs->ckpt;
+	struct ckpt *ck = cs->ck.run;
 	ck->cs = cs;
 	ck->rpp = CACHE_PAGE / cs->lay.rec_size;
 	ck->npages = (n + ck->rpp - 1) / ck->rpp;
@@ -97,7 +97,7 @@ static int alloc_memory(struct cache_set *cs)
 		if (!(ck->buf[i] = buf_get(CACHE_PAGE)))
 			return -ENOMEM;
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)
-		if (!(cs->sbbuf[i] = buf_get(CACHE_PAGE)))
+		if (!(cs->sb.buf[i] = buf_get(CACHE_PAGE)))
 			return -ENOMEM;
 	for (int j = 0; j < CACHE_NJOURNALS; j++) {
 		struct journal *jr = &cs->journals[j];
@@ -121,13 +121,13 @@ static int format_set(struct cache_set *cs, char *err, size_t errlen)
 	uint8_t *buf = buf_get(chunk);
 	if (!buf)
 		return cache_errf(err, errlen, "cache %s: out of memory", cs->name);
-	uint64_t table_bytes = (uint64_t)cs->ckpt->npages * CACHE_PAGE;
+	uint64_t table_bytes = (uint64_t)cs->ck.run->npages * CACHE_PAGE;
 	for (uint64_t off = 0; off < table_bytes; off += chunk) {
 		uint64_t len = table_bytes - off < chunk ? table_bytes - off : chunk;
 		memset(buf, 0, len);
 		for (uint64_t p = 0; p < len / CACHE_PAGE; p++)
-			for (uint32_t k = 0; k < cs->ckpt->rpp; k++) {
-				uint32_t s = (uint32_t)((off / CACHE_PAGE + p) * cs->ckpt->rpp + k);
+			for (uint32_t k = 0; k < cs->ck.run->rpp; k++) {
+				uint32_t s = (uint32_t)((off / CACHE_PAGE + p) * cs->ck.run->rpp + k);
 				if (s >= cs->lay.nslots)
 					break;
 				cache_encode_slot(cs, s, buf + p * CACHE_PAGE + (size_t)k * cs->lay.rec_size);
@@ -139,7 +139,7 @@ static int format_set(struct cache_set *cs, char *err, size_t errlen)
 		}
 	}
 	buf_put(buf, chunk);
-	cs->ckpt_seq = 1;
+	cs->ck.seq = 1;
 	atomic_store(&cs->next_seq, 1);
 	for (uint32_t s = 0; s < cs->lay.nslots; s++)
 		free_push(cs, s);
@@ -193,7 +193,7 @@ bool cache_leg_timed_out(void *arg, struct bdev *dev)
 		log_err("cache %s: leg %s did not answer within leg_timeout (%u ms): failing it", cs->name,
 			cs->legs[leg]->name, cs->cfg.leg_timeout_ms);
 	}
-	atomic_fetch_add(&cs->st_leg_timeouts, 1);
+	atomic_fetch_add(&cs->st.leg_timeouts, 1);
 	mirror_leg_failed(m, leg, -ETIMEDOUT);
 	return true;
 }
@@ -499,8 +499,8 @@ static int adopt_layout(struct cache_set *cs, const struct cache_set_cfg *cfg, s
 	cs->lay = lay;
 	/* a version 1 set gains the write-intent page (version 2); a version 2 set keeps its layout */
 	cs->version = version == CACHE_VERSION_V1 ? CACHE_VERSION_V2 : version;
-	cs->sb_gen = le64_get(sc->nsb->gen);
-	cs->ckpt_seq = le64_get(sc->nsb->ckpt_seq);
+	cs->sb.gen = le64_get(sc->nsb->gen);
+	cs->ck.seq = le64_get(sc->nsb->ckpt_seq);
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		cs->jtail[j] = le64_get(sc->nsb->jtail[j]);
 	memcpy(cs->backing, sc->nsb->backing, sizeof(cs->backing));
@@ -576,11 +576,11 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	cs->cfg = *cfg;
 	cs->blank_leg = -1;
 	cs->name = strdup(cfg->name);
-	pthread_mutex_init(&cs->alloc_lock, NULL);
-	pthread_mutex_init(&cs->sb_lock, NULL);
-	pthread_mutex_init(&cs->lost_lock, NULL);
+	pthread_mutex_init(&cs->alloc.lock, NULL);
+	pthread_mutex_init(&cs->sb.lock, NULL);
+	pthread_mutex_init(&cs->lost.lock, NULL);
 	pthread_mutex_init(&cs->dwait_lock, NULL);
-	pthread_mutex_init(&cs->repair_lock, NULL);
+	pthread_mutex_init(&cs->repair.lock, NULL);
 	if (cfg->nlegs < 1 || cfg->nlegs > 2 || (cfg->nlegs == 1 && !cfg->allow_single_leg)) {
 		cache_errf(err, errlen, "cache %s: give two legs (a mirror), or one with allow_single_leg = yes",
 		     cfg->name);
@@ -722,7 +722,7 @@ int cache_set_shutdown(struct cache_set *cs)
 	else
 		log_info("cache %s: metadata checkpointed, clean shutdown recorded", cs->name);
 	/* a leg that failed during the checkpoint has its failure recorded still: let it land */
-	for (int i = 0; i < 10000 && atomic_load(&cs->sb_jobs); i++)
+	for (int i = 0; i < 10000 && atomic_load(&cs->sb.jobs); i++)
 		usleep(1000);
 	return r;
 }
@@ -751,15 +751,15 @@ void cache_set_close(struct cache_set *cs)
 		map_destroy(&cs->map);
 	if (cs->bm.group)
 		bm_destroy(&cs->bm);
-	if (cs->ckpt) {
+	if (cs->ck.run) {
 		for (int i = 0; i < CKPT_INFLIGHT; i++)
-			if (cs->ckpt->buf[i])
-				buf_put(cs->ckpt->buf[i], CACHE_PAGE);
-		free(cs->ckpt);
+			if (cs->ck.run->buf[i])
+				buf_put(cs->ck.run->buf[i], CACHE_PAGE);
+		free(cs->ck.run);
 	}
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)
-		if (cs->sbbuf[i])
-			buf_put(cs->sbbuf[i], CACHE_PAGE);
+		if (cs->sb.buf[i])
+			buf_put(cs->sb.buf[i], CACHE_PAGE);
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		if (cs->journals[j].buf) {
 			buf_put(cs->journals[j].buf, CACHE_PAGE);
@@ -770,15 +770,15 @@ void cache_set_close(struct cache_set *cs)
 	intent_destroy(&cs->intent);
 	dlog_destroy(cs);
 	free(cs->slots);
-	free(cs->free_bits);
-	free(cs->retire_bits);
-	free(cs->grace_bits);
-	free((void *)cs->ckpt_dirty);
-	pthread_mutex_destroy(&cs->alloc_lock);
-	pthread_mutex_destroy(&cs->sb_lock);
-	pthread_mutex_destroy(&cs->lost_lock);
+	free(cs->alloc.free_bits);
+	free(cs->alloc.retire_bits);
+	free(cs->alloc.grace_bits);
+	free((void *)cs->ck.dirty);
+	pthread_mutex_destroy(&cs->alloc.lock);
+	pthread_mutex_destroy(&cs->sb.lock);
+	pthread_mutex_destroy(&cs->lost.lock);
 	pthread_mutex_destroy(&cs->dwait_lock);
-	pthread_mutex_destroy(&cs->repair_lock);
+	pthread_mutex_destroy(&cs->repair.lock);
 	free(cs->name);
 	free(cs);
 }

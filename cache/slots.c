@@ -29,14 +29,14 @@ static void batch_release(struct evict_batch *b)
 	if (atomic_fetch_sub(&b->refs, 1) != 1)
 		return;
 	struct cache_set *cs = b->cs;
-	pthread_mutex_lock(&cs->alloc_lock);
+	pthread_mutex_lock(&cs->alloc.lock);
 	for (uint32_t i = 0; i < b->n; i++) {
 		struct slot *sl = &cs->slots[b->slots[i]];
 		atomic_store(&sl->key, CACHE_KEY_NONE);
 		atomic_store(&sl->bits, SB_FREE);
 		free_push(cs, b->slots[i]);
 	}
-	pthread_mutex_unlock(&cs->alloc_lock);
+	pthread_mutex_unlock(&cs->alloc.lock);
 	free(b);
 	atomic_fetch_sub(&cs->bg_inflight, 1);
 }
@@ -97,19 +97,19 @@ void cache_reclaim(struct cache_set *cs)
 	uint32_t cap = 64;
 	struct evict_batch *b = NULL;
 
-	pthread_mutex_lock(&cs->alloc_lock);
-	if (cs->nfree >= want) {
-		pthread_mutex_unlock(&cs->alloc_lock);
-		atomic_store(&cs->reclaim_pending, false);
+	pthread_mutex_lock(&cs->alloc.lock);
+	if (cs->alloc.nfree >= want) {
+		pthread_mutex_unlock(&cs->alloc.lock);
+		atomic_store(&cs->alloc.reclaim_pending, false);
 		return;
 	}
 	b = batch_new(cs, cap);
 	if (!b) {
-		pthread_mutex_unlock(&cs->alloc_lock);
+		pthread_mutex_unlock(&cs->alloc.lock);
 		return;
 	}
 	uint64_t keys[64];
-	while (b->n < cap && cs->nfree + b->n < want) {
+	while (b->n < cap && cs->alloc.nfree + b->n < want) {
 		uint32_t s = policy_victim(cs->policy, evictable, cs);
 		if (s == POLICY_NO_SLOT)
 			break;
@@ -137,14 +137,14 @@ void cache_reclaim(struct cache_set *cs)
 		keys[b->n] = key;
 		b->slots[b->n++] = s;
 	}
-	pthread_mutex_unlock(&cs->alloc_lock);
-	atomic_store(&cs->reclaim_pending, false);
+	pthread_mutex_unlock(&cs->alloc.lock);
+	atomic_store(&cs->alloc.reclaim_pending, false);
 	if (!b->n) {
 		free(b);
 		atomic_fetch_sub(&cs->bg_inflight, 1);
 		return;
 	}
-	atomic_fetch_add(&cs->st_evictions, b->n);
+	atomic_fetch_add(&cs->st.evictions, b->n);
 	atomic_store(&b->refs, (int)b->n + 1);
 	for (uint32_t i = 0; i < b->n; i++) {
 		struct jwait *w = batch_jw(b, cap, i);
@@ -160,7 +160,7 @@ void cache_reclaim(struct cache_set *cs)
 
 static void maybe_reclaim(struct cache_set *cs)
 {
-	if (cs->nfree < cs->lay.nslots / 128 + 2 && !atomic_exchange(&cs->reclaim_pending, true))
+	if (cs->alloc.nfree < cs->lay.nslots / 128 + 2 && !atomic_exchange(&cs->alloc.reclaim_pending, true))
 		cache_reclaim(cs);
 }
 
@@ -173,7 +173,7 @@ static void maybe_reclaim(struct cache_set *cs)
  */
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing)
 {
-	pthread_mutex_lock(&cs->alloc_lock);
+	pthread_mutex_lock(&cs->alloc.lock);
 	uint32_t s = map_lookup(&cs->map, key);
 	if (s != POLICY_NO_SLOT) {
 		if (state == SB_READY) {
@@ -181,12 +181,12 @@ uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, ui
 			atomic_fetch_add(&cs->slots[s].bits, SB_WGEN_ONE);
 			*existing = s;
 		}
-		pthread_mutex_unlock(&cs->alloc_lock);
+		pthread_mutex_unlock(&cs->alloc.lock);
 		return POLICY_NO_SLOT;
 	}
-	if (!cs->nfree) {
-		pthread_mutex_unlock(&cs->alloc_lock);
-		if (!atomic_exchange(&cs->reclaim_pending, true))
+	if (!cs->alloc.nfree) {
+		pthread_mutex_unlock(&cs->alloc.lock);
+		if (!atomic_exchange(&cs->alloc.reclaim_pending, true))
 			cache_reclaim(cs);
 		return POLICY_NO_SLOT;
 	}
@@ -198,11 +198,11 @@ uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, ui
 		free_push(cs, s);
 		atomic_store(&sl->bits, SB_FREE);
 		atomic_store(&sl->users, 0);
-		pthread_mutex_unlock(&cs->alloc_lock);
+		pthread_mutex_unlock(&cs->alloc.lock);
 		return POLICY_NO_SLOT;
 	}
 	policy_insert(cs->policy, s, key);
-	pthread_mutex_unlock(&cs->alloc_lock);
+	pthread_mutex_unlock(&cs->alloc.lock);
 	maybe_reclaim(cs);
 	return s;
 }
@@ -221,36 +221,36 @@ static void retire_start_locked(struct cache_set *cs)
 	uint32_t words = (cs->lay.nslots + 63) / 64;
 	bool any = false;
 
-	if (cs->retire_inflight)
+	if (cs->alloc.retire_inflight)
 		return;
 	for (uint32_t w = 0; w < words; w++) {
-		cs->grace_bits[w] = cs->retire_bits[w];
-		cs->retire_bits[w] = 0;
-		any |= cs->grace_bits[w] != 0;
+		cs->alloc.grace_bits[w] = cs->alloc.retire_bits[w];
+		cs->alloc.retire_bits[w] = 0;
+		any |= cs->alloc.grace_bits[w] != 0;
 	}
 	if (!any)
 		return;
-	cs->retire_inflight = true;
+	cs->alloc.retire_inflight = true;
 	atomic_fetch_add(&cs->bg_inflight, 1);
-	call_rcu(&cs->retire_rcu, retire_graced);
+	call_rcu(&cs->alloc.retire_rcu, retire_graced);
 }
 
 static void retire_graced(struct rcu_head *h)
 {
-	struct cache_set *cs = caa_container_of(h, struct cache_set, retire_rcu);
+	struct cache_set *cs = caa_container_of(h, struct cache_set, alloc.retire_rcu);
 	uint32_t words = (cs->lay.nslots + 63) / 64;
 
-	pthread_mutex_lock(&cs->alloc_lock);
+	pthread_mutex_lock(&cs->alloc.lock);
 	for (uint32_t w = 0; w < words; w++)
-		for (uint64_t m = cs->grace_bits[w]; m; m &= m - 1) {
+		for (uint64_t m = cs->alloc.grace_bits[w]; m; m &= m - 1) {
 			uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(m);
 			atomic_store(&cs->slots[s].key, CACHE_KEY_NONE);
 			atomic_store(&cs->slots[s].bits, SB_FREE);
 			free_push(cs, s);
 		}
-	cs->retire_inflight = false;
+	cs->alloc.retire_inflight = false;
 	retire_start_locked(cs);
-	pthread_mutex_unlock(&cs->alloc_lock);
+	pthread_mutex_unlock(&cs->alloc.lock);
 	atomic_fetch_sub(&cs->bg_inflight, 1);
 }
 
@@ -259,20 +259,20 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 {
 	struct evict_batch *b = batch_new(cs, 1);
 	struct slot *sl = &cs->slots[s];
-	pthread_mutex_lock(&cs->alloc_lock);
+	pthread_mutex_lock(&cs->alloc.lock);
 	map_remove(&cs->map, atomic_load(&sl->key), s);
 	policy_remove(cs->policy, s);
 	slot_lock(sl);
 	atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
 	atomic_fetch_or(&sl->bits, SB_RETIRED);
 	slot_unlock(sl);
-	pthread_mutex_unlock(&cs->alloc_lock);
+	pthread_mutex_unlock(&cs->alloc.lock);
 	if (!b) {
 		/* out of memory: wait for a grace period without a batch */
-		pthread_mutex_lock(&cs->alloc_lock);
-		cs->retire_bits[s / 64] |= 1ull << (s % 64);
+		pthread_mutex_lock(&cs->alloc.lock);
+		cs->alloc.retire_bits[s / 64] |= 1ull << (s % 64);
 		retire_start_locked(cs);
-		pthread_mutex_unlock(&cs->alloc_lock);
+		pthread_mutex_unlock(&cs->alloc.lock);
 		return;
 	}
 	b->n = 1;

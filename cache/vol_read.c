@@ -47,7 +47,7 @@ static void read_sub_done(struct bdev_req *req, int err)
 			read_sub_issue(p, s);
 			return;
 		}
-		atomic_fetch_add(&cs->st_lost_ios, 1);
+		atomic_fetch_add(&cs->st.lost_ios, 1);
 		cache_lost_note(cs, p->parent->v->bid, p->slot,
 				p->off + (uint64_t)(s->first - p->first) * CACHE_SECTOR, s->first, s->count);
 		err = -EIO;
@@ -106,11 +106,11 @@ void piece_read(struct piece *p)
 			at += n;
 			left -= n;
 		}
-		atomic_fetch_add(whole ? &cs->st_read_hits : &cs->st_read_partial, 1);
+		atomic_fetch_add(whole ? &cs->st.read_hits : &cs->st.read_partial, 1);
 		if (!whole && vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror))
 			vol_topup_start(v, p->slot, p->key);
 	} else {
-		atomic_fetch_add(&cs->st_read_misses, 1);
+		atomic_fetch_add(&cs->st.read_misses, 1);
 		if (add_read_sub(p, false, p->first, p->count) < 0)
 			p->err = -ENOMEM;
 		if (vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror) &&

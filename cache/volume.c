@@ -348,7 +348,7 @@ static int64_t vol_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 		return n;
 	uint64_t ext = cs->lay.extent_size, end = offset + (uint64_t)n;
 	int64_t r = n;
-	pthread_mutex_lock(&cs->alloc_lock); /* the map's table cannot change under it */
+	pthread_mutex_lock(&cs->alloc.lock); /* the map's table cannot change under it */
 	for (uint64_t e = offset / ext; e * ext < end; e++) {
 		uint32_t s = map_lookup(&cs->map, cache_key(v->bid, e));
 		if (s == POLICY_NO_SLOT || !(atomic_load(&cs->slots[s].bits) & SB_DIRTY))
@@ -363,7 +363,7 @@ static int64_t vol_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 		}
 		break;
 	}
-	pthread_mutex_unlock(&cs->alloc_lock);
+	pthread_mutex_unlock(&cs->alloc.lock);
 	return r;
 }
 
@@ -384,9 +384,9 @@ static void vol_backing_resized(void *arg, uint64_t size)
 	struct cache_vol *v = arg;
 	struct cache_set *cs = v->cs;
 	__atomic_store_n(&v->dev.size, size, __ATOMIC_RELAXED);
-	pthread_mutex_lock(&cs->sb_lock);
+	pthread_mutex_lock(&cs->sb.lock);
 	cs->backing[v->bid].size = le64_of(size);
-	pthread_mutex_unlock(&cs->sb_lock);
+	pthread_mutex_unlock(&cs->sb.lock);
 	cache_sb_write(cs, vol_resize_recorded, cs);
 	if (v->on_resize)
 		v->on_resize(v->on_resize_arg, size);

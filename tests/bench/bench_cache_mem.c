@@ -60,8 +60,8 @@ static void build(struct built *b, uint64_t cache_bytes, uint32_t extent, double
 	cs->lay.extent_size = extent;
 	cs->lay.bpe = extent / CACHE_SECTOR;
 	cs->slots = calloc(n, sizeof(*cs->slots));
-	cs->free_bits = calloc((n + 63) / 64, sizeof(uint64_t));
-	cs->ckpt_dirty = calloc((n + 7) / 8, 1);
+	cs->alloc.free_bits = calloc((n + 63) / 64, sizeof(uint64_t));
+	cs->ck.dirty = calloc((n + 7) / 8, 1);
 	map_init(&cs->map, cs->slots, n);
 	bm_init(&cs->bm, n, cs->lay.bpe);
 	struct policy_cfg pc = { .nslots = n, .admit_hits = 2, .seq_cutoff = 4u << 20, .extent_size = extent };
@@ -86,8 +86,8 @@ static void destroy(struct built *b)
 	bm_destroy(&cs->bm);
 	map_destroy(&cs->map);
 	free(cs->slots);
-	free(cs->free_bits);
-	free((void *)cs->ckpt_dirty);
+	free(cs->alloc.free_bits);
+	free((void *)cs->ck.dirty);
 }
 
 static uint64_t engine_bytes(struct cache_set *cs)

@@ -93,7 +93,7 @@ static bool sem_wait_secs(sem_t *s, int secs)
 static bool wait_nfree(struct cache_set *cs, uint32_t want, int secs)
 {
 	for (int i = 0; i < secs * 100; i++) {
-		if (atomic_load(&cs->nfree) == want)
+		if (atomic_load(&cs->alloc.nfree) == want)
 			return true;
 		usleep(10000);
 	}
@@ -104,7 +104,7 @@ static void drop_once(struct cache_set *cs, uint64_t key, bool hold_reader)
 {
 	struct drop_job j = { .cs = cs, .key = key };
 	pthread_t rt;
-	uint32_t before = atomic_load(&cs->nfree);
+	uint32_t before = atomic_load(&cs->alloc.nfree);
 	int failed_before = atomic_load(&failed_callocs);
 
 	sem_init(&j.done, 0, 0);
@@ -125,10 +125,10 @@ static void drop_once(struct cache_set *cs, uint64_t key, bool hold_reader)
 	REQUIRE(j.slot != POLICY_NO_SLOT, "a free slot for key %llu", (unsigned long long)key);
 	CHECK(atomic_load(&failed_callocs) == failed_before + 1, "the batch allocation was refused");
 	if (hold_reader && returned) {
-		CHECK(atomic_load(&cs->nfree) == before - 1 &&
+		CHECK(atomic_load(&cs->alloc.nfree) == before - 1 &&
 			      (atomic_load(&cs->slots[j.slot].bits) & SB_RETIRED),
 		      "the slot waits, retired, while the reader holds on (nfree %u, was %u)",
-		      atomic_load(&cs->nfree), before);
+		      atomic_load(&cs->alloc.nfree), before);
 		atomic_store(&reader_state, 2);
 	}
 	if (hold_reader) {
@@ -136,7 +136,7 @@ static void drop_once(struct cache_set *cs, uint64_t key, bool hold_reader)
 		REQUIRE(atomic_load(&reader_state) == 3, "reader gone");
 	}
 	CHECK(wait_nfree(cs, before, 30), "the slot reached the free list after the grace period (nfree %u, want %u)",
-	      atomic_load(&cs->nfree), before);
+	      atomic_load(&cs->alloc.nfree), before);
 	CHECK(atomic_load(&cs->slots[j.slot].key) == CACHE_KEY_NONE &&
 		      atomic_load(&cs->slots[j.slot].bits) == SB_FREE,
 	      "the slot is free and holds no key");

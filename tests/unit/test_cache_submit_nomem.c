@@ -130,8 +130,8 @@ int main(void)
 
 	buf_put(w, LEN);
 	buf_put(r, LEN);
+	cache_set_shutdown(cs); /* waits for the fill the read started */
 	bdev_close(vol);
-	cache_set_shutdown(cs);
 	cache_set_close(cs);
 	workers_stop();
 	return check_failures ? 1 : 0;

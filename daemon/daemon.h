@@ -1,6 +1,6 @@
 /*
- * daemon.h - the daemon's own state, shared by main.c (startup, shutdown,
- * the status command) and reload.c (SIGHUP). Main thread only, except
+ * daemon.h - the daemon's own state, shared by main.c (startup, shutdown),
+ * status.c (tierctl status) and reload.c (SIGHUP). Main thread only, except
  * where a field says otherwise.
  */
 #ifndef TC_DAEMON_DAEMON_H
@@ -10,6 +10,9 @@
 #include "target/iscsi/portal.h"
 
 #include <stdbool.h>
+
+/* what tiercached -V and tierctl status report */
+#define TC_VERSION "0.1.0"
 
 struct bdev;
 struct cache_set;
@@ -72,6 +75,13 @@ struct iscsi_target_cfg daemon_portal_target(const struct cfg_target *t, struct 
 
 /* log_level = error | warning | info | debug, as a level (info if unknown). */
 enum log_level daemon_parse_level(const char *s);
+
+/*
+ * Register tierctl status on the control socket (status.c), for d as it is
+ * then and after every reload; uptime counts from this call. Main thread,
+ * before control_start. 0, or -1 as control_register.
+ */
+int daemon_status_register(struct daemon *d);
 
 /* Re-read d->path and apply what can change while serving (reload.c). */
 void daemon_reload(struct daemon *d);

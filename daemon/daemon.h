@@ -1,7 +1,16 @@
 /*
- * daemon.h - the daemon's own state, shared by main.c (startup, shutdown),
- * status.c (tierctl status) and reload.c (SIGHUP). Main thread only, except
- * where a field says otherwise.
+ * daemon.h - the daemon's own state and what its files call in each other.
+ *
+ * The calls go one way, down this list; a file calls only those below it:
+ *   main.c      startup, the signal loop, shutdown (called by no one)
+ *   reload.c    SIGHUP: re-read the file, apply what can change
+ *   status.c    tierctl status
+ *   ctl_cache.c tierctl's cache commands (ctl_cache.h)
+ *   open.c      open a [lun], a [target]'s portal entry, log_level: what
+ *               startup, a reload and leg replace share
+ * (control.c, leg_health.c and watchdog.c have headers of their own and
+ * call none of these.) struct daemon is main thread only, except where a
+ * field says otherwise.
  */
 #ifndef TC_DAEMON_DAEMON_H
 #define TC_DAEMON_DAEMON_H
@@ -51,6 +60,8 @@ struct daemon {
 	bool debug;
 };
 
+/* ---- open.c ---- */
+
 /*
  * Open the LU of [lun] l (its serial, backing store, cache volume on a set
  * already running, and the logical unit). cfg is the configuration in
@@ -76,14 +87,18 @@ struct iscsi_target_cfg daemon_portal_target(const struct cfg_target *t, struct 
 /* log_level = error | warning | info | debug, as a level (info if unknown). */
 enum log_level daemon_parse_level(const char *s);
 
+/* ---- status.c ---- */
+
 /*
- * Register tierctl status on the control socket (status.c), for d as it is
+ * Register tierctl status on the control socket, for d as it is
  * then and after every reload; uptime counts from this call. Main thread,
  * before control_start. 0, or -1 as control_register.
  */
 int daemon_status_register(struct daemon *d);
 
-/* Re-read d->path and apply what can change while serving (reload.c). */
+/* ---- reload.c ---- */
+
+/* Re-read d->path and apply what can change while serving. */
 void daemon_reload(struct daemon *d);
 
 #endif

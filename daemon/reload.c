@@ -327,105 +327,169 @@ static int park_lu(struct daemon *d, struct scsi_lu *lu)
 #define RELOAD_DRAIN_MS 30000
 #define RELOAD_LOGOUT_MS 10000
 
-void daemon_reload(struct daemon *d)
+/*
+ * One reload: the configuration in effect (o), the new one (n), and what
+ * n is to be served with, parallel to its arrays. The steps before
+ * "nothing is refused" in daemon_reload fill it and may still refuse the
+ * reload (reload_refuse undoes them); the steps after apply it.
+ */
+struct reload {
+	struct daemon *d;
+	struct config *o, *n;
+	int nl, nt;                   /* n->nluns, n->ntargets */
+	struct scsi_lu **lus;         /* parallel to n->luns: kept or opened now */
+	struct bdev **vols;
+	char (*serials)[33];
+	bool *lu_new;                 /* lus[i] was opened by this reload */
+	bool *o_lu_kept;              /* parallel to o->luns: n still has it */
+	struct scsi_target **targets; /* parallel to n->targets: kept or built now */
+	bool *t_new;                  /* targets[j] was built by this reload */
+	int *t_old;                   /* its index in o->targets, or -1 */
+	bool *o_t_kept;               /* parallel to o->targets: n still has it */
+	struct iscsi_target_cfg *ptargets;
+	struct iscsi_portal_cfg *pc;
+	/* the targets whose maps changed, then from first_retired the removed ones */
+	struct scsi_target **pub;
+	int npub, first_retired;
+	/* o's LUs and volumes, for closing the removed ones once d holds n's */
+	struct scsi_lu **old_lus;
+	struct bdev **old_vols;
+	int restarts;                 /* settings that need a restart (keep_unreloadable) */
+	int luns_added, luns_removed, maps_added, maps_removed, tgts_added, tgts_removed;
+};
+
+/* Read and validate the new file, and make room for what it will serve.
+ * -1 after logging why. */
+static int reload_parse(struct reload *r)
 {
-	struct config *o = d->cfg, *n = NULL;
+	struct config *o = r->o;
 	char err[1024];
 
-	log_info("SIGHUP: reloading %s", d->path);
-	if (config_load(d->path, &n, err, sizeof(err)) < 0) {
+	if (config_load(r->d->path, &r->n, err, sizeof(err)) < 0) {
 		log_err("%s", err);
-		log_err("reload refused: the configuration in effect stays as it was");
-		return;
+		return -1;
 	}
-	int nl = n->nluns, nt = n->ntargets;
-	struct scsi_lu **lus = calloc(nl ? nl : 1, sizeof(*lus));
-	struct bdev **vols = calloc(nl ? nl : 1, sizeof(*vols));
-	char (*serials)[33] = calloc(nl ? nl : 1, sizeof(*serials));
-	bool *lu_new = calloc(nl ? nl : 1, sizeof(*lu_new));
-	bool *o_lu_kept = calloc(o->nluns ? o->nluns : 1, sizeof(*o_lu_kept));
-	struct scsi_target **targets = calloc(nt ? nt : 1, sizeof(*targets));
-	bool *t_new = calloc(nt ? nt : 1, sizeof(*t_new));
-	int *t_old = calloc(nt ? nt : 1, sizeof(*t_old));
-	bool *o_t_kept = calloc(o->ntargets ? o->ntargets : 1, sizeof(*o_t_kept));
-	struct iscsi_target_cfg *ptargets = calloc(nt ? nt : 1, sizeof(*ptargets));
-	struct iscsi_portal_cfg *pc = calloc(1, sizeof(*pc));
-	struct scsi_target **pub = calloc((size_t)(nt + o->ntargets + 1), sizeof(*pub));
-	int npub = 0;
-	int luns_added = 0, luns_removed = 0, maps_added = 0, maps_removed = 0, tgts_added = 0, tgts_removed = 0;
-
-	if (!lus || !vols || !serials || !lu_new || !o_lu_kept || !targets || !t_new || !t_old || !o_t_kept ||
-	    !ptargets || !pc || !pub) {
+	int nl = r->nl = r->n->nluns, nt = r->nt = r->n->ntargets;
+	r->lus = calloc(nl ? nl : 1, sizeof(*r->lus));
+	r->vols = calloc(nl ? nl : 1, sizeof(*r->vols));
+	r->serials = calloc(nl ? nl : 1, sizeof(*r->serials));
+	r->lu_new = calloc(nl ? nl : 1, sizeof(*r->lu_new));
+	r->o_lu_kept = calloc(o->nluns ? o->nluns : 1, sizeof(*r->o_lu_kept));
+	r->targets = calloc(nt ? nt : 1, sizeof(*r->targets));
+	r->t_new = calloc(nt ? nt : 1, sizeof(*r->t_new));
+	r->t_old = calloc(nt ? nt : 1, sizeof(*r->t_old));
+	r->o_t_kept = calloc(o->ntargets ? o->ntargets : 1, sizeof(*r->o_t_kept));
+	r->ptargets = calloc(nt ? nt : 1, sizeof(*r->ptargets));
+	r->pc = calloc(1, sizeof(*r->pc));
+	r->pub = calloc((size_t)(nt + o->ntargets + 1), sizeof(*r->pub));
+	if (!r->lus || !r->vols || !r->serials || !r->lu_new || !r->o_lu_kept || !r->targets || !r->t_new ||
+	    !r->t_old || !r->o_t_kept || !r->ptargets || !r->pc || !r->pub) {
 		log_err("reload: out of memory");
-		goto abort;
+		return -1;
 	}
-	int restarts = keep_unreloadable(o, n);
-	if (restarts < 0) {
-		log_err("reload: out of memory");
-		goto abort;
-	}
+	return 0;
+}
 
-	/* LUNs: a name that stays keeps its LU; new ones are opened now */
-	for (int i = 0; i < nl; i++) {
+/* What a reload cannot change goes back to its value in effect, each with
+ * a warning (keep_unreloadable). -1 when out of memory. */
+static int reload_keep_settings(struct reload *r)
+{
+	r->restarts = keep_unreloadable(r->o, r->n);
+	if (r->restarts < 0) {
+		log_err("reload: out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+/* LUNs: a name that stays keeps its LU; new ones are opened now. -1 after
+ * logging why one cannot be. */
+static int reload_diff_luns(struct reload *r)
+{
+	struct daemon *d = r->d;
+	struct config *o = r->o, *n = r->n;
+
+	for (int i = 0; i < r->nl; i++) {
 		int oi = find_lun_idx(o, n->luns[i].name);
 		if (oi >= 0) {
-			lus[i] = d->lus[oi];
-			vols[i] = d->vols[oi];
-			memcpy(serials[i], d->serials[oi], sizeof(serials[i]));
-			o_lu_kept[oi] = true;
+			r->lus[i] = d->lus[oi];
+			r->vols[i] = d->vols[oi];
+			memcpy(r->serials[i], d->serials[oi], sizeof(r->serials[i]));
+			r->o_lu_kept[oi] = true;
 			continue;
 		}
-		if (daemon_open_lun(n, &n->luns[i], d->sets, serials[i], &lus[i], &vols[i]) < 0)
-			goto abort;
-		lu_new[i] = true;
-		luns_added++;
+		if (daemon_open_lun(n, &n->luns[i], d->sets, r->serials[i], &r->lus[i], &r->vols[i]) < 0)
+			return -1;
+		r->lu_new[i] = true;
+		r->luns_added++;
 		if (o->tcmu_enable)
 			log_warn("%s:%d: [lun %s] is served over iSCSI; LIO (TCMU) sees it after a restart",
 				 n->path, n->luns[i].line, n->luns[i].name);
 	}
-	/* targets: an IQN that stays keeps its scsi target; new ones are built now */
-	for (int j = 0; j < nt; j++) {
+	return 0;
+}
+
+/* Targets: an IQN that stays keeps its scsi target; new ones are built
+ * now, and the portal's new target list with them. -1 when out of memory. */
+static int reload_diff_targets(struct reload *r)
+{
+	struct daemon *d = r->d;
+	struct config *o = r->o, *n = r->n;
+
+	for (int j = 0; j < r->nt; j++) {
 		struct cfg_target *t = &n->targets[j];
 		int oj = find_target(o, t->iqn);
-		t_old[j] = oj;
+		r->t_old[j] = oj;
 		if (oj >= 0) {
-			targets[j] = d->targets[oj];
-			o_t_kept[oj] = true;
+			r->targets[j] = d->targets[oj];
+			r->o_t_kept[oj] = true;
 			if (!auth_eq(&o->targets[oj], t))
 				log_info("%s:%d: [target %s]: allow list or CHAP changed; new logins use it, "
 					 "sessions already logged in stay", n->path, t->line, t->iqn);
 		} else {
-			targets[j] = scsi_target_new(t->iqn);
-			if (!targets[j]) {
+			r->targets[j] = scsi_target_new(t->iqn);
+			if (!r->targets[j]) {
 				log_err("reload: out of memory");
-				goto abort;
+				return -1;
 			}
-			t_new[j] = true;
+			r->t_new[j] = true;
 			for (int k = 0; k < t->nluns; k++)
-				if (scsi_target_map(targets[j], t->luns[k].lun,
-						    lus[t->luns[k].lu - n->luns]) < 0) {
+				if (scsi_target_map(r->targets[j], t->luns[k].lun,
+						    r->lus[t->luns[k].lu - n->luns]) < 0) {
 					log_err("reload: out of memory");
-					goto abort;
+					return -1;
 				}
 		}
-		ptargets[j] = daemon_portal_target(t, targets[j]);
+		r->ptargets[j] = daemon_portal_target(t, r->targets[j]);
 	}
-	*pc = *d->pc;
-	pc->targets = ptargets;
-	pc->ntargets = nt;
+	*r->pc = *d->pc;
+	r->pc->targets = r->ptargets;
+	r->pc->ntargets = r->nt;
+	return 0;
+}
 
-	/* ---- from here on nothing is refused ---- */
+static void reload_apply_log_level(struct reload *r)
+{
+	struct daemon *d = r->d;
+	struct config *o = r->o, *n = r->n;
+
 	if (strcmp(o->log_level, n->log_level)) {
 		if (!d->debug)
 			log_set_level(daemon_parse_level(n->log_level));
 		log_info("%s: log_level is now %s%s", n->path, n->log_level, d->debug ? " (--debug overrides it)" : "");
 	}
+}
 
-	/* mapping changes of the targets that stay */
-	for (int j = 0; j < nt; j++) {
-		int oj = t_old[j];
+/* Mapping changes of the targets that stay; those that changed are
+ * gathered in pub for publishing. */
+static void reload_apply_maps(struct reload *r)
+{
+	struct config *o = r->o, *n = r->n;
+
+	for (int j = 0; j < r->nt; j++) {
+		int oj = r->t_old[j];
 		if (oj < 0) {
-			tgts_added++;
+			r->tgts_added++;
 			log_info("reload: target %s added with %d LUN(s)", n->targets[j].iqn, n->targets[j].nluns);
 			continue;
 		}
@@ -433,75 +497,92 @@ void daemon_reload(struct daemon *d)
 		bool changed = false;
 		for (int k = 0; k < ot->nluns; k++)
 			if (!has_mapping(t, ot->luns[k].lun, ot->luns[k].lun_name)) {
-				scsi_target_unmap(targets[j], ot->luns[k].lun);
+				scsi_target_unmap(r->targets[j], ot->luns[k].lun);
 				log_info("reload: target %s: lun%llu (%s) removed", t->iqn,
 					 (unsigned long long)ot->luns[k].lun, ot->luns[k].lun_name);
-				maps_removed++;
+				r->maps_removed++;
 				changed = true;
 			}
 		for (int k = 0; k < t->nluns; k++)
 			if (!has_mapping(ot, t->luns[k].lun, t->luns[k].lun_name)) {
-				if (scsi_target_map(targets[j], t->luns[k].lun, lus[t->luns[k].lu - n->luns]) < 0)
+				if (scsi_target_map(r->targets[j], t->luns[k].lun, r->lus[t->luns[k].lu - n->luns]) < 0)
 					log_err("%s:%d: target %s: cannot map lun%llu (out of memory)", n->path,
 						t->luns[k].line, t->iqn, (unsigned long long)t->luns[k].lun);
 				else
 					log_info("reload: target %s: lun%llu = %s added", t->iqn,
 						 (unsigned long long)t->luns[k].lun, t->luns[k].lun_name);
-				maps_added++;
+				r->maps_added++;
 				changed = true;
 			}
 		if (changed)
-			pub[npub++] = targets[j];
+			r->pub[r->npub++] = r->targets[j];
 	}
-	/* logins and discovery see the new target list */
-	iscsi_portal_update(pc);
-	/* every nexus on every worker takes its new LUN list */
-	publish_wait(pub, npub);
-	/* removed targets: no new nexus (a login already past the lookup
-	 * fails); the sessions they have are asked to log out below */
-	int first_retired = npub;
+}
+
+/* Removed targets: no new nexus (a login already past the lookup fails);
+ * the sessions they have are asked to log out by reload_close_retired.
+ * They join pub from first_retired on. */
+static void reload_retire_targets(struct reload *r)
+{
+	struct daemon *d = r->d;
+	struct config *o = r->o;
+
+	r->first_retired = r->npub;
 	for (int oj = 0; oj < o->ntargets; oj++)
-		if (!o_t_kept[oj]) {
+		if (!r->o_t_kept[oj]) {
 			scsi_target_retire(d->targets[oj]);
-			pub[npub++] = d->targets[oj];
-			tgts_removed++;
+			r->pub[r->npub++] = d->targets[oj];
+			r->tgts_removed++;
 			log_info("reload: target %s removed; its sessions are asked to log out", o->targets[oj].iqn);
 		}
+}
 
-	/* tierctl sees the new configuration */
+/* tierctl sees the new configuration; the old one and its arrays are
+ * kept until exit (logins and sessions may still point into them). */
+static void reload_swap_config(struct reload *r)
+{
+	struct daemon *d = r->d;
+
 	control_lock();
-	struct scsi_lu **old_lus = d->lus;
-	struct bdev **old_vols = d->vols;
+	r->old_lus = d->lus;
+	r->old_vols = d->vols;
 	keep_old(d, d->lus);
 	keep_old(d, d->vols);
 	keep_old(d, d->serials);
 	keep_old(d, d->targets);
 	keep_old(d, d->portal_targets);
 	keep_old(d, d->pc);
-	d->cfg = n;
-	d->lus = lus;
-	d->vols = vols;
-	d->serials = serials;
-	d->targets = targets;
-	d->portal_targets = ptargets;
-	d->pc = pc;
-	ctl_cache_update(n, vols);
+	d->cfg = r->n;
+	d->lus = r->lus;
+	d->vols = r->vols;
+	d->serials = r->serials;
+	d->targets = r->targets;
+	d->portal_targets = r->ptargets;
+	d->pc = r->pc;
+	ctl_cache_update(r->n, r->vols);
 	control_unlock();
 	{
 		struct config **v = realloc(d->old_cfgs, sizeof(*v) * (size_t)(d->nold_cfgs + 1));
 		if (v) {
 			d->old_cfgs = v;
-			d->old_cfgs[d->nold_cfgs++] = o;
+			d->old_cfgs[d->nold_cfgs++] = r->o;
 		} /* else: leaked; logins in progress may still read it */
 	}
+}
 
-	/*
-	 * Sessions of removed targets: asked to log out; each stops taking
-	 * new commands and closes once those in flight have answered. One
-	 * that outlasts the grace period loses its LUNs (it answers LOGICAL
-	 * UNIT NOT SUPPORTED) so that removed LUNs can close. The targets
-	 * are freed at exit.
-	 */
+/*
+ * Sessions of removed targets: asked to log out; each stops taking
+ * new commands and closes once those in flight have answered. One
+ * that outlasts the grace period loses its LUNs (it answers LOGICAL
+ * UNIT NOT SUPPORTED) so that removed LUNs can close. The targets
+ * are freed at exit.
+ */
+static void reload_close_retired(struct reload *r)
+{
+	struct daemon *d = r->d;
+	struct scsi_target **pub = r->pub;
+	int first_retired = r->first_retired, npub = r->npub;
+
 	for (int i = first_retired; i < npub; i++)
 		iscsi_portal_close_target(pub[i]);
 	uint64_t end = now_ms() + RELOAD_LOGOUT_MS;
@@ -522,16 +603,22 @@ void daemon_reload(struct daemon *d)
 	}
 	if (npub > first_retired)
 		publish_wait(pub + first_retired, npub - first_retired);
+}
 
-	/* removed LUNs: no map holds them now; wait for their commands (one
-	 * deadline for all of them), then close */
-	end = now_ms() + RELOAD_DRAIN_MS;
+/* Removed LUNs: no map holds them now; wait for their commands (one
+ * deadline for all of them), then close */
+static void reload_close_luns(struct reload *r)
+{
+	struct daemon *d = r->d;
+	struct config *o = r->o;
+
+	uint64_t end = now_ms() + RELOAD_DRAIN_MS;
 	for (int oi = 0; oi < o->nluns; oi++) {
-		if (o_lu_kept[oi])
+		if (r->o_lu_kept[oi])
 			continue;
-		struct scsi_lu *lu = old_lus[oi];
+		struct scsi_lu *lu = r->old_lus[oi];
 		const char *name = scsi_lu_name(lu);
-		luns_removed++;
+		r->luns_removed++;
 		while (scsi_lu_inflight(lu) > 0 && now_ms() < end) {
 			watchdog_feed();
 			sleep_ms(1);
@@ -543,9 +630,9 @@ void daemon_reload(struct daemon *d)
 			end = now_ms(); /* the others get one last look each, not another 30 s */
 			if (park_lu(d, lu) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
-		} else if (old_vols[oi] || o->tcmu_enable) {
+		} else if (r->old_vols[oi] || o->tcmu_enable) {
 			log_info("reload: lun %s removed and drained; %s stays open (unreachable) until exit",
-				 name, old_vols[oi] ? "its cache volume" : "LIO (TCMU) may still use it, so it");
+				 name, r->old_vols[oi] ? "its cache volume" : "LIO (TCMU) may still use it, so it");
 			if (park_lu(d, lu) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
 		} else {
@@ -553,42 +640,74 @@ void daemon_reload(struct daemon *d)
 			scsi_lu_close(lu);
 		}
 	}
-	free(lu_new);
-	free(o_lu_kept);
-	free(t_new);
-	free(t_old);
-	free(o_t_kept);
-	free(pub);
-	log_info("reload: %d LUN(s) added, %d removed; %d mapping(s) added, %d removed; %d target(s) added, "
-		 "%d removed; %d setting(s) need a restart", luns_added, luns_removed, maps_added, maps_removed,
-		 tgts_added, tgts_removed, restarts);
-	sd_notifyf(0, "STATUS=serving: %d target(s), %d LUN(s)", n->ntargets, n->nluns);
-	return;
+}
 
-abort:
-	for (int j = 0; targets && t_new && j < nt; j++)
-		if (t_new[j])
-			scsi_target_free(targets[j]);
-	for (int i = 0; lus && lu_new && i < nl; i++)
-		if (lu_new[i] && lus[i]) {
+/* A reload applied: free what only it used, say what changed. */
+static void reload_report(struct reload *r)
+{
+	free(r->lu_new);
+	free(r->o_lu_kept);
+	free(r->t_new);
+	free(r->t_old);
+	free(r->o_t_kept);
+	free(r->pub);
+	log_info("reload: %d LUN(s) added, %d removed; %d mapping(s) added, %d removed; %d target(s) added, "
+		 "%d removed; %d setting(s) need a restart", r->luns_added, r->luns_removed, r->maps_added,
+		 r->maps_removed, r->tgts_added, r->tgts_removed, r->restarts);
+	sd_notifyf(0, "STATUS=serving: %d target(s), %d LUN(s)", r->n->ntargets, r->n->nluns);
+}
+
+/* A reload refused before anything was applied: close what it opened and
+ * built, free the new configuration; the one in effect stays. */
+static void reload_refuse(struct reload *r)
+{
+	for (int j = 0; r->targets && r->t_new && j < r->nt; j++)
+		if (r->t_new[j])
+			scsi_target_free(r->targets[j]);
+	for (int i = 0; r->lus && r->lu_new && i < r->nl; i++)
+		if (r->lu_new[i] && r->lus[i]) {
 			/* a cache volume on a running set stays open until exit */
-			if (vols[i] && park_lu(d, lus[i]) == 0)
+			if (r->vols[i] && park_lu(r->d, r->lus[i]) == 0)
 				continue;
-			scsi_lu_close(lus[i]);
+			scsi_lu_close(r->lus[i]);
 		}
-	free(lus);
-	free(vols);
-	free(serials);
-	free(lu_new);
-	free(o_lu_kept);
-	free(targets);
-	free(t_new);
-	free(t_old);
-	free(o_t_kept);
-	free(ptargets);
-	free(pc);
-	free(pub);
-	config_free(n);
+	free(r->lus);
+	free(r->vols);
+	free(r->serials);
+	free(r->lu_new);
+	free(r->o_lu_kept);
+	free(r->targets);
+	free(r->t_new);
+	free(r->t_old);
+	free(r->o_t_kept);
+	free(r->ptargets);
+	free(r->pc);
+	free(r->pub);
+	config_free(r->n);
 	log_err("reload refused: the configuration in effect stays as it was");
 }
 
+void daemon_reload(struct daemon *d)
+{
+	struct reload r = { .d = d, .o = d->cfg };
+
+	log_info("SIGHUP: reloading %s", d->path);
+	if (reload_parse(&r) < 0 || reload_keep_settings(&r) < 0 || reload_diff_luns(&r) < 0 ||
+	    reload_diff_targets(&r) < 0) {
+		reload_refuse(&r);
+		return;
+	}
+
+	/* ---- from here on nothing is refused ---- */
+	reload_apply_log_level(&r);
+	reload_apply_maps(&r);
+	/* logins and discovery see the new target list */
+	iscsi_portal_update(r.pc);
+	/* every nexus on every worker takes its new LUN list */
+	publish_wait(r.pub, r.npub);
+	reload_retire_targets(&r);
+	reload_swap_config(&r);
+	reload_close_retired(&r);
+	reload_close_luns(&r);
+	reload_report(&r);
+}

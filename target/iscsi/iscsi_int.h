@@ -11,7 +11,7 @@
  * Data-Out lands in them (straight from the socket when it is long; short
  * segments are copied once from the connection's receive stage, which
  * saves a read per PDU), and Data-In is written from them with sendmsg,
- * every response of a loop iteration in one call (conn.c), or, for a READ
+ * every response of a loop iteration in one call (conn_tx.c), or, for a READ
  * the backstore answered with a page-cached file range (scsi_cmd.data_fd),
  * its header with sendmsg and its data with sendfile.
  *
@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 
 #define ISCSI_QUEUE_DEPTH 128      /* non-immediate commands per session */
@@ -240,10 +241,6 @@ bool iscsi_same_target(const struct iscsi_target_cfg *a, const struct iscsi_targ
 /* ---- conn.c ---- */
 /* Take over an accepted socket on the calling worker (or no worker: tests). */
 struct iscsi_conn *iscsi_conn_new(int fd);
-/* Queue a PDU whose header (and data iovecs) are filled; adds digests. */
-void iscsi_conn_send(struct iscsi_conn *c, struct iscsi_tx *tx);
-/* A control PDU with room for dlen data bytes, header zeroed. */
-struct iscsi_tx *iscsi_tx_new(size_t dlen);
 /* Bracket work done outside the socket handler (backstore completions,
  * posted calls): the outermost leave flushes and frees a closed conn. */
 void iscsi_conn_enter(struct iscsi_conn *c);
@@ -252,19 +249,45 @@ void iscsi_conn_leave(struct iscsi_conn *c);
 void iscsi_conn_close(struct iscsi_conn *c, const char *why);
 /* Free the connection if it is closed and nothing refers to it any more. */
 void iscsi_conn_maybe_free(struct iscsi_conn *c);
-/* Process readable data (also what the fuzzers call). */
-void iscsi_conn_on_readable(struct iscsi_conn *c);
-void iscsi_conn_flush(struct iscsi_conn *c);
 void iscsi_conn_drain(struct iscsi_conn *c);
 bool iscsi_conn_drained(struct iscsi_conn *c);
-/* Fill ExpCmdSN and MaxCmdSN at byte offsets 28 and 32 of a response. */
-void iscsi_conn_fill_sn(struct iscsi_conn *c, uint8_t *hdr, bool advance_statsn);
-/* Remove a not-yet-started tx from the queue; false if it is mid-write. */
-bool iscsi_conn_unqueue(struct iscsi_conn *c, struct iscsi_tx *tx);
 /* Re-evaluate whether to read (tx backpressure, draining). */
 void iscsi_conn_update_watch(struct iscsi_conn *c);
 /* Worker-local list of connections (drain). */
 struct iscsi_conn *iscsi_conn_first(void);
+/* The epoll events c is watched for now (its reading and writing flags). */
+static inline unsigned iscsi_conn_events(const struct iscsi_conn *c)
+{
+	return (c->reading ? EPOLLIN : 0) | (c->writing ? EPOLLOUT : 0);
+}
+
+/* ---- conn_tx.c ---- */
+/* Queue a PDU whose header (and data iovecs) are filled; adds digests. */
+void iscsi_conn_send(struct iscsi_conn *c, struct iscsi_tx *tx);
+/* A control PDU with room for dlen data bytes, header zeroed. */
+struct iscsi_tx *iscsi_tx_new(size_t dlen);
+void iscsi_conn_flush(struct iscsi_conn *c);
+/* Fill ExpCmdSN and MaxCmdSN at byte offsets 28 and 32 of a response. */
+void iscsi_conn_fill_sn(struct iscsi_conn *c, uint8_t *hdr, bool advance_statsn);
+/* Remove a not-yet-started tx from the queue; false if it is mid-write. */
+bool iscsi_conn_unqueue(struct iscsi_conn *c, struct iscsi_tx *tx);
+
+/* ---- conn_rx.c ---- */
+#define ISCSI_RX_STAGE_SIZE 65536  /* a connection's receive stage (rx_stage) */
+/* Process readable data (also what the fuzzers call). */
+void iscsi_conn_on_readable(struct iscsi_conn *c);
+/* Parse PDUs out of the stage, refilling it from the socket unless the
+ * last read found it empty, at most a batch per call, inside an
+ * enter/leave: the body of on_readable, and how the batch end resumes
+ * PDUs left in the stage. */
+void iscsi_conn_rx_run(struct iscsi_conn *c);
+/* Get ready for the next PDU's header. */
+void iscsi_conn_rx_reset(struct iscsi_conn *c);
+/* Bytes read into the stage and not parsed yet. */
+static inline size_t iscsi_conn_rx_staged(const struct iscsi_conn *c)
+{
+	return c->rx_stage_len - c->rx_stage_pos;
+}
 
 /* ---- login.c ---- */
 /* May this initiator reach the target (its allow list)? */

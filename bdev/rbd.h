@@ -1,6 +1,7 @@
 /*
- * rbd.h - RBD images as bdevs (rbd.c: I/O and the cluster connection;
- * rbd_lock.c: the image's exclusive lock). No Ceph type appears here.
+ * rbd.h - RBD images as bdevs (rbd.c, rbd_io.c, rbd_client.c: the bdev,
+ * its I/O and the cluster connection; rbd_lock.c: the image's exclusive
+ * lock). No Ceph type appears here.
  */
 #ifndef TC_BDEV_RBD_H
 #define TC_BDEV_RBD_H

@@ -5,10 +5,12 @@
  * rest of the daemon opens an RBD bdev through bdev_rbd_open (rbd.h) or
  * bdev_open_backing (backing.h) and never sees a Ceph type.
  *
- * rbd.c owns the cluster connection, the image handle and the I/O path;
- * rbd_lock.c owns the image's exclusive lock (ownership, ALUA): it keeps
- * its state behind rb->lock and is called from bdev_rbd_open once the image is
- * open and sized (and from close before the image is closed).
+ * rbd.c opens and closes the bdev and follows the image's size;
+ * rbd_client.c connects the cluster client and opens the image handle;
+ * rbd_io.c is the I/O path; rbd_lock.c owns the image's exclusive lock
+ * (ownership, ALUA): it keeps its state behind rb->lock and is called from
+ * bdev_rbd_open once the image is open and sized (and from close before
+ * the image is closed).
  *
  * Threading: the names and opts set at open are read-only afterwards. conn
  * is written by librbd's threads and the size poller, read by anyone
@@ -96,17 +98,59 @@ static inline void rbd_handles_exit(struct rbd_bdev *rb)
 	atomic_fetch_sub(&rb->inflight, 1);
 }
 
+/* ---- rbd_client.c ---- */
+
+/* One cluster connection with the image open on it. */
+struct rbd_handles {
+	rados_t cluster;
+	rados_ioctx_t ioctx;
+	rbd_image_t image;
+};
+
 /*
- * rbd.c, for the lock thread only: connect a fresh client, open the
- * image on it, wait for the users of the current handles to leave (giving
- * up with -ECANCELED when cancelled(arg) turns true meanwhile), move the
- * update watch over, swap, and close the old handles (bounded: a close the
- * cluster does not let finish is abandoned). 0, or -errno with a sentence in
- * err; on failure the current handles stay.
+ * Connect a new client as rb's user with rb's configuration (the nth since
+ * open, 0 at open), open the pool and the image: 0 with *h and the image's
+ * size in *size, or -errno with a sentence in err and *h all NULL.
+ */
+int rbd_handles_open(struct rbd_bdev *rb, unsigned nth, struct rbd_handles *h, uint64_t *size,
+		     char *err, size_t errlen);
+
+/*
+ * Run fn(arg) on a thread of its own and wait at most wait_s for it: true
+ * when it finished. A run the cluster does not let finish is abandoned: it
+ * ends, or not, in the background, and fn owns arg either way.
+ */
+bool rbd_run_bounded(void (*fn)(void *arg), void *arg, unsigned wait_s);
+
+/*
+ * For the lock thread only: connect a fresh client, open the image on it,
+ * wait for the users of the current handles to leave (giving up with
+ * -ECANCELED when cancelled(arg) turns true meanwhile), move the update
+ * watch over, swap, and close the old handles (bounded: a close the
+ * cluster does not let finish is abandoned). 0, or -errno with a sentence
+ * in err; on failure the current handles stay.
  */
 int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen);
 
-/* rbd_lock.c: start the lock thread once the image is open and sized
+/* ---- rbd_io.c ---- */
+
+/* bdev_ops.submit of every RBD bdev. */
+void rbd_submit(struct bdev *dev, struct bdev_req *req);
+/* A cluster call ended with res (0 or -errno): the connection state
+ * (conn, last_ok_ms) and the fenced flag follow it. Any thread. */
+void rbd_note_result(struct rbd_bdev *rb, int res);
+/* A worker's exit hook (worker_exit_hook): close its completion channel. */
+void rbd_chan_thread_exit(void);
+
+/* ---- rbd.c ---- */
+
+/* The image's header changed (rbd_update_watch's callback), or a size
+ * check is wanted now: wake the poller. */
+void rbd_header_changed(void *arg);
+
+/* ---- rbd_lock.c ---- */
+
+/* Start the lock thread once the image is open and sized
  * (0, or -1 with a sentence in err); stop it (releasing a held lock) before
  * the image is closed. The owner ops every RBD bdev exports. */
 int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen);

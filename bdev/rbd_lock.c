@@ -32,7 +32,7 @@
  * the lock we held was broken, which librbd's break does by blocklisting
  * the holder; or the data path saw -ESHUTDOWN), it reports LOST (media
  * commands get NOT READY, LU not accessible) and ignores acquire(), then
- * rbd.c's rbd_reopen connects a fresh client (a new address: the
+ * rbd_client.c's rbd_reopen connects a fresh client (a new address: the
  * blocklist entry names the old one), opens the image on it and hands the
  * I/O path over to it once the requests still on the old client finished
  * (rbd_int.h "Handle handoff"). Then the owner key is read again and the

@@ -601,6 +601,11 @@ void cache_slot_wake(struct cache_set *cs, uint32_t s);
 void cache_record_locked(struct cache_set *cs, uint32_t s, uint64_t key, int op, uint32_t first,
 			 uint32_t count, struct jwait *w);
 
+/* Background work (a destage) holding a volume it found with cache_vol_of
+ * under the RCU read lock: the volume is not freed until it lets go. */
+void cache_vol_hold(struct cache_vol *v);
+void cache_vol_release(struct cache_vol *v);
+
 /* The volume attached with backing id bid, or NULL (not attached this
  * run, or detached). Any thread. The cleaner and the engine reach volumes
  * only through this; a volume is closed only with none of its I/O or

@@ -89,6 +89,7 @@ static void op_end(struct destage *d)
 	if (d->buf)
 		buf_put(d->buf, cs->lay.extent_size);
 	d->buf = NULL;
+	cache_vol_release(d->v);
 	d->busy = false;
 	atomic_fetch_sub(&c->inflight, 1);
 	pump(c);
@@ -220,16 +221,10 @@ static void step(struct bdev_req *req, int err)
 	}
 }
 
-static bool start(struct cleaner *c, struct destage *d, uint32_t s)
+static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_t key, struct cache_vol *v)
 {
 	struct cache_set *cs = c->cs;
 	struct slot *sl = &cs->slots[s];
-	uint64_t key = atomic_load(&sl->key);
-	if (key == CACHE_KEY_NONE)
-		return false;
-	struct cache_vol *v = cache_vol_of(cs, key_bid(key));
-	if (!v)
-		return false; /* its LUN is not attached this run */
 	if (atomic_load(&cs->bypass[bypass_bucket(key)]))
 		return false;
 	slot_lock(sl);
@@ -288,6 +283,26 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s)
 	}
 	c->budget -= (int64_t)d->bytes;
 	return true;
+}
+
+/* Destage slot s with d, holding its volume meanwhile; false if not started. */
+static bool start(struct cleaner *c, struct destage *d, uint32_t s)
+{
+	struct cache_set *cs = c->cs;
+	uint64_t key = atomic_load(&cs->slots[s].key);
+	if (key == CACHE_KEY_NONE)
+		return false;
+	rcu_read_lock(); /* vol_close waits a grace period before it counts holds */
+	struct cache_vol *v = cache_vol_of(cs, key_bid(key));
+	if (v)
+		cache_vol_hold(v);
+	rcu_read_unlock();
+	if (!v)
+		return false; /* its LUN is not attached this run */
+	if (start_held(c, d, s, key, v))
+		return true;
+	cache_vol_release(v);
+	return false;
 }
 
 static int ent_cmp(const void *a, const void *b)

@@ -50,11 +50,13 @@ static void backing_settled(struct cache_vol *v, uint64_t gen, int err)
 
 static void fill_end(struct fill *f, bool keep)
 {
-	struct cache_set *cs = f->v->cs;
+	struct cache_vol *v = f->v;
+	struct cache_set *cs = v->cs;
 	if (!keep)
 		cache_drop_slot(cs, f->slot);
 	buf_put(f->buf, cs->lay.extent_size);
 	POOL_PUT(fill_free, f);
+	cache_vol_release(v); /* the last touch of v */
 	atomic_fetch_sub(&cs->bg_inflight, 1);
 }
 
@@ -145,6 +147,7 @@ void vol_fill_start(struct cache_vol *v, uint64_t key)
 	if (off + len > v->dev.size)
 		len = v->dev.size - off;
 	atomic_fetch_add(&cs->bg_inflight, 1);
+	cache_vol_hold(v);
 	f->v = v;
 	f->slot = s;
 	f->key = key;
@@ -192,11 +195,13 @@ void vol_fill_start(struct cache_vol *v, uint64_t key)
 
 static void topup_free_ctx(struct topup *t)
 {
-	struct cache_set *cs = t->v->cs;
+	struct cache_vol *v = t->v;
+	struct cache_set *cs = v->cs;
 	atomic_fetch_sub(&cs->slots[t->slot].users, SU_READER);
 	if (t->buf)
 		buf_put(t->buf, cs->lay.extent_size);
 	POOL_PUT(topup_free, t);
+	cache_vol_release(v); /* the last touch of v */
 	atomic_fetch_sub(&cs->bg_inflight, 1);
 }
 
@@ -370,6 +375,7 @@ void vol_topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
 		return;
 	}
 	atomic_fetch_add(&cs->bg_inflight, 1);
+	cache_vol_hold(v);
 	t->v = v;
 	t->slot = s;
 	t->key = key;

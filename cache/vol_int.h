@@ -17,6 +17,8 @@ struct cache_vol {
 	struct bdev dev;
 	struct cache_set *cs;
 	struct bdev *backing;
+	/* fills, top-ups and destages that hold the volume: vol_close waits for them */
+	_Atomic uint32_t bg_users;
 	uint32_t bid;
 	_Atomic int mode;
 	/* LUN blocks larger than the legs write atomically: overwrites of dirty data go through the block log */

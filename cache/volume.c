@@ -50,6 +50,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 __thread struct piece *piece_free;
 __thread struct vsub *vsub_free;
@@ -321,12 +322,23 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 	vreq_put(r);
 }
 
-/* Main thread, no request in flight: frees the volume, closes its backing. */
+void cache_vol_hold(struct cache_vol *v) { atomic_fetch_add(&v->bg_users, 1); }
+void cache_vol_release(struct cache_vol *v) { atomic_fetch_sub(&v->bg_users, 1); }
+
+/*
+ * Main thread, no request in flight: frees the volume, closes its backing.
+ * Fills and top-ups its reads started, and destages of its extents, may
+ * still run: once the volume cannot be found any more (and a grace period
+ * has let a cleaner that found it take its hold), wait for them.
+ */
 static void vol_close(struct bdev *dev)
 {
 	struct cache_vol *v = (struct cache_vol *)dev;
 	struct cache_set *cs = v->cs;
 	atomic_store(&cs->vols[v->bid], NULL);
+	synchronize_rcu();
+	while (atomic_load(&v->bg_users))
+		usleep(1000);
 	bdev_close(v->backing); /* stops the owner callbacks before v goes */
 	pthread_mutex_destroy(&v->own_mu);
 	free(v->gen_path);

@@ -888,11 +888,60 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd)
 	}
 }
 
-void scsi_cmd_submit(struct scsi_cmd *cmd)
+/* The checks every command passes before its handler, then the handler:
+ * what it returns, or the failed check's answer (SCSI_RC_DONE). */
+static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 {
 	const struct cmd_desc *d;
-	struct nexus_lu *nl;
 	bool bad_sa;
+
+	d = cmd_lookup(cmd->cdb, &bad_sa);
+	if (!d) {
+		if (!cmd->lu)
+			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
+		if (bad_sa)
+			return scsi_fail_cdb(cmd, 1, 4);
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_OPCODE);
+	}
+	if (!cmd->lu) {
+		if (d->opcode == OP_INQUIRY)
+			return spc_inquiry_unmapped(cmd);
+		if (!(d->flags & CMDF_UNMAPPED_OK))
+			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
+		if (!cdb_reserved_ok(cmd, d))
+			return SCSI_RC_DONE;
+		return d->handler(cmd);
+	}
+	if (!cdb_reserved_ok(cmd, d))
+		return SCSI_RC_DONE;
+	struct scsi_lu *lu = cmd->lu;
+	if (!(d->flags & CMDF_NO_UA) && atomic_load_explicit(&nl->ua, memory_order_relaxed)) {
+		uint16_t asc = lu_ua_take(nl);
+		if (asc)
+			return scsi_fail(cmd, SK_UNIT_ATTENTION, asc);
+	}
+	if (!(d->flags & CMDF_SANITIZE_OK) && atomic_load_explicit(&lu->sanitizing, memory_order_acquire))
+		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_READY_SANITIZE);
+	/* shared backing store: media access only while this gateway owns it */
+	if (lu->owner && (d->flags & (CMDF_READS | CMDF_WRITES))) {
+		uint64_t gen;
+		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
+		if (st != BDEV_OWNER_OWNED)
+			return spc_alua_refuse(cmd, st);
+	}
+	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
+		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+		return SCSI_RC_DONE;
+	}
+	if ((d->flags & CMDF_WRITES) && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16 &&
+	    (lu->read_only || atomic_load_explicit(&lu->swp, memory_order_relaxed)))
+		return scsi_fail(cmd, SK_DATA_PROTECT, ASC_WRITE_PROTECTED);
+	return d->handler(cmd);
+}
+
+void scsi_cmd_submit(struct scsi_cmd *cmd)
+{
+	struct nexus_lu *nl;
 
 	cmd->status = SAM_STAT_GOOD;
 	cmd->sense_len = 0;
@@ -905,74 +954,10 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->held_lu = cmd->lu;
 	if (cmd->lu)
 		lu_inflight_add(cmd->lu, +1);
-
-	d = cmd_lookup(cmd->cdb, &bad_sa);
-	if (!d) {
-		if (!cmd->lu)
-			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
-		else if (bad_sa)
-			scsi_fail_cdb(cmd, 1, 4);
-		else
-			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_OPCODE);
+	/* the one place a synchronous answer is sent; a pending command is
+	 * completed by the path it was handed to (and may be gone by now) */
+	if (dispatch(cmd, nl) == SCSI_RC_DONE)
 		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (!cmd->lu) {
-		if (d->opcode == OP_INQUIRY) {
-			spc_inquiry_unmapped(cmd);
-			return;
-		}
-		if (!(d->flags & CMDF_UNMAPPED_OK)) {
-			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
-			scsi_cmd_complete(cmd);
-			return;
-		}
-		if (!cdb_reserved_ok(cmd, d)) {
-			scsi_cmd_complete(cmd);
-			return;
-		}
-		d->handler(cmd);
-		return;
-	}
-	if (!cdb_reserved_ok(cmd, d)) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	struct scsi_lu *lu = cmd->lu;
-	if (!(d->flags & CMDF_NO_UA) && atomic_load_explicit(&nl->ua, memory_order_relaxed)) {
-		uint16_t asc = lu_ua_take(nl);
-		if (asc) {
-			scsi_fail(cmd, SK_UNIT_ATTENTION, asc);
-			scsi_cmd_complete(cmd);
-			return;
-		}
-	}
-	if (!(d->flags & CMDF_SANITIZE_OK) && atomic_load_explicit(&lu->sanitizing, memory_order_acquire)) {
-		scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_READY_SANITIZE);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	/* shared backing store: media access only while this gateway owns it */
-	if (lu->owner && (d->flags & (CMDF_READS | CMDF_WRITES))) {
-		uint64_t gen;
-		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
-		if (st != BDEV_OWNER_OWNED) {
-			spc_alua_refuse(cmd, st);
-			return;
-		}
-	}
-	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
-		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if ((d->flags & CMDF_WRITES) && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16 &&
-	    (lu->read_only || atomic_load_explicit(&lu->swp, memory_order_relaxed))) {
-		scsi_fail(cmd, SK_DATA_PROTECT, ASC_WRITE_PROTECTED);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	d->handler(cmd);
 }
 
 /* ------------------------------------------------------------------ */

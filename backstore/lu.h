@@ -277,7 +277,27 @@ struct scsi_nexus {
 /* ------------------------------------------------------------------ */
 /* Command dispatch                                                    */
 
-typedef void (*cmd_handler)(struct scsi_cmd *cmd);
+/*
+ * What a handler returns. scsi_cmd_submit completes the command in one
+ * place when the answer is ready, so a handler never completes it itself:
+ *  - SCSI_RC_DONE: the answer is in the command (GOOD, maybe with Data-In,
+ *    or the status and sense the scsi_fail* helpers set, which return
+ *    SCSI_RC_DONE so that a handler can `return scsi_fail_cdb(cmd, 2, 7);`).
+ *  - SCSI_RC_PENDING: the command was handed to an asynchronous path (a
+ *    bdev request, a deferred write, an EXTENDED COPY) that calls
+ *    scsi_cmd_complete exactly once, maybe before the handler returns:
+ *    from the hand-over on, the handler does not touch the command.
+ * The sense itself stays in the command rather than in the return value
+ * (as LIO's sense_reason_t carries it) because its bytes depend on the LU's
+ * D_SENSE and on extras no small code holds: the field pointer of an
+ * INVALID FIELD, the INFORMATION of a MISCOMPARE.
+ */
+enum scsi_rc {
+	SCSI_RC_DONE,
+	SCSI_RC_PENDING,
+};
+
+typedef enum scsi_rc (*cmd_handler)(struct scsi_cmd *cmd);
 
 /* properties of one opcode (and service action) */
 #define CMDF_NO_UA 0x01        /* runs despite a pending unit attention */
@@ -317,21 +337,23 @@ struct sense_extra {
 
 void scsi_sense_build(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq,
 		      const struct sense_extra *x);
+/* The scsi_fail* helpers set the answer and return SCSI_RC_DONE, for a
+ * handler to return; an asynchronous path ignores it and completes. */
 /* CHECK CONDITION with key/asc and nothing else. */
-void scsi_fail(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq);
+enum scsi_rc scsi_fail(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq);
 /* INVALID FIELD IN CDB pointing at byte/bit (bit 0..7, or -1 = no bit). */
-void scsi_fail_cdb(struct scsi_cmd *cmd, unsigned byte, int bit);
+enum scsi_rc scsi_fail_cdb(struct scsi_cmd *cmd, unsigned byte, int bit);
 /* INVALID FIELD IN PARAMETER LIST pointing at byte/bit of the data. */
-void scsi_fail_param(struct scsi_cmd *cmd, unsigned byte, int bit);
+enum scsi_rc scsi_fail_param(struct scsi_cmd *cmd, unsigned byte, int bit);
 /* key/asc with the INFORMATION field set (MISCOMPARE offset, bad LBA). */
-void scsi_fail_info(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq, uint64_t info);
+enum scsi_rc scsi_fail_info(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq, uint64_t info);
 /* Build sense bytes for key/asc into buf (fixed or descriptor per
  * d_sense); returns the length. Used by REQUEST SENSE. */
 size_t scsi_sense_format(uint8_t *buf, size_t cap, bool d_sense, uint8_t key,
 			 uint16_t asc_ascq, const struct sense_extra *x);
 void scsi_cmd_good(struct scsi_cmd *cmd);
-/* map a bdev -errno to sense and complete */
-void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing);
+/* map a bdev -errno to status and sense */
+enum scsi_rc scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing);
 
 /*
  * Count one user of lu in or out (delta +1 / -1) on the calling worker's
@@ -350,7 +372,10 @@ static inline void lu_inflight_add(struct scsi_lu *lu, int delta)
 }
 
 /* Complete the command: calls cmd->done, then drops the command's count
- * on its LU (taken by scsi_cmd_submit). */
+ * on its LU (taken by scsi_cmd_submit). Called in three places only:
+ * scsi_cmd_submit, for a handler's SCSI_RC_DONE, and the two asynchronous
+ * paths a handler returns SCSI_RC_PENDING for (sbc.c's io_finish,
+ * xcopy.c's xc_finish). */
 static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *held = cmd->held_lu;
@@ -401,46 +426,47 @@ struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len);
 
 /* ------------------------------------------------------------------ */
 /* Handlers, by file. Each is called by scsi_cmd_submit() on the       */
-/* submitting worker after dispatch checks passed, and completes the   */
-/* command exactly once: before returning, or later on the same worker */
-/* from a bdev completion (or a deferred-write resume posted to it).   */
+/* submitting worker after dispatch checks passed, and returns         */
+/* SCSI_RC_DONE (scsi_cmd_submit completes) or SCSI_RC_PENDING (a bdev */
+/* completion, or a deferred-write resume posted to the same worker,   */
+/* completes the command exactly once).                                */
 
 /* spc.c */
-void spc_test_unit_ready(struct scsi_cmd *cmd);
-void spc_inquiry(struct scsi_cmd *cmd);
-void spc_report_luns(struct scsi_cmd *cmd);
-void spc_request_sense(struct scsi_cmd *cmd);
-void spc_mode_sense(struct scsi_cmd *cmd);
-void spc_mode_select(struct scsi_cmd *cmd);
-void spc_report_supported_opcodes(struct scsi_cmd *cmd);
-void spc_report_target_pgs(struct scsi_cmd *cmd);
+enum scsi_rc spc_test_unit_ready(struct scsi_cmd *cmd);
+enum scsi_rc spc_inquiry(struct scsi_cmd *cmd);
+enum scsi_rc spc_report_luns(struct scsi_cmd *cmd);
+enum scsi_rc spc_request_sense(struct scsi_cmd *cmd);
+enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd);
+enum scsi_rc spc_mode_select(struct scsi_cmd *cmd);
+enum scsi_rc spc_report_supported_opcodes(struct scsi_cmd *cmd);
+enum scsi_rc spc_report_target_pgs(struct scsi_cmd *cmd);
 /* A media-access command on an LU whose shared backing store this gateway
  * does not own (state != OWNED): start taking ownership when it is free to
  * take, and fail the command with the NOT READY sense SPC-4 gives for the
  * port's asymmetric access state (the host retries). */
-void spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st);
-void spc_start_stop_unit(struct scsi_cmd *cmd);
-void spc_prevent_allow(struct scsi_cmd *cmd);
-void spc_send_diagnostic(struct scsi_cmd *cmd);
+enum scsi_rc spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st);
+enum scsi_rc spc_start_stop_unit(struct scsi_cmd *cmd);
+enum scsi_rc spc_prevent_allow(struct scsi_cmd *cmd);
+enum scsi_rc spc_send_diagnostic(struct scsi_cmd *cmd);
 /* Report INQUIRY data for an unmapped LUN (peripheral qualifier 3). */
-void spc_inquiry_unmapped(struct scsi_cmd *cmd);
+enum scsi_rc spc_inquiry_unmapped(struct scsi_cmd *cmd);
 
 /* sbc.c */
-void sbc_read_capacity_10(struct scsi_cmd *cmd);
-void sbc_read_capacity_16(struct scsi_cmd *cmd);
-void sbc_read(struct scsi_cmd *cmd);
-void sbc_write(struct scsi_cmd *cmd);
-void sbc_verify(struct scsi_cmd *cmd);
-void sbc_write_verify(struct scsi_cmd *cmd);
-void sbc_sync_cache(struct scsi_cmd *cmd);
-void sbc_prefetch(struct scsi_cmd *cmd);
-void sbc_unmap(struct scsi_cmd *cmd);
-void sbc_write_same(struct scsi_cmd *cmd);
-void sbc_compare_and_write(struct scsi_cmd *cmd);
-void sbc_get_lba_status(struct scsi_cmd *cmd);
-void sbc_sanitize(struct scsi_cmd *cmd);
-void sbc_orwrite(struct scsi_cmd *cmd);
-void sbc_read_defect_data(struct scsi_cmd *cmd);
+enum scsi_rc sbc_read_capacity_10(struct scsi_cmd *cmd);
+enum scsi_rc sbc_read_capacity_16(struct scsi_cmd *cmd);
+enum scsi_rc sbc_read(struct scsi_cmd *cmd);
+enum scsi_rc sbc_write(struct scsi_cmd *cmd);
+enum scsi_rc sbc_verify(struct scsi_cmd *cmd);
+enum scsi_rc sbc_write_verify(struct scsi_cmd *cmd);
+enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd);
+enum scsi_rc sbc_prefetch(struct scsi_cmd *cmd);
+enum scsi_rc sbc_unmap(struct scsi_cmd *cmd);
+enum scsi_rc sbc_write_same(struct scsi_cmd *cmd);
+enum scsi_rc sbc_compare_and_write(struct scsi_cmd *cmd);
+enum scsi_rc sbc_get_lba_status(struct scsi_cmd *cmd);
+enum scsi_rc sbc_sanitize(struct scsi_cmd *cmd);
+enum scsi_rc sbc_orwrite(struct scsi_cmd *cmd);
+enum scsi_rc sbc_read_defect_data(struct scsi_cmd *cmd);
 
 /*
  * Writers outside sbc.c (xcopy) go through the same CAW interlock:
@@ -451,10 +477,10 @@ bool sbc_write_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, ui
 void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl);
 
 /* pr.c */
-void pr_in(struct scsi_cmd *cmd);
-void pr_out(struct scsi_cmd *cmd);
-void pr_reserve(struct scsi_cmd *cmd);
-void pr_release(struct scsi_cmd *cmd);
+enum scsi_rc pr_in(struct scsi_cmd *cmd);
+enum scsi_rc pr_out(struct scsi_cmd *cmd);
+enum scsi_rc pr_reserve(struct scsi_cmd *cmd);
+enum scsi_rc pr_release(struct scsi_cmd *cmd);
 /* Slow path conflict check, called only when lu->resv_held: true if the
  * command must end with RESERVATION CONFLICT. */
 bool pr_conflicts(struct scsi_cmd *cmd, const struct cmd_desc *d);
@@ -469,8 +495,8 @@ void pr_nexus_gone(struct scsi_lu *lu, struct scsi_nexus *nx);
 void pr_lu_reset(struct scsi_lu *lu);
 
 /* xcopy.c */
-void xcopy_extended_copy(struct scsi_cmd *cmd);
-void xcopy_receive_copy_results(struct scsi_cmd *cmd);
+enum scsi_rc xcopy_extended_copy(struct scsi_cmd *cmd);
+enum scsi_rc xcopy_receive_copy_results(struct scsi_cmd *cmd);
 /* A nexus or an LU went away (either may be NULL): drop its copy results. */
 void xcopy_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu);
 

@@ -309,7 +309,7 @@ void pr_lu_reset(struct scsi_lu *lu)
 /* ---------------------------------------------------------------- */
 /* SPC-2 RESERVE / RELEASE                                           */
 
-void pr_reserve(struct scsi_cmd *cmd)
+enum scsi_rc pr_reserve(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 
@@ -321,10 +321,10 @@ void pr_reserve(struct scsi_cmd *cmd)
 		update_hint(lu);
 	}
 	pthread_mutex_unlock(&lu->mutex);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
-void pr_release(struct scsi_cmd *cmd)
+enum scsi_rc pr_release(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 
@@ -336,7 +336,7 @@ void pr_release(struct scsi_cmd *cmd)
 		update_hint(lu);
 	}
 	pthread_mutex_unlock(&lu->mutex);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -353,7 +353,7 @@ static size_t transport_id(const char *i_port, uint8_t *out)
 	return 4 + padded;
 }
 
-void pr_in(struct scsi_cmd *cmd)
+enum scsi_rc pr_in(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint8_t sa = cmd->cdb[1] & 0x1f;
@@ -362,11 +362,8 @@ void pr_in(struct scsi_cmd *cmd)
 	uint8_t *b = calloc(1, cap);
 	size_t off = 8;
 
-	if (!b) {
-		scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (!b)
+		return scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
 	pthread_mutex_lock(&lu->mutex);
 	be32_put(b, lu->pr.generation);
 	switch (sa) {
@@ -416,7 +413,7 @@ void pr_in(struct scsi_cmd *cmd)
 	pthread_mutex_unlock(&lu->mutex);
 	scsi_data_in(cmd, b, off, alloc);
 	free(b);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -670,7 +667,7 @@ static enum pr_result do_register_move(struct scsi_lu *lu, struct scsi_nexus *nx
 	return PR_OK;
 }
 
-void pr_out(struct scsi_cmd *cmd)
+enum scsi_rc pr_out(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint8_t sa = cmd->cdb[1] & 0x1f;
@@ -683,39 +680,22 @@ void pr_out(struct scsi_cmd *cmd)
 	cmd->cdb_xfer_len = plen;
 	bool needs_type = sa == PRO_RESERVE || sa == PRO_RELEASE || sa == PRO_PREEMPT ||
 			  sa == PRO_PREEMPT_ABORT || sa == PRO_REGISTER_MOVE;
-	if (needs_type && scope != 0) {
-		scsi_fail_cdb(cmd, 2, 7);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (needs_type && !type_valid(type)) {
-		scsi_fail_cdb(cmd, 2, 3);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (sa == PRO_REGISTER_MOVE ? plen < PRO_PARAM_LEN || plen > sizeof(p) : plen != PRO_PARAM_LEN) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (scsi_data_out(cmd, 0, p, plen) < plen) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (needs_type && scope != 0)
+		return scsi_fail_cdb(cmd, 2, 7);
+	if (needs_type && !type_valid(type))
+		return scsi_fail_cdb(cmd, 2, 3);
+	if (sa == PRO_REGISTER_MOVE ? plen < PRO_PARAM_LEN || plen > sizeof(p) : plen != PRO_PARAM_LEN)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+	if (scsi_data_out(cmd, 0, p, plen) < plen)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 	uint64_t key = be64_get(p), sa_key = be64_get(p + 8);
 	uint8_t flags = sa == PRO_REGISTER_MOVE ? (p[17] & PRO_APTPL) : p[20];
 	if (sa != PRO_REGISTER_MOVE && (flags & PRO_SPEC_I_PT)) {
 		/* SIP_C=0: we do not register other I_T nexuses on request */
-		scsi_fail_param(cmd, 20, 3);
-		scsi_cmd_complete(cmd);
-		return;
+		return scsi_fail_param(cmd, 20, 3);
 	}
-	if (sa != PRO_REGISTER && sa != PRO_REGISTER_IGNORE && sa != PRO_REGISTER_MOVE && (flags & PRO_ALL_TG_PT)) {
-		scsi_fail_param(cmd, 20, 2);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (sa != PRO_REGISTER && sa != PRO_REGISTER_IGNORE && sa != PRO_REGISTER_MOVE && (flags & PRO_ALL_TG_PT))
+		return scsi_fail_param(cmd, 20, 2);
 
 	pthread_mutex_lock(&lu->mutex);
 	bool old_aptpl = lu->pr.aptpl;
@@ -789,5 +769,5 @@ void pr_out(struct scsi_cmd *cmd)
 		scsi_fail_param(cmd, 24, -1);
 		break;
 	}
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }

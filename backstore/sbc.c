@@ -322,34 +322,28 @@ static unsigned write_flags(struct scsi_cmd *cmd, bool fua)
 /* ---------------------------------------------------------------- */
 /* READ CAPACITY                                                     */
 
-void sbc_read_capacity_10(struct scsi_cmd *cmd)
+enum scsi_rc sbc_read_capacity_10(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint8_t b[8];
 	uint64_t last = lu->nblocks - 1;
 
-	if (!(cmd->cdb[8] & 0x01) && be32_get(cmd->cdb + 2)) {
-		scsi_fail_cdb(cmd, 2, -1);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (!(cmd->cdb[8] & 0x01) && be32_get(cmd->cdb + 2))
+		return scsi_fail_cdb(cmd, 2, -1);
 	be32_put(b, last > 0xffffffffull ? 0xffffffffu : (uint32_t)last);
 	be32_put(b + 4, lu->block_size);
 	scsi_data_in(cmd, b, sizeof(b), sizeof(b));
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
-void sbc_read_capacity_16(struct scsi_cmd *cmd)
+enum scsi_rc sbc_read_capacity_16(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint32_t alloc = be32_get(cmd->cdb + 10);
 	uint8_t b[32];
 
-	if (!(cmd->cdb[14] & 0x01) && be64_get(cmd->cdb + 2)) {
-		scsi_fail_cdb(cmd, 2, -1);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (!(cmd->cdb[14] & 0x01) && be64_get(cmd->cdb + 2))
+		return scsi_fail_cdb(cmd, 2, -1);
 	memset(b, 0, sizeof(b));
 	be64_put(b, lu->nblocks - 1);
 	be32_put(b + 8, lu->block_size);
@@ -358,7 +352,7 @@ void sbc_read_capacity_16(struct scsi_cmd *cmd)
 	if (lu->dev->can_unmap)
 		b[14] = 0x80 | 0x40; /* LBPME, LBPRZ */
 	scsi_data_in(cmd, b, sizeof(b), alloc);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -392,7 +386,7 @@ static void read_done(struct sbc_io *io, int err)
  */
 #define SBC_SENDFILE_MIN (32u << 10)
 
-void sbc_read(struct scsi_cmd *cmd)
+enum scsi_rc sbc_read(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
@@ -400,26 +394,14 @@ void sbc_read(struct scsi_cmd *cmd)
 	uint32_t n;
 
 	decode_lba_len(cmd->cdb, &lba, &n);
-	if (cmd->cdb[0] != OP_READ_6 && (cmd->cdb[1] & 0xe0)) { /* RDPROTECT without PI */
-		scsi_fail_cdb(cmd, 1, 7);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (cmd->cdb[0] != OP_READ_6 && (cmd->cdb[1] & 0xe0)) /* RDPROTECT without PI */
+		return scsi_fail_cdb(cmd, 1, 7);
 	uint64_t bytes = (uint64_t)n << lu->block_shift;
 	cmd->cdb_xfer_len = bytes > UINT32_MAX ? UINT32_MAX : (uint32_t)bytes;
-	if (!range_ok(cmd, lba, n)) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (n == 0) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (bytes > LU_MAX_XFER_BYTES) {
-		scsi_fail_cdb(cmd, cmd->cdb[0] == OP_READ_16 ? 10 : 7, -1);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (!range_ok(cmd, lba, n) || n == 0)
+		return SCSI_RC_DONE;
+	if (bytes > LU_MAX_XFER_BYTES)
+		return scsi_fail_cdb(cmd, cmd->cdb[0] == OP_READ_16 ? 10 : 7, -1);
 	io->end = bytes;
 	if (cmd->fe_data_fd && bytes >= SBC_SENDFILE_MIN && cmd->read_len >= bytes) {
 		/* all of it in the page cache: the front end sends it from there */
@@ -431,8 +413,7 @@ void sbc_read(struct scsi_cmd *cmd)
 			cmd->data_in_len = (uint32_t)bytes;
 			cmd->data_fd_lu = cmd->held_lu; /* the hold lasts until the data is out */
 			cmd->held_lu = NULL;
-			cmd->done(cmd);
-			return;
+			return SCSI_RC_DONE;
 		}
 	}
 	if (cmd->read_len >= bytes) {
@@ -440,23 +421,19 @@ void sbc_read(struct scsi_cmd *cmd)
 		int cnt = iov_window(io, 0, bytes, &iov);
 		if (cnt > 0) {
 			io_submit(io, BDEV_READ, 0, lba << lu->block_shift, bytes, iov, cnt, read_done);
-			return;
+			return SCSI_RC_PENDING;
 		}
 	}
 	/* The initiator wants less than the CDB says (or a ragged buffer):
 	 * read it all into a pooled buffer and hand over what fits. */
-	if (bytes > BUF_MAX) {
-		scsi_fail_cdb(cmd, cmd->cdb[0] == OP_READ_16 ? 10 : 7, -1);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (!io_alloc(io, bytes)) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (bytes > BUF_MAX)
+		return scsi_fail_cdb(cmd, cmd->cdb[0] == OP_READ_16 ? 10 : 7, -1);
+	if (!io_alloc(io, bytes))
+		return SCSI_RC_DONE;
 	io->biov.iov_base = io->buf;
 	io->biov.iov_len = bytes;
 	io_submit(io, BDEV_READ, 0, lba << lu->block_shift, bytes, &io->biov, 1, read_bounced);
+	return SCSI_RC_PENDING;
 }
 
 /* ---------------------------------------------------------------- */
@@ -526,7 +503,7 @@ static uint32_t data_out_blocks(const struct scsi_cmd *cmd, uint32_t n)
 	return have < n ? have : n;
 }
 
-/* Common checks of the WRITE families; false after completing cmd. */
+/* Common checks of the WRITE families; false after failing cmd. */
 static bool write_checks(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, bool has_protect)
 {
 	uint64_t bytes = (uint64_t)n << cmd->lu->block_shift;
@@ -541,11 +518,10 @@ static bool write_checks(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, bool ha
 	} else {
 		return true;
 	}
-	scsi_cmd_complete(cmd);
 	return false;
 }
 
-void sbc_write(struct scsi_cmd *cmd)
+enum scsi_rc sbc_write(struct scsi_cmd *cmd)
 {
 	struct sbc_io *io = io_of(cmd);
 	uint64_t lba;
@@ -553,16 +529,15 @@ void sbc_write(struct scsi_cmd *cmd)
 
 	decode_lba_len(cmd->cdb, &lba, &n);
 	if (!write_checks(cmd, lba, n, cmd->cdb[0] != OP_WRITE_6))
-		return;
+		return SCSI_RC_DONE;
 	n = data_out_blocks(cmd, n);
-	if (n == 0) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (n == 0)
+		return SCSI_RC_DONE;
 	write_start(io, lba, n, cmd->cdb[0] != OP_WRITE_6 && (cmd->cdb[1] & 0x08));
+	return SCSI_RC_PENDING;
 }
 
-void sbc_write_verify(struct scsi_cmd *cmd)
+enum scsi_rc sbc_write_verify(struct scsi_cmd *cmd)
 {
 	struct sbc_io *io = io_of(cmd);
 	uint64_t lba;
@@ -570,15 +545,14 @@ void sbc_write_verify(struct scsi_cmd *cmd)
 
 	decode_lba_len(cmd->cdb, &lba, &n);
 	if (!write_checks(cmd, lba, n, true))
-		return;
+		return SCSI_RC_DONE;
 	n = data_out_blocks(cmd, n);
-	if (n == 0) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (n == 0)
+		return SCSI_RC_DONE;
 	/* The medium is verified by being written durably: a write that
 	 * completes without error reads back what was sent. */
 	write_start(io, lba, n, true);
+	return SCSI_RC_PENDING;
 }
 
 /* ---------------------------------------------------------------- */
@@ -615,7 +589,7 @@ static void verify_read_done(struct sbc_io *io, int err)
 	io_finish(io);
 }
 
-void sbc_verify(struct scsi_cmd *cmd)
+enum scsi_rc sbc_verify(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
@@ -644,9 +618,9 @@ void sbc_verify(struct scsi_cmd *cmd)
 		io->biov.iov_base = io->buf;
 		io->biov.iov_len = bytes;
 		io_submit(io, BDEV_READ, 0, lba << lu->block_shift, bytes, &io->biov, 1, verify_read_done);
-		return;
+		return SCSI_RC_PENDING;
 	}
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -661,30 +635,29 @@ static void flush_done(struct sbc_io *io, int err)
 	io_finish(io);
 }
 
-void sbc_sync_cache(struct scsi_cmd *cmd)
+enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd)
 {
 	struct sbc_io *io = io_of(cmd);
 	bool sixteen = cmd->cdb[0] == OP_SYNC_CACHE_16;
 	uint64_t lba = sixteen ? be64_get(cmd->cdb + 2) : be32_get(cmd->cdb + 2);
 	uint32_t n = sixteen ? be32_get(cmd->cdb + 10) : be16_get(cmd->cdb + 7);
 
-	if (!range_ok(cmd, lba, n)) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (!range_ok(cmd, lba, n))
+		return SCSI_RC_DONE;
 	/* IMMED is honoured by being fast enough: the flush of the whole
 	 * device is what makes the range durable either way. */
 	io_submit(io, BDEV_FLUSH, 0, 0, 0, NULL, 0, flush_done);
+	return SCSI_RC_PENDING;
 }
 
-void sbc_prefetch(struct scsi_cmd *cmd)
+enum scsi_rc sbc_prefetch(struct scsi_cmd *cmd)
 {
 	bool sixteen = cmd->cdb[0] == OP_PREFETCH_16;
 	uint64_t lba = sixteen ? be64_get(cmd->cdb + 2) : be32_get(cmd->cdb + 2);
 	uint32_t n = sixteen ? be32_get(cmd->cdb + 10) : be16_get(cmd->cdb + 7);
 
 	range_ok(cmd, lba, n);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -766,7 +739,7 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return true;
 }
 
-void sbc_write_same(struct scsi_cmd *cmd)
+enum scsi_rc sbc_write_same(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
@@ -779,38 +752,29 @@ void sbc_write_same(struct scsi_cmd *cmd)
 	uint8_t block[4096];
 
 	cmd->cdb_xfer_len = ndob ? 0 : bs;
-	if (cmd->cdb[1] & 0xe0) {
-		scsi_fail_cdb(cmd, 1, 7);
-		goto out;
-	}
-	if (cmd->cdb[1] & 0x10) { /* ANCHOR: no anchored state here */
-		scsi_fail_cdb(cmd, 1, 4);
-		goto out;
-	}
+	if (cmd->cdb[1] & 0xe0)
+		return scsi_fail_cdb(cmd, 1, 7);
+	if (cmd->cdb[1] & 0x10) /* ANCHOR: no anchored state here */
+		return scsi_fail_cdb(cmd, 1, 4);
 	if (n == 0 && lba <= lu->nblocks) {
 		n = lu->nblocks - lba; /* to the end of the medium */
-		if (n > lu_max_ws_blocks(lu)) {
-			scsi_fail_cdb(cmd, sixteen ? 10 : 7, -1);
-			goto out;
-		}
+		if (n > lu_max_ws_blocks(lu))
+			return scsi_fail_cdb(cmd, sixteen ? 10 : 7, -1);
 	}
 	if (!range_ok(cmd, lba, n))
-		goto out;
-	if (n > lu_max_ws_blocks(lu)) {
-		scsi_fail_cdb(cmd, sixteen ? 10 : 7, -1);
-		goto out;
-	}
+		return SCSI_RC_DONE;
+	if (n > lu_max_ws_blocks(lu))
+		return scsi_fail_cdb(cmd, sixteen ? 10 : 7, -1);
 	if (ndob) {
 		memset(block, 0, bs);
 	} else if (cmd->write_len != bs) {
 		/* exactly one block of Data-Out, no more, no less */
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_IU);
-		goto out;
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_IU);
 	} else {
 		scsi_data_out(cmd, 0, block, bs);
 	}
 	if (n == 0)
-		goto out;
+		return SCSI_RC_DONE;
 
 	io->pos = lba << lu->block_shift;
 	io->end = (lba + n) << lu->block_shift;
@@ -826,7 +790,7 @@ void sbc_write_same(struct scsi_cmd *cmd)
 		io->op = BDEV_WRITE;
 		io->chunk = io->end - io->pos < CHUNK_BYTES ? (size_t)(io->end - io->pos) : CHUNK_BYTES;
 		if (!io_alloc(io, io->chunk))
-			goto out;
+			return SCSI_RC_DONE;
 		for (size_t off = 0; off < io->chunk; off += bs)
 			memcpy(io->buf + off, block, bs);
 	}
@@ -834,9 +798,7 @@ void sbc_write_same(struct scsi_cmd *cmd)
 	io->locked = true;
 	if (sbc_write_begin(lu, &io->rl, lba, n))
 		chunk_start(io);
-	return;
-out:
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_PENDING;
 }
 
 /* ---------------------------------------------------------------- */
@@ -896,7 +858,7 @@ static void unmap_resume(struct range_lock *rl)
 	unmap_issue(io);
 }
 
-void sbc_unmap(struct scsi_cmd *cmd)
+enum scsi_rc sbc_unmap(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
@@ -905,58 +867,44 @@ void sbc_unmap(struct scsi_cmd *cmd)
 	uint64_t lo = UINT64_MAX, hi = 0;
 
 	cmd->cdb_xfer_len = plen;
-	if (cmd->cdb[1] & 0x01) { /* ANCHOR unsupported (ANC_SUP=0) */
-		scsi_fail_cdb(cmd, 1, 0);
-		goto out;
-	}
+	if (cmd->cdb[1] & 0x01) /* ANCHOR unsupported (ANC_SUP=0) */
+		return scsi_fail_cdb(cmd, 1, 0);
 	if (plen == 0)
-		goto out;
-	if (plen < UNMAP_HDR || cmd->write_len < UNMAP_HDR) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		goto out;
-	}
+		return SCSI_RC_DONE;
+	if (plen < UNMAP_HDR || cmd->write_len < UNMAP_HDR)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 	scsi_data_out(cmd, 0, hdr, UNMAP_HDR);
 	uint32_t avail = plen < cmd->write_len ? plen : cmd->write_len;
 	uint32_t bddl = be16_get(hdr + 2);
-	if (be16_get(hdr) + 2u > plen && be16_get(hdr)) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		goto out;
-	}
-	if (bddl > avail - UNMAP_HDR) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		goto out;
-	}
+	if (be16_get(hdr) + 2u > plen && be16_get(hdr))
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+	if (bddl > avail - UNMAP_HDR)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 	uint32_t ndesc = bddl / UNMAP_DESC;
-	if (ndesc > LU_MAX_UNMAP_DESCS) {
-		scsi_fail_param(cmd, 2, -1);
-		goto out;
-	}
+	if (ndesc > LU_MAX_UNMAP_DESCS)
+		return scsi_fail_param(cmd, 2, -1);
 	for (uint32_t i = 0; i < ndesc; i++) {
 		scsi_data_out(cmd, UNMAP_HDR + (size_t)i * UNMAP_DESC, d, UNMAP_DESC);
 		uint64_t lba = be64_get(d);
 		uint32_t n = be32_get(d + 8);
 		if (!range_ok(cmd, lba, n))
-			goto out;
-		if (n > LU_MAX_UNMAP_BLOCKS) {
-			scsi_fail_param(cmd, UNMAP_HDR + i * UNMAP_DESC + 8, -1);
-			goto out;
-		}
+			return SCSI_RC_DONE;
+		if (n > LU_MAX_UNMAP_BLOCKS)
+			return scsi_fail_param(cmd, UNMAP_HDR + i * UNMAP_DESC + 8, -1);
 		if (n && lba < lo)
 			lo = lba;
 		if (n && lba + n > hi)
 			hi = lba + n;
 	}
 	if (hi == 0)
-		goto out;
+		return SCSI_RC_DONE;
 	io->pos = UNMAP_HDR;
 	io->end = UNMAP_HDR + (uint64_t)ndesc * UNMAP_DESC;
 	io->rl.resume = unmap_resume;
 	io->locked = true;
 	if (sbc_write_begin(lu, &io->rl, lo, hi - lo))
 		unmap_issue(io);
-	return;
-out:
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_PENDING;
 }
 
 /* ---------------------------------------------------------------- */
@@ -1017,8 +965,8 @@ static void caw_resume(struct range_lock *rl)
 
 /* COMPARE AND WRITE and ORWRITE: read, combine, write, all under a CAW
  * range lock so no other writer of these LBAs slips in between. */
-static void atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, uint32_t max_blocks,
-		       unsigned len_byte, uint64_t dout)
+static enum scsi_rc atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, uint32_t max_blocks,
+			       unsigned len_byte, uint64_t dout)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
@@ -1046,25 +994,25 @@ static void atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, uint32_t 
 		io->locked = true;
 		if (range_begin(lu, &io->rl, lba, n, true))
 			caw_go(io);
-		return;
+		return SCSI_RC_PENDING;
 	}
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
-void sbc_compare_and_write(struct scsi_cmd *cmd)
+enum scsi_rc sbc_compare_and_write(struct scsi_cmd *cmd)
 {
 	uint32_t n = cmd->cdb[13];
-	atomic_rmw(cmd, be64_get(cmd->cdb + 2), n, LU_MAX_CAW_BLOCKS, 13,
-		   2 * ((uint64_t)n << cmd->lu->block_shift));
+	return atomic_rmw(cmd, be64_get(cmd->cdb + 2), n, LU_MAX_CAW_BLOCKS, 13,
+			  2 * ((uint64_t)n << cmd->lu->block_shift));
 }
 
-void sbc_orwrite(struct scsi_cmd *cmd)
+enum scsi_rc sbc_orwrite(struct scsi_cmd *cmd)
 {
 	uint32_t n = be32_get(cmd->cdb + 10);
 	uint64_t dout = (uint64_t)n << cmd->lu->block_shift;
 	/* medium image and Data-Out share one pooled buffer */
-	atomic_rmw(cmd, be64_get(cmd->cdb + 2), n, (BUF_MAX / 2) >> cmd->lu->block_shift, 10,
-		   dout > UINT32_MAX ? UINT32_MAX : dout);
+	return atomic_rmw(cmd, be64_get(cmd->cdb + 2), n, (BUF_MAX / 2) >> cmd->lu->block_shift, 10,
+			  dout > UINT32_MAX ? UINT32_MAX : dout);
 }
 
 /* ---------------------------------------------------------------- */
@@ -1074,7 +1022,7 @@ void sbc_orwrite(struct scsi_cmd *cmd)
 #define LBA_STATUS_DEALLOCATED 1
 #define LBA_STATUS_MAX_DESC 64
 
-void sbc_get_lba_status(struct scsi_cmd *cmd)
+enum scsi_rc sbc_get_lba_status(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint64_t lba = be64_get(cmd->cdb + 2);
@@ -1082,11 +1030,8 @@ void sbc_get_lba_status(struct scsi_cmd *cmd)
 	uint8_t b[8 + 16 * LBA_STATUS_MAX_DESC];
 	size_t off = 8;
 
-	if (lba >= lu->nblocks) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LBA_OUT_OF_RANGE);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (lba >= lu->nblocks)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LBA_OUT_OF_RANGE);
 	memset(b, 0, sizeof(b));
 	size_t maxd = alloc > 8 ? (alloc - 8 + 15) / 16 : 1;
 	if (maxd > LBA_STATUS_MAX_DESC)
@@ -1124,7 +1069,7 @@ void sbc_get_lba_status(struct scsi_cmd *cmd)
 	}
 	be32_put(b, (uint32_t)(off - 4));
 	scsi_data_in(cmd, b, off, alloc);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -1134,7 +1079,7 @@ void sbc_get_lba_status(struct scsi_cmd *cmd)
 #define DEFECT_PLISTV 0x10
 #define DEFECT_GLISTV 0x08
 
-void sbc_read_defect_data(struct scsi_cmd *cmd)
+enum scsi_rc sbc_read_defect_data(struct scsi_cmd *cmd)
 {
 	bool twelve = cmd->cdb[0] == OP_READ_DEFECT_DATA_12;
 	uint8_t req = twelve ? cmd->cdb[1] : cmd->cdb[2];
@@ -1144,7 +1089,7 @@ void sbc_read_defect_data(struct scsi_cmd *cmd)
 	memset(b, 0, sizeof(b));
 	b[1] = req & (DEFECT_PLISTV | DEFECT_GLISTV | 0x07);
 	scsi_data_in(cmd, b, twelve ? 8 : 4, alloc);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -1158,7 +1103,7 @@ void sbc_read_defect_data(struct scsi_cmd *cmd)
  * slower BLOCK ERASE, and CRYPTO ERASE needs encryption we do not have.
  * Other commands see NOT READY / SANITIZE IN PROGRESS while it runs.
  */
-void sbc_sanitize(struct scsi_cmd *cmd)
+enum scsi_rc sbc_sanitize(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	struct sbc_io *io = io_of(cmd);
@@ -1166,15 +1111,10 @@ void sbc_sanitize(struct scsi_cmd *cmd)
 	uint16_t plen = be16_get(cmd->cdb + 7);
 
 	cmd->cdb_xfer_len = plen;
-	if (plen) {
-		scsi_fail_cdb(cmd, 7, -1);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (sa == SANITIZE_EXIT_FAILURE_MODE) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (plen)
+		return scsi_fail_cdb(cmd, 7, -1);
+	if (sa == SANITIZE_EXIT_FAILURE_MODE)
+		return SCSI_RC_DONE;
 	io->pos = 0;
 	io->end = lu->nblocks << lu->block_shift;
 	io->op = lu->dev->can_unmap ? BDEV_UNMAP : BDEV_WRITE_ZEROES;
@@ -1183,4 +1123,5 @@ void sbc_sanitize(struct scsi_cmd *cmd)
 	io->locked = true;
 	if (sbc_write_begin(lu, &io->rl, 0, lu->nblocks))
 		chunk_start(io);
+	return SCSI_RC_PENDING;
 }

@@ -82,13 +82,14 @@ void scsi_sense_build(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq,
 						    key, asc_ascq, x);
 }
 
-void scsi_fail(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq)
+enum scsi_rc scsi_fail(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq)
 {
 	scsi_sense_build(cmd, key, asc_ascq, NULL);
 	cmd->data_in_len = 0;
+	return SCSI_RC_DONE;
 }
 
-static void fail_pointer(struct scsi_cmd *cmd, uint16_t asc, bool in_cdb, unsigned byte, int bit)
+static enum scsi_rc fail_pointer(struct scsi_cmd *cmd, uint16_t asc, bool in_cdb, unsigned byte, int bit)
 {
 	struct sense_extra x = { .sksv = true };
 
@@ -99,23 +100,25 @@ static void fail_pointer(struct scsi_cmd *cmd, uint16_t asc, bool in_cdb, unsign
 	x.sks[2] = (uint8_t)byte;
 	scsi_sense_build(cmd, SK_ILLEGAL_REQUEST, asc, &x);
 	cmd->data_in_len = 0;
+	return SCSI_RC_DONE;
 }
 
-void scsi_fail_cdb(struct scsi_cmd *cmd, unsigned byte, int bit)
+enum scsi_rc scsi_fail_cdb(struct scsi_cmd *cmd, unsigned byte, int bit)
 {
-	fail_pointer(cmd, ASC_INVALID_FIELD_IN_CDB, true, byte, bit);
+	return fail_pointer(cmd, ASC_INVALID_FIELD_IN_CDB, true, byte, bit);
 }
 
-void scsi_fail_param(struct scsi_cmd *cmd, unsigned byte, int bit)
+enum scsi_rc scsi_fail_param(struct scsi_cmd *cmd, unsigned byte, int bit)
 {
-	fail_pointer(cmd, ASC_INVALID_FIELD_IN_PARAM_LIST, false, byte, bit);
+	return fail_pointer(cmd, ASC_INVALID_FIELD_IN_PARAM_LIST, false, byte, bit);
 }
 
-void scsi_fail_info(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq, uint64_t info)
+enum scsi_rc scsi_fail_info(struct scsi_cmd *cmd, uint8_t key, uint16_t asc_ascq, uint64_t info)
 {
 	struct sense_extra x = { .info_valid = true, .info = info };
 	scsi_sense_build(cmd, key, asc_ascq, &x);
 	cmd->data_in_len = 0;
+	return SCSI_RC_DONE;
 }
 
 void scsi_cmd_good(struct scsi_cmd *cmd)
@@ -136,21 +139,22 @@ void scsi_cmd_good(struct scsi_cmd *cmd)
  *    multipathing host moves the I/O to the path of the owner; tcmu-runner
  *    reports a fenced image with the same sense.
  */
-void scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing)
+enum scsi_rc scsi_fail_errno(struct scsi_cmd *cmd, int err, bool writing)
 {
 	if (err == -ETIMEDOUT || err == -ENOTCONN || err == -ECONNREFUSED || err == -ECONNRESET ||
 	    err == -EAGAIN) {
 		cmd->status = SAM_STAT_BUSY;
 		cmd->sense_len = 0;
 		cmd->data_in_len = 0;
-	} else if (err == -ESHUTDOWN || err == -EROFS)
-		scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_STANDBY);
-	else if (err == -ENOSPC || err == -EDQUOT)
-		scsi_fail(cmd, SK_DATA_PROTECT, ASC_SPACE_ALLOCATION_FAILED);
-	else if (err == -EIO || err == -EILSEQ || err == -ENODATA)
-		scsi_fail(cmd, SK_MEDIUM_ERROR, writing ? ASC_WRITE_ERROR : ASC_UNRECOVERED_READ_ERROR);
-	else
-		scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
+		return SCSI_RC_DONE;
+	}
+	if (err == -ESHUTDOWN || err == -EROFS)
+		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_STANDBY);
+	if (err == -ENOSPC || err == -EDQUOT)
+		return scsi_fail(cmd, SK_DATA_PROTECT, ASC_SPACE_ALLOCATION_FAILED);
+	if (err == -EIO || err == -EILSEQ || err == -ENODATA)
+		return scsi_fail(cmd, SK_MEDIUM_ERROR, writing ? ASC_WRITE_ERROR : ASC_UNRECOVERED_READ_ERROR);
+	return scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
 }
 
 /* Front ends failing a command before it reaches the backstore. */

@@ -10,9 +10,9 @@
  * one group per gateway for a LU over a shared store),
  * and the no-op-ish START STOP UNIT / PREVENT ALLOW / SEND DIAGNOSTIC.
  *
- * Threading: every handler runs on the submitting worker and completes the
- * command before returning. Mode parameters other than the atomics are
- * read and written under lu->mutex.
+ * Threading: every handler runs on the submitting worker and has its answer
+ * ready when it returns (SCSI_RC_DONE: scsi_cmd_submit completes). Mode
+ * parameters other than the atomics are read and written under lu->mutex.
  */
 #include "backstore/lu.h"
 
@@ -56,14 +56,9 @@
 #define DESIG_SCSI_NAME 8
 #define PROTO_ISCSI 0x50
 
-static void complete(struct scsi_cmd *cmd)
+enum scsi_rc spc_test_unit_ready(struct scsi_cmd *cmd)
 {
-	scsi_cmd_complete(cmd);
-}
-
-void spc_test_unit_ready(struct scsi_cmd *cmd)
-{
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -95,20 +90,18 @@ static size_t inquiry_standard(const struct scsi_lu *lu, uint8_t *b)
 	return INQ_STD_LEN;
 }
 
-void spc_inquiry_unmapped(struct scsi_cmd *cmd)
+enum scsi_rc spc_inquiry_unmapped(struct scsi_cmd *cmd)
 {
 	uint8_t b[INQ_STD_LEN];
 	uint16_t alloc = be16_get(cmd->cdb + 3);
 
 	if (cmd->cdb[1] & 0x01) {
 		/* No VPD for an LU that does not exist. */
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
-		complete(cmd);
-		return;
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LU_NOT_SUPPORTED);
 	}
 	inquiry_standard(NULL, b);
 	scsi_data_in(cmd, b, sizeof(b), alloc);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* Append one designation descriptor; returns new length. */
@@ -221,7 +214,7 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 	return len;
 }
 
-void spc_inquiry(struct scsi_cmd *cmd)
+enum scsi_rc spc_inquiry(struct scsi_cmd *cmd)
 {
 	uint8_t b[1024];
 	uint16_t alloc = be16_get(cmd->cdb + 3);
@@ -229,22 +222,16 @@ void spc_inquiry(struct scsi_cmd *cmd)
 
 	memset(b, 0, sizeof(b));
 	if (!(cmd->cdb[1] & 0x01)) {
-		if (cmd->cdb[2]) {
-			scsi_fail_cdb(cmd, 2, 7);
-			complete(cmd);
-			return;
-		}
+		if (cmd->cdb[2])
+			return scsi_fail_cdb(cmd, 2, 7);
 		len = inquiry_standard(cmd->lu, b);
 	} else {
 		len = vpd_page(cmd, cmd->cdb[2], b);
-		if (!len) {
-			scsi_fail_cdb(cmd, 2, 7);
-			complete(cmd);
-			return;
-		}
+		if (!len)
+			return scsi_fail_cdb(cmd, 2, 7);
 	}
 	scsi_data_in(cmd, b, len, alloc);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -268,18 +255,15 @@ static void encode_lun(uint64_t lun, uint8_t *out)
 	}
 }
 
-void spc_report_luns(struct scsi_cmd *cmd)
+enum scsi_rc spc_report_luns(struct scsi_cmd *cmd)
 {
 	uint32_t alloc = be32_get(cmd->cdb + 6);
 	uint8_t select = cmd->cdb[2];
 	/* the nexus's own view of the map: what its commands reach */
 	struct scsi_nexus *nx = cmd->nexus;
 
-	if (alloc < 16) {
-		scsi_fail_cdb(cmd, 6, -1);
-		complete(cmd);
-		return;
-	}
+	if (alloc < 16)
+		return scsi_fail_cdb(cmd, 6, -1);
 	int n = 0;
 	switch (select) {
 	case RL_SELECT_ALL:
@@ -297,18 +281,13 @@ void spc_report_luns(struct scsi_cmd *cmd)
 		n = 0;
 		break;
 	default:
-		scsi_fail_cdb(cmd, 2, 7);
-		complete(cmd);
-		return;
+		return scsi_fail_cdb(cmd, 2, 7);
 	}
 	size_t len = 8 + (size_t)n * 8;
 	uint8_t small[8 + 8 * 16];
 	uint8_t *b = len <= sizeof(small) ? small : malloc(len);
-	if (!b) {
-		scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
-		complete(cmd);
-		return;
-	}
+	if (!b)
+		return scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
 	memset(b, 0, 8);
 	be32_put(b, (uint32_t)(n * 8));
 	for (int i = 0; i < n; i++)
@@ -320,13 +299,13 @@ void spc_report_luns(struct scsi_cmd *cmd)
 	struct nexus_lu *nl = scsi_cmd_nlu(cmd);
 	if (nl)
 		atomic_fetch_and(&nl->ua, ~(unsigned)UA_LUNS_CHANGED);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
 /* REQUEST SENSE                                                     */
 
-void spc_request_sense(struct scsi_cmd *cmd)
+enum scsi_rc spc_request_sense(struct scsi_cmd *cmd)
 {
 	uint8_t b[SCSI_SENSE_MAX];
 	bool desc = cmd->cdb[1] & 0x01;
@@ -347,7 +326,7 @@ void spc_request_sense(struct scsi_cmd *cmd)
 			len = scsi_sense_format(b, sizeof(b), desc, SK_NO_SENSE, ASC_NO_ADDITIONAL_SENSE, NULL);
 	}
 	scsi_data_in(cmd, b, len, alloc);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -423,7 +402,7 @@ static size_t mode_page(struct scsi_lu *lu, uint8_t page, int pc, uint8_t *b)
 	return len;
 }
 
-void spc_mode_sense(struct scsi_cmd *cmd)
+enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	bool ten = cmd->cdb[0] == OP_MODE_SENSE_10;
@@ -437,16 +416,10 @@ void spc_mode_sense(struct scsi_cmd *cmd)
 	size_t hdr = ten ? 8 : 4;
 	size_t off;
 
-	if (pc == MP_PC_SAVED) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_SAVING_PARAMS_NOT_SUPPORTED);
-		complete(cmd);
-		return;
-	}
-	if (subpage != 0 && !(page == MP_ALL && subpage == 0xff)) {
-		scsi_fail_cdb(cmd, 3, 7);
-		complete(cmd);
-		return;
-	}
+	if (pc == MP_PC_SAVED)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_SAVING_PARAMS_NOT_SUPPORTED);
+	if (subpage != 0 && !(page == MP_ALL && subpage == 0xff))
+		return scsi_fail_cdb(cmd, 3, 7);
 	memset(b, 0, sizeof(b));
 	off = hdr;
 	if (!dbd) {
@@ -474,9 +447,7 @@ void spc_mode_sense(struct scsi_cmd *cmd)
 		size_t l = mode_page(lu, page, pc, b + off);
 		if (!l) {
 			pthread_mutex_unlock(&lu->mutex);
-			scsi_fail_cdb(cmd, 2, 5);
-			complete(cmd);
-			return;
+			return scsi_fail_cdb(cmd, 2, 5);
 		}
 		off += l;
 	}
@@ -492,7 +463,7 @@ void spc_mode_sense(struct scsi_cmd *cmd)
 		b[2] = devspec;
 	}
 	scsi_data_in(cmd, b, off, alloc);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* Apply one page of MODE SELECT data; po is the page's offset in the
@@ -550,7 +521,7 @@ static bool mode_select_page(struct scsi_cmd *cmd, const uint8_t *p, size_t plen
 	return true;
 }
 
-void spc_mode_select(struct scsi_cmd *cmd)
+enum scsi_rc spc_mode_select(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	bool ten = cmd->cdb[0] == OP_MODE_SELECT_10;
@@ -560,62 +531,40 @@ void spc_mode_select(struct scsi_cmd *cmd)
 	unsigned changed = 0;
 
 	cmd->cdb_xfer_len = plen;
-	if (cmd->cdb[1] & 0x01) { /* SP: nothing is savable */
-		scsi_fail_cdb(cmd, 1, 0);
-		complete(cmd);
-		return;
-	}
-	if (plen == 0) {
-		complete(cmd);
-		return;
-	}
-	if (plen < hdr || plen > sizeof(buf)) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		complete(cmd);
-		return;
-	}
-	if (scsi_data_out(cmd, 0, buf, plen) < plen) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		complete(cmd);
-		return;
-	}
+	if (cmd->cdb[1] & 0x01) /* SP: nothing is savable */
+		return scsi_fail_cdb(cmd, 1, 0);
+	if (plen == 0)
+		return SCSI_RC_DONE;
+	if (plen < hdr || plen > sizeof(buf))
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+	if (scsi_data_out(cmd, 0, buf, plen) < plen)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 	size_t bdl = ten ? be16_get(buf + 6) : buf[3];
 	size_t off = hdr;
 	if (bdl) {
 		bool longlba = ten && (buf[4] & 0x01);
 		size_t one = longlba ? 16 : 8;
-		if (bdl != one || off + bdl > plen) {
-			scsi_fail_param(cmd, ten ? 6 : 3, -1);
-			complete(cmd);
-			return;
-		}
+		if (bdl != one || off + bdl > plen)
+			return scsi_fail_param(cmd, ten ? 6 : 3, -1);
 		uint32_t blen = longlba ? be32_get(buf + off + 12) : be24_get(buf + off + 5);
-		if (blen != lu->block_size) {
-			scsi_fail_param(cmd, (unsigned)(off + (longlba ? 12 : 5)), -1);
-			complete(cmd);
-			return;
-		}
+		if (blen != lu->block_size)
+			return scsi_fail_param(cmd, (unsigned)(off + (longlba ? 12 : 5)), -1);
 		off += bdl;
 	}
 	pthread_mutex_lock(&lu->mutex);
 	while (off < plen) {
 		if (off + 2 > plen) {
 			pthread_mutex_unlock(&lu->mutex);
-			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-			complete(cmd);
-			return;
+			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 		}
 		size_t pl = (size_t)buf[off + 1] + 2;
 		if (off + pl > plen) {
 			pthread_mutex_unlock(&lu->mutex);
-			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-			complete(cmd);
-			return;
+			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 		}
 		if (!mode_select_page(cmd, buf + off, pl, off, &changed)) {
 			pthread_mutex_unlock(&lu->mutex);
-			complete(cmd);
-			return;
+			return SCSI_RC_DONE;
 		}
 		off += pl;
 	}
@@ -626,7 +575,7 @@ void spc_mode_select(struct scsi_cmd *cmd)
 	if (self_nl)
 		self_nl->mode_seen = lu_mode_state(lu);
 	pthread_mutex_unlock(&lu->mutex);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -651,7 +600,7 @@ static size_t timeouts_desc(uint8_t *b)
 	return TIMEOUT_DESC_LEN;
 }
 
-void spc_report_supported_opcodes(struct scsi_cmd *cmd)
+enum scsi_rc spc_report_supported_opcodes(struct scsi_cmd *cmd)
 {
 	bool rctd = cmd->cdb[2] & 0x80;
 	uint8_t opts = cmd->cdb[2] & 0x07;
@@ -693,25 +642,16 @@ void spc_report_supported_opcodes(struct scsi_cmd *cmd)
 				break;
 			}
 		}
-		if (opts == RSOC_ONE_NO_SA && has_sa_form) {
-			scsi_fail_cdb(cmd, 2, 2);
-			complete(cmd);
-			return;
-		}
-		if (opts == RSOC_ONE_SA && found && !(found->flags & CMDF_SA)) {
-			scsi_fail_cdb(cmd, 2, 2);
-			complete(cmd);
-			return;
-		}
+		if (opts == RSOC_ONE_NO_SA && has_sa_form)
+			return scsi_fail_cdb(cmd, 2, 2);
+		if (opts == RSOC_ONE_SA && found && !(found->flags & CMDF_SA))
+			return scsi_fail_cdb(cmd, 2, 2);
 		if (opts == RSOC_ONE_SA && !found && !has_sa_form) {
 			bool exists = false;
 			for (size_t i = 0; i < n; i++)
 				exists |= tab[i].opcode == req_op;
-			if (exists) {
-				scsi_fail_cdb(cmd, 2, 2);
-				complete(cmd);
-				return;
-			}
+			if (exists)
+				return scsi_fail_cdb(cmd, 2, 2);
 		}
 		if (!found) {
 			b[1] = RSOC_NOT_SUPPORTED;
@@ -727,12 +667,10 @@ void spc_report_supported_opcodes(struct scsi_cmd *cmd)
 				off += timeouts_desc(b + off);
 		}
 	} else {
-		scsi_fail_cdb(cmd, 2, 2);
-		complete(cmd);
-		return;
+		return scsi_fail_cdb(cmd, 2, 2);
 	}
 	scsi_data_in(cmd, b, off, alloc);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
@@ -784,7 +722,7 @@ static uint8_t own_alua_state(enum bdev_owner_state st)
 	return ALUA_ACTIVE_NONOPTIMIZED;
 }
 
-void spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
+enum scsi_rc spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
 {
 	struct scsi_lu *lu = cmd->lu;
 
@@ -793,9 +731,8 @@ void spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
 	 * the owner is taken to be gone (this is implicit failover). */
 	if (st == BDEV_OWNER_STANDBY || st == BDEV_OWNER_LOST)
 		lu->owner->acquire(lu->dev);
-	scsi_fail(cmd, SK_NOT_READY,
-		  st == BDEV_OWNER_LOST ? ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE : ASC_LU_NOT_ACCESSIBLE_TRANSITION);
-	complete(cmd);
+	return scsi_fail(cmd, SK_NOT_READY,
+			 st == BDEV_OWNER_LOST ? ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE : ASC_LU_NOT_ACCESSIBLE_TRANSITION);
 }
 
 /* One target port group descriptor with one target port; returns its length. */
@@ -812,7 +749,7 @@ static size_t tpg_desc(uint8_t *g, uint8_t state, uint8_t supported, uint8_t sta
 	return 12;
 }
 
-void spc_report_target_pgs(struct scsi_cmd *cmd)
+enum scsi_rc spc_report_target_pgs(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint32_t alloc = be32_get(cmd->cdb + 6);
@@ -820,11 +757,8 @@ void spc_report_target_pgs(struct scsi_cmd *cmd)
 	uint8_t b[8 + 12 * (ALUA_MAX_GROUPS + 1)];
 	size_t off = 4;
 
-	if (fmt > RTPG_EXTENDED) {
-		scsi_fail_cdb(cmd, 1, 7);
-		complete(cmd);
-		return;
-	}
+	if (fmt > RTPG_EXTENDED)
+		return scsi_fail_cdb(cmd, 1, 7);
 	memset(b, 0, sizeof(b));
 	if (fmt == RTPG_EXTENDED) {
 		b[4] = 0x10;   /* format: extended header */
@@ -858,13 +792,13 @@ void spc_report_target_pgs(struct scsi_cmd *cmd)
 	}
 	be32_put(b, (uint32_t)(off - 4));
 	scsi_data_in(cmd, b, off, alloc);
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
 /* START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL, SEND DIAGNOSTIC      */
 
-void spc_start_stop_unit(struct scsi_cmd *cmd)
+enum scsi_rc spc_start_stop_unit(struct scsi_cmd *cmd)
 {
 	uint8_t pc = cmd->cdb[4] >> 4;
 	bool loej = cmd->cdb[4] & 0x02;
@@ -879,16 +813,13 @@ void spc_start_stop_unit(struct scsi_cmd *cmd)
 		for (nl = cmd->lu->attached; nl; nl = nl->next_in_lu)
 			prevented |= nl->prevent;
 		pthread_mutex_unlock(&cmd->lu->mutex);
-		if (prevented) {
-			scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_MEDIUM_REMOVAL_PREVENTED);
-			complete(cmd);
-			return;
-		}
+		if (prevented)
+			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_MEDIUM_REMOVAL_PREVENTED);
 	}
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
-void spc_prevent_allow(struct scsi_cmd *cmd)
+enum scsi_rc spc_prevent_allow(struct scsi_cmd *cmd)
 {
 	struct nexus_lu *nl = scsi_cmd_nlu(cmd);
 	uint8_t prevent = cmd->cdb[4] & 0x03;
@@ -898,10 +829,10 @@ void spc_prevent_allow(struct scsi_cmd *cmd)
 		nl->prevent = prevent & 0x01;
 		pthread_mutex_unlock(&cmd->lu->mutex);
 	}
-	complete(cmd);
+	return SCSI_RC_DONE;
 }
 
-void spc_send_diagnostic(struct scsi_cmd *cmd)
+enum scsi_rc spc_send_diagnostic(struct scsi_cmd *cmd)
 {
 	uint8_t selftest = cmd->cdb[1] & 0x04;
 	uint8_t code = cmd->cdb[1] >> 5;
@@ -909,15 +840,9 @@ void spc_send_diagnostic(struct scsi_cmd *cmd)
 
 	cmd->cdb_xfer_len = plen;
 	/* Only the default self-test (which always passes) is offered. */
-	if (!selftest || code != 0) {
-		scsi_fail_cdb(cmd, 1, selftest ? 7 : 2);
-		complete(cmd);
-		return;
-	}
-	if (plen) {
-		scsi_fail_cdb(cmd, 3, -1);
-		complete(cmd);
-		return;
-	}
-	complete(cmd);
+	if (!selftest || code != 0)
+		return scsi_fail_cdb(cmd, 1, selftest ? 7 : 2);
+	if (plen)
+		return scsi_fail_cdb(cmd, 3, -1);
+	return SCSI_RC_DONE;
 }

@@ -331,7 +331,7 @@ static void xc_next_segment(struct xcopy_io *io)
 /* ---------------------------------------------------------------- */
 /* EXTENDED COPY: validate the parameter list, then run it            */
 
-void xcopy_extended_copy(struct scsi_cmd *cmd)
+enum scsi_rc xcopy_extended_copy(struct scsi_cmd *cmd)
 {
 	struct xcopy_io *io = (struct xcopy_io *)cmd->bs_scratch;
 	uint32_t plen = be32_get(cmd->cdb + 10);
@@ -339,28 +339,18 @@ void xcopy_extended_copy(struct scsi_cmd *cmd)
 	memset(io, 0, sizeof(*io));
 	io->cmd = cmd;
 	cmd->cdb_xfer_len = plen;
-	if (plen == 0) {
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (plen < XC_HDR || cmd->write_len < plen) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		scsi_cmd_complete(cmd);
-		return;
-	}
-	if (plen > XC_HDR + XC_MAX_LIST_LEN + XC_SEG_B2B_LEN * 4) {
-		scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
-		scsi_cmd_complete(cmd);
-		return;
-	}
+	if (plen == 0)
+		return SCSI_RC_DONE;
+	if (plen < XC_HDR || cmd->write_len < plen)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+	if (plen > XC_HDR + XC_MAX_LIST_LEN + XC_SEG_B2B_LEN * 4)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 	io->param = buf_get(plen);
 	io->buf = buf_get(XC_CHUNK);
 	if (!io->param || !io->buf) {
 		buf_put(io->param, plen);
 		buf_put(io->buf, XC_CHUNK);
-		scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
-		scsi_cmd_complete(cmd);
-		return;
+		return scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
 	}
 	io->param_len = plen;
 	io->buf_len = XC_CHUNK;
@@ -428,18 +418,19 @@ void xcopy_extended_copy(struct scsi_cmd *cmd)
 	}
 	io->seg_off = XC_HDR + tdl;
 	io->seg_end = end;
+	/* the segments run from here, and complete the command once */
 	xc_next_segment(io);
-	return;
+	return SCSI_RC_PENDING;
 fail:
 	buf_put(io->param, io->param_len);
 	buf_put(io->buf, io->buf_len);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }
 
 /* ---------------------------------------------------------------- */
 /* RECEIVE COPY RESULTS                                              */
 
-void xcopy_receive_copy_results(struct scsi_cmd *cmd)
+enum scsi_rc xcopy_receive_copy_results(struct scsi_cmd *cmd)
 {
 	uint8_t sa = cmd->cdb[1] & 0x1f;
 	uint8_t list_id = cmd->cdb[2];
@@ -476,11 +467,8 @@ void xcopy_receive_copy_results(struct scsi_cmd *cmd)
 				found = true;
 			}
 		pthread_mutex_unlock(&results_lock);
-		if (!found) {
-			scsi_fail_cdb(cmd, 2, -1);
-			scsi_cmd_complete(cmd);
-			return;
-		}
+		if (!found)
+			return scsi_fail_cdb(cmd, 2, -1);
 		len = 12;
 		be32_put(b, 8);
 		b[4] = r.status;
@@ -489,5 +477,5 @@ void xcopy_receive_copy_results(struct scsi_cmd *cmd)
 		be32_put(b + 8, (uint32_t)(((uint64_t)r.blocks * cmd->lu->block_size) >> 10));
 	}
 	scsi_data_in(cmd, b, len, alloc);
-	scsi_cmd_complete(cmd);
+	return SCSI_RC_DONE;
 }

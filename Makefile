@@ -110,10 +110,15 @@ bench: all
 	@bash tests/bench/compare.sh
 	@bash tests/bench/torn_guard.sh
 
+# Debug builds (the fuzz harnesses and make asan) define TC_DEBUG: checks
+# too costly or too fatal for the daemon one runs, e.g. that every SCSI
+# command completes exactly once (backstore/lu.h), abort() when they fail.
+DEBUG_CFLAGS := -DTC_DEBUG
+
 # libFuzzer harnesses: clang, ASan + UBSan, linked against the library
 # sources compiled again with the same instrumentation.
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
-	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTC_FUZZ
+	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTC_FUZZ $(DEBUG_CFLAGS)
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(LDLIBS)
@@ -135,12 +140,12 @@ tsan: $(TSAN_BINS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer builds of the daemon and of
 # every unit test, in $(BUILD)/asan/: the library sources compiled again with
-# the instrumentation (as for fuzz), with $(CC) (gcc or clang). tests/run.sh
-# runs them as asan/NAME, the daemon under the shell tests in its ASAN_SHELL
-# list; tests/unit/lsan.supp says why each leak suppression is there.
+# the instrumentation and TC_DEBUG (as for fuzz), with $(CC) (gcc or clang).
+# tests/run.sh runs them as asan/NAME, the daemon under the shell tests in its
+# ASAN_SHELL list; tests/unit/lsan.supp says why each leak suppression is there.
 ASAN_DIR := $(BUILD)/asan
 ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-	-fno-omit-frame-pointer $(BASE_CFLAGS)
+	-fno-omit-frame-pointer $(DEBUG_CFLAGS) $(BASE_CFLAGS)
 ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(ASAN_DIR)/obj/%.o)
 ASAN_DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(ASAN_DIR)/obj/%.o)
 ASAN_UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(ASAN_DIR)/tests/%)

@@ -354,6 +354,12 @@ void scsi_lu_close(struct scsi_lu *lu)
 {
 	if (!lu)
 		return;
+#ifdef TC_DEBUG
+	/* Not an abort: a backing store that never answers (a hung device, a
+	 * BDEV_FAULT_HANG) leaves commands counted at exit too. */
+	if (scsi_lu_inflight(lu))
+		log_err("lun \"%s\": closed with %u command(s) not completed", lu->name, scsi_lu_inflight(lu));
+#endif
 	pthread_mutex_lock(&registry_lock);
 	for (struct scsi_lu **pp = &registry; *pp; pp = &(*pp)->next_open)
 		if (*pp == lu) {
@@ -939,6 +945,17 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 	return d->handler(cmd);
 }
 
+void scsi_cmd_once_broken(const struct scsi_cmd *cmd)
+{
+	bool bad_sa;
+	const struct cmd_desc *d = cmd_lookup(cmd->cdb, &bad_sa);
+
+	log_err("SCSI command %s (CDB %02x %02x, LUN %llu, tag 0x%llx) %s; aborting", d ? d->name : "?",
+		cmd->cdb[0], cmd->cdb[1], (unsigned long long)cmd->lun, (unsigned long long)cmd->tag,
+		cmd->bs_once == SCSI_ONCE_DONE ? "completed twice" : "completed but never submitted");
+	abort();
+}
+
 void scsi_cmd_submit(struct scsi_cmd *cmd)
 {
 	struct nexus_lu *nl;
@@ -954,6 +971,9 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->held_lu = cmd->lu;
 	if (cmd->lu)
 		lu_inflight_add(cmd->lu, +1);
+#ifdef TC_DEBUG
+	cmd->bs_once = SCSI_ONCE_LIVE;
+#endif
 	/* the one place a synchronous answer is sent; a pending command is
 	 * completed by the path it was handed to (and may be gone by now) */
 	if (dispatch(cmd, nl) == SCSI_RC_DONE)

@@ -371,6 +371,22 @@ static inline void lu_inflight_add(struct scsi_lu *lu, int delta)
 		atomic_fetch_sub_explicit(&lu->inflight[i].n, 1, memory_order_release);
 }
 
+/*
+ * Exactly once, checked in debug builds (TC_DEBUG: make asan and the fuzz
+ * harnesses define it). scsi_cmd_submit sets cmd->bs_once to
+ * SCSI_ONCE_LIVE; scsi_cmd_complete finds it there and sets
+ * SCSI_ONCE_DONE before calling done(), so a second completion (or one of
+ * a command never submitted) aborts with a message naming the command,
+ * where it would otherwise send a second response for memory the front
+ * end may have reused. A completion that never comes is for the tests to
+ * find (tests/unit/test_scsi_complete_once.c counts done() calls), and a
+ * debug build says so when an LU closes with commands still counted.
+ */
+#define SCSI_ONCE_LIVE 0x6c697665u /* "live": submitted, not completed */
+#define SCSI_ONCE_DONE 0x646f6e65u /* "done": completed once */
+/* Report the broken rule for cmd and abort(). */
+void scsi_cmd_once_broken(const struct scsi_cmd *cmd) __attribute__((noreturn, cold));
+
 /* Complete the command: calls cmd->done, then drops the command's count
  * on its LU (taken by scsi_cmd_submit). Called in three places only:
  * scsi_cmd_submit, for a handler's SCSI_RC_DONE, and the two asynchronous
@@ -380,6 +396,11 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *held = cmd->held_lu;
 
+#ifdef TC_DEBUG
+	if (cmd->bs_once != SCSI_ONCE_LIVE)
+		scsi_cmd_once_broken(cmd);
+	cmd->bs_once = SCSI_ONCE_DONE;
+#endif
 	cmd->held_lu = NULL;
 	cmd->done(cmd);
 	if (held)

@@ -188,6 +188,7 @@ struct scsi_cmd {
 	/* --- backstore private, untouched by front ends --- */
 	struct scsi_lu *lu;
 	struct scsi_lu *held_lu;  /* counted in lu->inflight until completion */
+	uint32_t bs_once;         /* debug builds: in flight or completed (lu.h) */
 	void *bs_priv;
 	uint64_t bs_scratch[48];
 };

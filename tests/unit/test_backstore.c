@@ -7,6 +7,9 @@
  * on a semaphore. Every check compares data, status and the exact sense
  * key / ASC / ASCQ, so a regression in decoding, sense building,
  * reservations, COMPARE AND WRITE, UNMAP or mode pages fails here.
+ * Each function is named by the behaviour it proves; main runs them in
+ * order on one fixture, and later ones build on the state earlier ones
+ * leave (a unit attention taken, WCE set, reservations cleared).
  * Prints one line per check; exit status 0 means every check passed.
  */
 #include "backstore/lu.h" /* scsi_fail_errno */
@@ -305,7 +308,7 @@ static int vpd83_value(const uint8_t *b, uint8_t type, uint32_t *out)
 	return 0;
 }
 
-static void test_alua(const char *dir)
+static void shared_lu_reports_implicit_alua(const char *dir)
 {
 	char path[600], err[256];
 	const uint32_t bs = 512;
@@ -438,164 +441,163 @@ static void test_alua(const char *dir)
 	unlink(prf);
 }
 
-int main(void)
-{
-	const char *tmp = getenv("TMPDIR");
-	char dir[512];
-	snprintf(dir, sizeof(dir), "%s/tc-backstore-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	char path[600], err[256];
-	const uint32_t bs = 512;
-	const uint64_t nblocks = 131072; /* 64 MiB */
+/* ---- the fixture: two LUs on sparse files, mapped as LUN 0 and 1, and two
+ * I_T nexuses; the checks below run in order and build on each other's
+ * state (a unit attention taken, WCE set, a reservation cleared). ---- */
 
-	if (!mkdtemp(dir)) {
-		perror("mkdtemp");
-		return 2;
-	}
-	snprintf(path, sizeof(path), "%s/lun0.img", dir);
-	if (workers_start(1) < 0) {
-		fprintf(stderr, "cannot start a worker (io_uring unavailable?)\n");
-		return 2;
-	}
-	if (posix_memalign((void **)&buf, 4096, BUF_LEN))
-		return 2;
-	struct bdev *dev = bdev_file_open(path, nblocks * bs, bs, true, err, sizeof(err));
-	if (!dev) {
-		fprintf(stderr, "%s\n", err);
-		return 2;
-	}
-	struct scsi_lu_config cfg = {
-		.name = "lun0", .serial = "TC0123456789", .state_dir = dir, .block_size = bs,
-		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
-		.target_port_group = 1, .rel_port_id = 1,
-	};
-	struct scsi_lu *lu = scsi_lu_open(&cfg, dev, err, sizeof(err));
-	if (!lu) {
-		fprintf(stderr, "%s\n", err);
-		return 2;
-	}
-	struct scsi_target *t = scsi_target_new("iqn.2026-11.test:tgt");
-	scsi_target_map(t, 0, lu);
-	/* a second LU for EXTENDED COPY across LUs */
-	char path2[600];
-	snprintf(path2, sizeof(path2), "%s/lun1.img", dir);
-	struct bdev *dev2 = bdev_file_open(path2, 1024 * bs, bs, true, err, sizeof(err));
-	struct scsi_lu_config cfg2 = cfg;
-	cfg2.name = "lun1";
-	cfg2.serial = "TC-SECOND-LU";
-	struct scsi_lu *lu2 = dev2 ? scsi_lu_open(&cfg2, dev2, err, sizeof(err)) : NULL;
-	if (!lu2) {
-		fprintf(stderr, "%s\n", err);
-		return 2;
-	}
-	scsi_target_map(t, 1, lu2);
-	struct scsi_nexus *a = open_nexus(t, "iqn.2026-11.test:init1");
-	struct scsi_nexus *b = open_nexus(t, "iqn.2026-11.test:init2");
+#define LU0_BS 512u
+#define LU0_NBLOCKS 131072u /* 64 MiB */
+
+static char tmp_dir[512];
+static char lu0_path[600], lu1_path[600];
+static struct scsi_lu_config lu0_cfg;
+static struct scsi_lu *lu0, *lu1;
+static struct scsi_target *tgt;
+static struct scsi_nexus *nx_a, *nx_b;
+static const uint8_t cdb_tur[6] = { 0 };
+static const uint8_t cdb_vpd83[6] = { 0x12, 1, 0x83, 0, 255, 0 };
+
+/* A nexus's first command reports the POWER ON unit attention; the next is GOOD. */
+static void first_contact_reports_power_on_then_ready(void)
+{
 	struct scsi_cmd c;
 
-	/* -- unit attention at first contact, then ready -- */
-	uint8_t tur[6] = { 0 };
-	c = run(a, 0, tur, 6, 0, 0);
+	c = run(nx_a, 0, cdb_tur, 6, 0, 0);
 	check(sense_is(&c, 0x6, 0x29, 0x00), "first TEST UNIT READY reports POWER ON/RESET UA 6/29/00");
-	c = run(a, 0, tur, 6, 0, 0);
+	c = run(nx_a, 0, cdb_tur, 6, 0, 0);
 	check(c.status == SAM_STAT_GOOD, "second TEST UNIT READY is GOOD");
-	clear_ua(b);
+	clear_ua(nx_b);
+}
 
-	/* -- INQUIRY -- */
+/* INQUIRY: the standard data, VPD pages 0x83 and 0x80, an unknown page, an unmapped LUN. */
+static void inquiry_reports_identity_and_vpd(void)
+{
+	struct scsi_cmd c;
+
 	uint8_t inq[6] = { 0x12, 0, 0, 0, 96, 0 };
-	c = run(a, 0, inq, 6, 0, 96);
+	c = run(nx_a, 0, inq, 6, 0, 96);
 	check(c.status == SAM_STAT_GOOD && c.data_in_len == 96 && !memcmp(buf + 8, "TIERCACH", 8) &&
 		      !memcmp(buf + 16, "unit-test       ", 16) && buf[2] == 0x06 && (buf[5] & 0x30) == 0x10 &&
 		      (buf[5] & 0x08) && (buf[7] & 0x02),
 	      "standard INQUIRY: vendor, product, SPC-4, TPGS=01b, 3PC, CmdQue");
-	uint8_t vpd83[6] = { 0x12, 1, 0x83, 0, 255, 0 };
-	c = run(a, 0, vpd83, 6, 0, 255);
+	c = run(nx_a, 0, cdb_vpd83, 6, 0, 255);
 	check(c.status == SAM_STAT_GOOD && buf[1] == 0x83 && (buf[5] & 0x0f) == 3 && buf[7] == 8 &&
 		      (buf[8] >> 4) == 3,
 	      "VPD 83 starts with an 8-byte NAA 3 designator");
 	uint8_t vpd80[6] = { 0x12, 1, 0x80, 0, 255, 0 };
-	c = run(a, 0, vpd80, 6, 0, 255);
+	c = run(nx_a, 0, vpd80, 6, 0, 255);
 	check(c.status == SAM_STAT_GOOD && buf[3] == 12 && !memcmp(buf + 4, "TC0123456789", 12),
 	      "VPD 80 returns the serial");
 	uint8_t badvpd[6] = { 0x12, 1, 0x42, 0, 255, 0 };
-	c = run(a, 0, badvpd, 6, 0, 255);
+	c = run(nx_a, 0, badvpd, 6, 0, 255);
 	check(sense_is(&c, 0x5, 0x24, 0x00), "unknown VPD page -> INVALID FIELD IN CDB");
-	c = run(a, 7, inq, 6, 0, 96);
+	c = run(nx_a, 7, inq, 6, 0, 96);
 	check(c.status == SAM_STAT_GOOD && buf[0] == 0x7f, "INQUIRY to unmapped LUN 7: qualifier 3, type 0x1f");
-	c = run(a, 7, tur, 6, 0, 0);
+	c = run(nx_a, 7, cdb_tur, 6, 0, 0);
 	check(sense_is(&c, 0x5, 0x25, 0x00), "TEST UNIT READY to unmapped LUN -> LU NOT SUPPORTED");
+}
 
-	/* -- REPORT LUNS -- */
+/* REPORT LUNS. */
+static void report_luns_lists_both_luns(void)
+{
+	struct scsi_cmd c;
+
 	uint8_t rl[12] = { 0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0 };
-	c = run(a, 0, rl, 12, 0, 256);
+	c = run(nx_a, 0, rl, 12, 0, 256);
 	check(c.status == SAM_STAT_GOOD && rd32(buf) == 16 && buf[9] == 0 && buf[17] == 1,
 	      "REPORT LUNS lists LUN 0 and LUN 1");
+}
 
-	/* -- READ CAPACITY -- */
+/* READ CAPACITY. */
+static void read_capacity_reports_the_size(void)
+{
+	const uint64_t nblocks = LU0_NBLOCKS;
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
 	uint8_t rc16[16] = { 0x9e, 0x10 };
 	rc16[13] = 32;
-	c = run(a, 0, rc16, 16, 0, 32);
+	c = run(nx_a, 0, rc16, 16, 0, 32);
 	check(c.status == SAM_STAT_GOOD && rd64(buf) == nblocks - 1 && rd32(buf + 8) == bs &&
 		      (buf[14] & 0xc0) == 0xc0,
 	      "READ CAPACITY(16): last LBA, block size, LBPME+LBPRZ");
 	uint8_t rc10[10] = { 0x25 };
-	c = run(a, 0, rc10, 10, 0, 8);
+	c = run(nx_a, 0, rc10, 10, 0, 8);
 	check(c.status == SAM_STAT_GOOD && rd32(buf) == nblocks - 1, "READ CAPACITY(10)");
+}
 
-	/* -- WRITE / READ -- */
+/* WRITE then READ, a READ past the end, a WRITE with less Data-Out than its CDB asks, RDPROTECT. */
+static void read_returns_what_write_wrote(void)
+{
+	const uint64_t nblocks = LU0_NBLOCKS;
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
 	for (unsigned i = 0; i < 8 * bs; i++)
 		buf[i] = (uint8_t)(i * 7 + 3);
-	c = rw10(a, 0x2a, 100, 8, 8 * bs);
+	c = rw10(nx_a, 0x2a, 100, 8, 8 * bs);
 	check(c.status == SAM_STAT_GOOD, "WRITE(10) 8 blocks at LBA 100");
 	memset(buf, 0, 8 * bs);
-	c = rw10(a, 0x28, 100, 8, 8 * bs);
+	c = rw10(nx_a, 0x28, 100, 8, 8 * bs);
 	bool same = c.status == SAM_STAT_GOOD && c.data_in_len == 8 * bs;
 	for (unsigned i = 0; same && i < 8 * bs; i++)
 		same = buf[i] == (uint8_t)(i * 7 + 3);
 	check(same, "READ(10) returns what was written");
-	c = rw10(a, 0x28, (uint32_t)nblocks - 1, 2, 2 * bs);
+	c = rw10(nx_a, 0x28, (uint32_t)nblocks - 1, 2, 2 * bs);
 	check(sense_is(&c, 0x5, 0x21, 0x00), "READ(10) past the end -> LBA OUT OF RANGE 5/21/00");
 	memset(buf, 'a', 2 * bs);
-	c = rw10(a, 0x2a, 0, 2, 2 * bs);
+	c = rw10(nx_a, 0x2a, 0, 2, 2 * bs);
 	memset(buf, 'b', 2 * bs);
-	c = rw10(a, 0x2a, 0, 2, bs);
+	c = rw10(nx_a, 0x2a, 0, 2, bs);
 	check(c.status == SAM_STAT_GOOD && c.cdb_xfer_len == 2 * bs,
 	      "WRITE(10) of 2 blocks with 1 block of Data-Out: GOOD, CDB length kept for the residual");
-	c = rw10(a, 0x28, 0, 2, 2 * bs);
+	c = rw10(nx_a, 0x28, 0, 2, 2 * bs);
 	check(buf[0] == 'b' && buf[bs - 1] == 'b' && buf[bs] == 'a' && buf[2 * bs - 1] == 'a',
 	      "only the block that arrived was written, the second is untouched");
 	uint8_t rdprot[10] = { 0x28, 0x20, 0, 0, 0, 0, 0, 0, 1, 0 };
-	c = run(a, 0, rdprot, 10, 0, bs);
+	c = run(nx_a, 0, rdprot, 10, 0, bs);
 	check(sense_is(&c, 0x5, 0x24, 0x00), "READ(10) with RDPROTECT -> INVALID FIELD IN CDB");
+}
 
-	/* -- bad CDBs -- */
+/* An unsupported opcode, and a reserved bit answered with its field pointer. */
+static void bad_cdbs_get_precise_sense(void)
+{
+	struct scsi_cmd c;
+
 	uint8_t badop[6] = { 0x02 };
-	c = run(a, 0, badop, 6, 0, 0);
+	c = run(nx_a, 0, badop, 6, 0, 0);
 	check(sense_is(&c, 0x5, 0x20, 0x00), "unsupported opcode -> INVALID COMMAND OPERATION CODE");
 	uint8_t turres[6] = { 0, 0x04, 0, 0, 0, 0 };
-	c = run(a, 0, turres, 6, 0, 0);
+	c = run(nx_a, 0, turres, 6, 0, 0);
 	check(sense_is(&c, 0x5, 0x24, 0x00) && (c.sense[15] & 0xc0) == 0xc0 && c.sense[17] == 1 &&
 		      (c.sense[15] & 0x0f) == (0x08 | 2),
 	      "reserved bit in TEST UNIT READY -> 5/24/00, field pointer byte 1 bit 2");
+}
 
-	/* -- a backing store's errno as sense: the kernel's medium error is one too -- */
-	{
-		static const struct { int err; bool wr; uint8_t key, asc, ascq; const char *what; } em[] = {
-			{ -EIO, false, 0x3, 0x11, 0x00, "-EIO on a read -> 3/11/00 UNRECOVERED READ ERROR" },
-			{ -ENODATA, false, 0x3, 0x11, 0x00, "-ENODATA (BLK_STS_MEDIUM) on a read -> 3/11/00" },
-			{ -EILSEQ, false, 0x3, 0x11, 0x00, "-EILSEQ (BLK_STS_PROTECTION) on a read -> 3/11/00" },
-			{ -ENODATA, true, 0x3, 0x0c, 0x00, "-ENODATA on a write -> 3/0C/00 WRITE ERROR" },
-			{ -ENOMEM, false, 0x4, 0x44, 0x00, "-ENOMEM -> 4/44/00 INTERNAL TARGET FAILURE" },
-		};
-		for (size_t i = 0; i < sizeof(em) / sizeof(em[0]); i++) {
-			struct scsi_cmd ec = { .lu = lu };
-			scsi_fail_errno(&ec, em[i].err, em[i].wr);
-			check(sense_is(&ec, em[i].key, em[i].asc, em[i].ascq), em[i].what);
-		}
+/* A backing store's errno as sense: the kernel's medium error is one too. */
+static void bdev_errors_map_to_sense(void)
+{
+	static const struct { int err; bool wr; uint8_t key, asc, ascq; const char *what; } em[] = {
+		{ -EIO, false, 0x3, 0x11, 0x00, "-EIO on a read -> 3/11/00 UNRECOVERED READ ERROR" },
+		{ -ENODATA, false, 0x3, 0x11, 0x00, "-ENODATA (BLK_STS_MEDIUM) on a read -> 3/11/00" },
+		{ -EILSEQ, false, 0x3, 0x11, 0x00, "-EILSEQ (BLK_STS_PROTECTION) on a read -> 3/11/00" },
+		{ -ENODATA, true, 0x3, 0x0c, 0x00, "-ENODATA on a write -> 3/0C/00 WRITE ERROR" },
+		{ -ENOMEM, false, 0x4, 0x44, 0x00, "-ENOMEM -> 4/44/00 INTERNAL TARGET FAILURE" },
+	};
+	for (size_t i = 0; i < sizeof(em) / sizeof(em[0]); i++) {
+		struct scsi_cmd ec = { .lu = lu0 };
+		scsi_fail_errno(&ec, em[i].err, em[i].wr);
+		check(sense_is(&ec, em[i].key, em[i].asc, em[i].ascq), em[i].what);
 	}
+}
 
-	/* -- MODE SENSE / MODE SELECT: WCE -- */
+/* MODE SENSE / MODE SELECT of WCE; the other nexus hears MODE PARAMETERS CHANGED. */
+static void mode_select_sets_wce_and_tells_other_nexus(void)
+{
+	struct scsi_cmd c;
+
 	uint8_t ms6[6] = { 0x1a, 0x08, 0x08, 0, 255, 0 };
-	c = run(a, 0, ms6, 6, 0, 255);
+	c = run(nx_a, 0, ms6, 6, 0, 255);
 	check(c.status == SAM_STAT_GOOD && buf[4] == 0x08 && !(buf[6] & 0x04), "MODE SENSE(6) caching page: WCE=0");
 	uint8_t page[24];
 	memcpy(page, buf, 24);
@@ -603,43 +605,60 @@ int main(void)
 	memcpy(buf + 4, page + 4, 20);
 	buf[6] |= 0x04;
 	uint8_t msel6[6] = { 0x15, 0x10, 0, 0, 24, 0 };
-	c = run(a, 0, msel6, 6, 24, 0);
+	c = run(nx_a, 0, msel6, 6, 24, 0);
 	check(c.status == SAM_STAT_GOOD, "MODE SELECT(6) sets WCE=1");
-	c = run(a, 0, ms6, 6, 0, 255);
+	c = run(nx_a, 0, ms6, 6, 0, 255);
 	check(c.status == SAM_STAT_GOOD && (buf[6] & 0x04), "MODE SENSE(6) now shows WCE=1");
-	c = run(b, 0, tur, 6, 0, 0);
+	c = run(nx_b, 0, cdb_tur, 6, 0, 0);
 	check(sense_is(&c, 0x6, 0x2a, 0x01), "other nexus gets MODE PARAMETERS CHANGED UA 6/2A/01");
 	uint8_t ms_saved[6] = { 0x1a, 0x08, 0xc8, 0, 255, 0 };
-	c = run(a, 0, ms_saved, 6, 0, 255);
+	c = run(nx_a, 0, ms_saved, 6, 0, 255);
 	check(sense_is(&c, 0x5, 0x39, 0x00), "MODE SENSE saved values -> SAVING PARAMETERS NOT SUPPORTED");
+}
 
-	/* -- SYNCHRONIZE CACHE -- */
+/* SYNCHRONIZE CACHE. */
+static void sync_cache_succeeds(void)
+{
+	struct scsi_cmd c;
+
 	uint8_t sync10[10] = { 0x35 };
-	c = run(a, 0, sync10, 10, 0, 0);
+	c = run(nx_a, 0, sync10, 10, 0, 0);
 	check(c.status == SAM_STAT_GOOD, "SYNCHRONIZE CACHE(10)");
+}
 
-	/* -- COMPARE AND WRITE -- */
+/* COMPARE AND WRITE. */
+static void compare_and_write_writes_only_on_match(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
 	uint8_t caw[16] = { 0x89 };
 	be64(caw + 2, 100);
 	caw[13] = 1;
-	c = rw10(a, 0x28, 100, 1, bs); /* current contents as the compare half */
+	c = rw10(nx_a, 0x28, 100, 1, bs); /* current contents as the compare half */
 	memcpy(buf + bs, buf, bs);
 	memmove(buf, buf + bs, bs);
 	memset(buf + bs, 0xab, bs);
-	c = run(a, 0, caw, 16, 2 * bs, 0);
+	c = run(nx_a, 0, caw, 16, 2 * bs, 0);
 	check(c.status == SAM_STAT_GOOD, "COMPARE AND WRITE with matching data succeeds");
-	c = rw10(a, 0x28, 100, 1, bs);
+	c = rw10(nx_a, 0x28, 100, 1, bs);
 	check(buf[0] == 0xab && buf[bs - 1] == 0xab, "COMPARE AND WRITE wrote the new block");
 	memset(buf, 0xab, bs);
 	buf[37] = 0;
 	memset(buf + bs, 0xcd, bs);
-	c = run(a, 0, caw, 16, 2 * bs, 0);
+	c = run(nx_a, 0, caw, 16, 2 * bs, 0);
 	check(sense_is(&c, 0xe, 0x1d, 0x00) && (c.sense[0] & 0x80) && rd32(c.sense + 3) == 37,
 	      "COMPARE AND WRITE mismatch -> MISCOMPARE 0E/1D/00, information = offset 37");
+}
 
-	/* -- UNMAP, GET LBA STATUS -- */
+/* UNMAP, GET LBA STATUS. */
+static void unmap_deallocates_and_get_lba_status_says_so(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
 	memset(buf, 0x5a, 64 * bs);
-	c = rw10(a, 0x2a, 4096, 64, 64 * bs);
+	c = rw10(nx_a, 0x2a, 4096, 64, 64 * bs);
 	uint8_t unmap[10] = { 0x42 };
 	unmap[8] = 24;
 	memset(buf, 0, 24);
@@ -647,235 +666,359 @@ int main(void)
 	buf[3] = 16;
 	be64(buf + 8, 4096);
 	be32(buf + 16, 64);
-	c = run(a, 0, unmap, 10, 24, 0);
+	c = run(nx_a, 0, unmap, 10, 24, 0);
 	check(c.status == SAM_STAT_GOOD, "UNMAP 64 blocks at LBA 4096");
 	uint8_t gls[16] = { 0x9e, 0x12 };
 	be64(gls + 2, 4096);
 	gls[13] = 64;
-	c = run(a, 0, gls, 16, 0, 64);
+	c = run(nx_a, 0, gls, 16, 0, 64);
 	check(c.status == SAM_STAT_GOOD && rd64(buf + 8) == 4096 && rd32(buf + 16) >= 64 && buf[20] == 1,
 	      "GET LBA STATUS reports LBA 4096 deallocated");
-	c = rw10(a, 0x28, 4096, 1, bs);
+	c = rw10(nx_a, 0x28, 4096, 1, bs);
 	bool zero = c.status == SAM_STAT_GOOD;
 	for (unsigned i = 0; zero && i < bs; i++)
 		zero = buf[i] == 0;
 	check(zero, "unmapped block reads back zeroes (LBPRZ)");
 	unmap[8] = 4;
-	c = run(a, 0, unmap, 10, 4, 0);
+	c = run(nx_a, 0, unmap, 10, 4, 0);
 	check(sense_is(&c, 0x5, 0x1a, 0x00), "UNMAP with a 4-byte parameter list -> PARAMETER LIST LENGTH ERROR");
+}
 
-	/* -- persistent reservations between two nexuses -- */
-	tpr_out(a, 0x00, 0, 0, 0x1111, &c);
+/* Persistent reservations between two nexuses. */
+static void persistent_reservations_between_two_nexuses(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
+	tpr_out(nx_a, 0x00, 0, 0, 0x1111, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus A registers key 0x1111");
-	tpr_out(a, 0x01, 0x01, 0x1111, 0, &c);
+	tpr_out(nx_a, 0x01, 0x01, 0x1111, 0, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus A reserves WRITE EXCLUSIVE");
 	memset(buf, 1, bs);
-	c = rw10(b, 0x2a, 10, 1, bs);
+	c = rw10(nx_b, 0x2a, 10, 1, bs);
 	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "nexus B write -> RESERVATION CONFLICT");
-	c = rw10(b, 0x28, 10, 1, bs);
+	c = rw10(nx_b, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_GOOD, "nexus B read under WRITE EXCLUSIVE is allowed");
-	c = rw10(a, 0x2a, 10, 1, bs);
+	c = rw10(nx_a, 0x2a, 10, 1, bs);
 	check(c.status == SAM_STAT_GOOD, "holder A may write");
 	uint8_t prin[10] = { 0x5e, 0x01 };
 	prin[8] = 64;
-	c = run(b, 0, prin, 10, 0, 64);
+	c = run(nx_b, 0, prin, 10, 0, 64);
 	check(c.status == SAM_STAT_GOOD && rd32(buf + 4) == 16 && rd64(buf + 8) == 0x1111 && buf[21] == 1,
 	      "READ RESERVATION shows key 0x1111 type WE");
-	tpr_out(b, 0x00, 0, 0, 0x2222, &c);
-	tpr_out(b, 0x04, 0x03, 0x2222, 0x1111, &c);
+	tpr_out(nx_b, 0x00, 0, 0, 0x2222, &c);
+	tpr_out(nx_b, 0x04, 0x03, 0x2222, 0x1111, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus B preempts A with EXCLUSIVE ACCESS");
-	c = run(a, 0, tur, 6, 0, 0);
+	c = run(nx_a, 0, cdb_tur, 6, 0, 0);
 	check(sense_is(&c, 0x6, 0x2a, 0x05), "nexus A gets REGISTRATIONS PREEMPTED UA 6/2A/05");
-	c = rw10(a, 0x28, 10, 1, bs);
+	c = rw10(nx_a, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "nexus A read under B's EXCLUSIVE ACCESS conflicts");
-	tpr_out(b, 0x03, 0, 0x2222, 0, &c);
+	tpr_out(nx_b, 0x03, 0, 0x2222, 0, &c);
 	check(c.status == SAM_STAT_GOOD, "nexus B clears");
-	c = rw10(a, 0x28, 10, 1, bs);
+	c = rw10(nx_a, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_GOOD, "after CLEAR nexus A reads again");
+}
 
-	/* -- SPC-2 RESERVE between nexuses -- */
+/* SPC-2 RESERVE between nexuses. */
+static void spc2_reserve_shuts_out_the_other_nexus(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
 	uint8_t res6[6] = { 0x16 }, rel6[6] = { 0x17 };
-	c = run(a, 0, res6, 6, 0, 0);
+	c = run(nx_a, 0, res6, 6, 0, 0);
 	check(c.status == SAM_STAT_GOOD, "RESERVE(6) by A");
-	c = rw10(b, 0x28, 10, 1, bs);
+	c = rw10(nx_b, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_RESERVATION_CONFLICT, "B read while A holds RESERVE(6) conflicts");
-	c = run(a, 0, rel6, 6, 0, 0);
-	c = rw10(b, 0x28, 10, 1, bs);
+	c = run(nx_a, 0, rel6, 6, 0, 0);
+	c = rw10(nx_b, 0x28, 10, 1, bs);
 	check(c.status == SAM_STAT_GOOD, "after RELEASE(6) B reads");
+}
 
-	/* -- WRITE SAME -- */
+/* WRITE SAME. */
+static void write_same_fills_every_block(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
 	uint8_t ws10[10] = { 0x41 };
 	be32(ws10 + 2, 2000);
 	ws10[8] = 16;
 	memset(buf, 0x77, bs);
-	c = run(a, 0, ws10, 10, bs, 0);
+	c = run(nx_a, 0, ws10, 10, bs, 0);
 	check(c.status == SAM_STAT_GOOD, "WRITE SAME(10) 16 blocks of 0x77");
-	c = rw10(a, 0x28, 2000, 16, 16 * bs);
-	same = c.status == SAM_STAT_GOOD;
+	c = rw10(nx_a, 0x28, 2000, 16, 16 * bs);
+	bool same = c.status == SAM_STAT_GOOD;
 	for (unsigned i = 0; same && i < 16 * bs; i++)
 		same = buf[i] == 0x77;
 	check(same, "WRITE SAME data reads back in every block");
+}
 
-	/* -- REPORT SUPPORTED OPERATION CODES: one command -- */
+/* REPORT SUPPORTED OPERATION CODES for one command. */
+static void rsoc_describes_one_command(void)
+{
+	struct scsi_cmd c;
+
 	uint8_t rsoc[12] = { 0xa3, 0x0c, 0x01, 0x28 };
 	rsoc[9] = 64;
-	c = run(a, 0, rsoc, 12, 0, 64);
+	c = run(nx_a, 0, rsoc, 12, 0, 64);
 	check(c.status == SAM_STAT_GOOD && (buf[1] & 7) == 3 && buf[3] == 10 && buf[4] == 0x28,
 	      "REPORT SUPPORTED OPERATION CODES for READ(10): supported, 10-byte CDB, usage data");
+}
 
-	/* -- COMPARE AND WRITE holds off an overlapping WRITE (slow path) -- */
-	{
-		uint8_t *d1 = NULL, *d2 = NULL;
-		if (posix_memalign((void **)&d1, 4096, 2 * bs) || posix_memalign((void **)&d2, 4096, bs))
-			return 2;
-		memset(buf, 0x11, bs);
-		rw10(a, 0x2a, 300, 1, bs);
-		memset(d1, 0x11, bs);        /* compare: matches */
-		memset(d1 + bs, 0x22, bs);   /* CAW writes 0x22 */
-		memset(d2, 0x33, bs);        /* the plain write that must land after */
-		uint8_t cawc[16] = { 0x89 };
-		be64(cawc + 2, 300);
-		cawc[13] = 1;
-		uint8_t w10[10] = { 0x2a, 0, 0, 0, 1, 44, 0, 0, 1, 0 }; /* LBA 300 */
-		struct pair p = { job_new(a, cawc, 16, d1, 2 * bs), job_new(b, w10, 10, d2, bs) };
-		worker_post(worker_get(0), submit_pair_on_worker, &p);
-		sem_wait(&p.first->done);
-		sem_wait(&p.second->done);
-		check(p.first->cmd.status == SAM_STAT_GOOD && p.second->cmd.status == SAM_STAT_GOOD,
-		      "COMPARE AND WRITE and an overlapping WRITE issued together both complete GOOD");
-		c = rw10(a, 0x28, 300, 1, bs);
-		check(buf[0] == 0x33 && buf[bs - 1] == 0x33,
-		      "the overlapping WRITE waited for the COMPARE AND WRITE and landed after it");
-		free(p.first);
-		free(p.second);
-		free(d1);
-		free(d2);
+/* COMPARE AND WRITE holds off an overlapping WRITE (the slow path). */
+static void compare_and_write_holds_off_an_overlapping_write(void)
+{
+	const uint32_t bs = LU0_BS;
+
+	uint8_t *d1 = NULL, *d2 = NULL;
+	if (posix_memalign((void **)&d1, 4096, 2 * bs) || posix_memalign((void **)&d2, 4096, bs))
+		exit(2);
+	memset(buf, 0x11, bs);
+	rw10(nx_a, 0x2a, 300, 1, bs);
+	memset(d1, 0x11, bs);        /* compare: matches */
+	memset(d1 + bs, 0x22, bs);   /* CAW writes 0x22 */
+	memset(d2, 0x33, bs);        /* the plain write that must land after */
+	uint8_t cawc[16] = { 0x89 };
+	be64(cawc + 2, 300);
+	cawc[13] = 1;
+	uint8_t w10[10] = { 0x2a, 0, 0, 0, 1, 44, 0, 0, 1, 0 }; /* LBA 300 */
+	struct pair p = { job_new(nx_a, cawc, 16, d1, 2 * bs), job_new(nx_b, w10, 10, d2, bs) };
+	worker_post(worker_get(0), submit_pair_on_worker, &p);
+	sem_wait(&p.first->done);
+	sem_wait(&p.second->done);
+	check(p.first->cmd.status == SAM_STAT_GOOD && p.second->cmd.status == SAM_STAT_GOOD,
+	      "COMPARE AND WRITE and an overlapping WRITE issued together both complete GOOD");
+	rw10(nx_a, 0x28, 300, 1, bs);
+	check(buf[0] == 0x33 && buf[bs - 1] == 0x33,
+	      "the overlapping WRITE waited for the COMPARE AND WRITE and landed after it");
+	free(p.first);
+	free(p.second);
+	free(d1);
+	free(d2);
+}
+
+/* EXTENDED COPY from LUN 0 to LUN 1, target descriptors by NAA. */
+static void extended_copy_copies_between_luns(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
+	uint8_t naa0[8], naa1[8];
+	c = run(nx_a, 0, cdb_vpd83, 6, 0, 255);
+	memcpy(naa0, buf + 8, 8);
+	c = run(nx_a, 1, cdb_vpd83, 6, 0, 255);
+	check(c.status == SAM_STAT_GOOD && memcmp(buf + 8, naa0, 8), "LUN 1 has its own NAA designator");
+	memcpy(naa1, buf + 8, 8);
+	memset(buf, 0x5c, 4 * bs);
+	rw10(nx_a, 0x2a, 700, 4, 4 * bs);
+	uint8_t *p = buf;
+	memset(p, 0, 16 + 64 + 28);
+	p[1] = 0x10;            /* list id usage 10b: do not hold results */
+	p[3] = 64;              /* two target descriptors */
+	p[11] = 28;             /* one segment descriptor */
+	for (int i = 0; i < 2; i++) {
+		uint8_t *td = p + 16 + 32 * i;
+		td[0] = 0xe4;
+		td[4] = 0x01;   /* binary */
+		td[5] = 0x03;   /* NAA, LU association */
+		td[7] = 8;
+		memcpy(td + 8, i ? naa1 : naa0, 8);
+		td[30] = bs >> 8;
+		td[31] = bs & 0xff;
 	}
+	uint8_t *sd = p + 16 + 64;
+	sd[0] = 0x02;
+	sd[3] = 24;
+	sd[7] = 1;              /* source 0 -> destination 1 */
+	sd[11] = 4;             /* 4 blocks */
+	be64(sd + 12, 700);
+	be64(sd + 20, 10);
+	uint8_t xc[16] = { 0x83 };
+	be32(xc + 10, 16 + 64 + 28);
+	c = run(nx_a, 0, xc, 16, 16 + 64 + 28, 0);
+	check(c.status == SAM_STAT_GOOD, "EXTENDED COPY of 4 blocks from LUN 0 to LUN 1");
+	uint8_t r10[10] = { 0x28, 0, 0, 0, 0, 10, 0, 0, 4, 0 };
+	c = run(nx_a, 1, cdb_tur, 6, 0, 0); /* LUN 1's power-on UA for this nexus */
+	c = run(nx_a, 1, r10, 10, 0, 4 * bs);
+	bool same = c.status == SAM_STAT_GOOD;
+	for (unsigned i = 0; same && i < 4 * bs; i++)
+		same = buf[i] == 0x5c;
+	check(same, "LUN 1 holds the copied blocks at LBA 10");
+}
 
-	/* -- EXTENDED COPY from LUN 0 to LUN 1 (target descriptors by NAA) -- */
-	{
-		uint8_t naa0[8], naa1[8];
-		c = run(a, 0, vpd83, 6, 0, 255);
-		memcpy(naa0, buf + 8, 8);
-		c = run(a, 1, vpd83, 6, 0, 255);
-		check(c.status == SAM_STAT_GOOD && memcmp(buf + 8, naa0, 8), "LUN 1 has its own NAA designator");
-		memcpy(naa1, buf + 8, 8);
-		memset(buf, 0x5c, 4 * bs);
-		rw10(a, 0x2a, 700, 4, 4 * bs);
-		uint8_t *p = buf;
-		memset(p, 0, 16 + 64 + 28);
-		p[1] = 0x10;            /* list id usage 10b: do not hold results */
-		p[3] = 64;              /* two target descriptors */
-		p[11] = 28;             /* one segment descriptor */
-		for (int i = 0; i < 2; i++) {
-			uint8_t *td = p + 16 + 32 * i;
-			td[0] = 0xe4;
-			td[4] = 0x01;   /* binary */
-			td[5] = 0x03;   /* NAA, LU association */
-			td[7] = 8;
-			memcpy(td + 8, i ? naa1 : naa0, 8);
-			td[30] = bs >> 8;
-			td[31] = bs & 0xff;
-		}
-		uint8_t *sd = p + 16 + 64;
-		sd[0] = 0x02;
-		sd[3] = 24;
-		sd[7] = 1;              /* source 0 -> destination 1 */
-		sd[11] = 4;             /* 4 blocks */
-		be64(sd + 12, 700);
-		be64(sd + 20, 10);
-		uint8_t xc[16] = { 0x83 };
-		be32(xc + 10, 16 + 64 + 28);
-		c = run(a, 0, xc, 16, 16 + 64 + 28, 0);
-		check(c.status == SAM_STAT_GOOD, "EXTENDED COPY of 4 blocks from LUN 0 to LUN 1");
-		uint8_t r10[10] = { 0x28, 0, 0, 0, 0, 10, 0, 0, 4, 0 };
-		c = run(a, 1, tur, 6, 0, 0); /* LUN 1's power-on UA for this nexus */
-		c = run(a, 1, r10, 10, 0, 4 * bs);
-		same = c.status == SAM_STAT_GOOD;
-		for (unsigned i = 0; same && i < 4 * bs; i++)
-			same = buf[i] == 0x5c;
-		check(same, "LUN 1 holds the copied blocks at LBA 10");
+/* APTPL: registrations survive a restart (the LU reopened from state_dir). */
+static void aptpl_registrations_survive_a_restart(void)
+{
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
+
+	uint8_t prout[10] = { 0x5f, 0x00 };
+	prout[8] = 24;
+	memset(buf, 0, 24);
+	be64(buf + 8, 0xabcdef);
+	buf[20] = 0x01; /* APTPL */
+	c = run(nx_a, 0, prout, 10, 24, 0);
+	check(c.status == SAM_STAT_GOOD, "REGISTER key 0xabcdef with APTPL");
+	char err2[256];
+	struct bdev *dev3 = bdev_file_open(lu0_path, 0, bs, false, err2, sizeof(err2));
+	struct scsi_lu *lu3 = dev3 ? scsi_lu_open(&lu0_cfg, dev3, err2, sizeof(err2)) : NULL;
+	check(lu3 != NULL, "the LU reopens with its persisted reservation state");
+	if (lu3) {
+		struct scsi_target *t3 = scsi_target_new("iqn.2026-11.test:restarted");
+		scsi_target_map(t3, 0, lu3);
+		struct scsi_nexus *n3 = open_nexus(t3, "iqn.2026-11.test:init3");
+		clear_ua(n3);
+		uint8_t rk[10] = { 0x5e, 0x00 };
+		rk[8] = 64;
+		c = run(n3, 0, rk, 10, 0, 64);
+		check(c.status == SAM_STAT_GOOD && rd32(buf + 4) == 8 && rd64(buf + 8) == 0xabcdef,
+		      "after the restart READ KEYS still lists 0xabcdef");
+		uint8_t cap[10] = { 0x5e, 0x02 };
+		cap[8] = 8;
+		c = run(n3, 0, cap, 10, 0, 8);
+		check(c.status == SAM_STAT_GOOD && (buf[3] & 0x01), "REPORT CAPABILITIES shows PTPL_A");
+		close_nexus(n3);
+		scsi_target_free(t3);
+		scsi_lu_close(lu3);
 	}
+	/* unregister (APTPL off) removes the state file */
+	memset(buf, 0, 24);
+	be64(buf, 0xabcdef);
+	c = run(nx_a, 0, prout, 10, 24, 0);
+	char prf0[600];
+	snprintf(prf0, sizeof(prf0), "%s/lun0.pr", tmp_dir);
+	check(c.status == SAM_STAT_GOOD && access(prf0, F_OK) != 0,
+	      "unregistering with APTPL clear removes the persisted state");
+}
 
-	/* -- APTPL: registrations survive a restart (LU reopened from state_dir) -- */
-	{
-		uint8_t prout[10] = { 0x5f, 0x00 };
-		prout[8] = 24;
-		memset(buf, 0, 24);
-		be64(buf + 8, 0xabcdef);
-		buf[20] = 0x01; /* APTPL */
-		c = run(a, 0, prout, 10, 24, 0);
-		check(c.status == SAM_STAT_GOOD, "REGISTER key 0xabcdef with APTPL");
-		char err2[256];
-		struct bdev *dev3 = bdev_file_open(path, 0, bs, false, err2, sizeof(err2));
-		struct scsi_lu *lu3 = dev3 ? scsi_lu_open(&cfg, dev3, err2, sizeof(err2)) : NULL;
-		check(lu3 != NULL, "the LU reopens with its persisted reservation state");
-		if (lu3) {
-			struct scsi_target *t3 = scsi_target_new("iqn.2026-11.test:restarted");
-			scsi_target_map(t3, 0, lu3);
-			struct scsi_nexus *n3 = open_nexus(t3, "iqn.2026-11.test:init3");
-			clear_ua(n3);
-			uint8_t rk[10] = { 0x5e, 0x00 };
-			rk[8] = 64;
-			c = run(n3, 0, rk, 10, 0, 64);
-			check(c.status == SAM_STAT_GOOD && rd32(buf + 4) == 8 && rd64(buf + 8) == 0xabcdef,
-			      "after the restart READ KEYS still lists 0xabcdef");
-			uint8_t cap[10] = { 0x5e, 0x02 };
-			cap[8] = 8;
-			c = run(n3, 0, cap, 10, 0, 8);
-			check(c.status == SAM_STAT_GOOD && (buf[3] & 0x01), "REPORT CAPABILITIES shows PTPL_A");
-			close_nexus(n3);
-			scsi_target_free(t3);
-			scsi_lu_close(lu3);
-		}
-		/* unregister (APTPL off) removes the state file */
-		memset(buf, 0, 24);
-		be64(buf, 0xabcdef);
-		c = run(a, 0, prout, 10, 24, 0);
-		char prf0[600];
-		snprintf(prf0, sizeof(prf0), "%s/lun0.pr", dir);
-		check(c.status == SAM_STAT_GOOD && access(prf0, F_OK) != 0,
-		      "unregistering with APTPL clear removes the persisted state");
-	}
+/* Descriptor sense once D_SENSE is set. */
+static void d_sense_gives_descriptor_sense(void)
+{
+	const uint64_t nblocks = LU0_NBLOCKS;
+	const uint32_t bs = LU0_BS;
+	struct scsi_cmd c;
 
-	/* -- descriptor sense when D_SENSE is set -- */
 	uint8_t msc[6] = { 0x1a, 0x08, 0x0a, 0, 255, 0 };
-	c = run(a, 0, msc, 6, 0, 255);
+	c = run(nx_a, 0, msc, 6, 0, 255);
+	uint8_t page[12];
 	memcpy(page, buf + 4, 12);
 	memset(buf, 0, 16);
 	memcpy(buf + 4, page, 12);
 	buf[4 + 2] |= 0x04;
-	msel6[4] = 16;
-	c = run(a, 0, msel6, 6, 16, 0);
+	uint8_t msel6[6] = { 0x15, 0x10, 0, 0, 16, 0 };
+	c = run(nx_a, 0, msel6, 6, 16, 0);
 	check(c.status == SAM_STAT_GOOD, "MODE SELECT sets D_SENSE");
-	c = rw10(a, 0x28, (uint32_t)nblocks, 1, bs);
+	c = rw10(nx_a, 0x28, (uint32_t)nblocks, 1, bs);
 	check(c.status == SAM_STAT_CHECK_CONDITION && c.sense[0] == 0x72 && c.sense[1] == 5 && c.sense[2] == 0x21,
 	      "with D_SENSE, LBA OUT OF RANGE comes as descriptor sense 0x72");
+}
 
-	/* -- the non-shared LU: one target port group, active/optimized -- */
-	{
-		uint8_t cdb[12] = { 0xa3, 0x0a | 0x20 };
-		be32(cdb + 6, 512);
-		c = run(a, 0, cdb, 12, 0, 512);
-		check(c.status == SAM_STAT_GOOD && rd32(buf) == 16 && buf[4] == 0x10 && buf[8] == 0x80 &&
-			      buf[9] == 0x01 && buf[10] == 0 && buf[11] == 1 && buf[18] == 0 && buf[19] == 1,
-		      "RTPG on a local LU: one group (1), preferred active/optimized, relative port 1");
+/* The non-shared LU: one target port group, active/optimized. */
+static void local_lu_has_one_active_optimized_group(void)
+{
+	struct scsi_cmd c;
+
+	uint8_t cdb[12] = { 0xa3, 0x0a | 0x20 };
+	be32(cdb + 6, 512);
+	c = run(nx_a, 0, cdb, 12, 0, 512);
+	check(c.status == SAM_STAT_GOOD && rd32(buf) == 16 && buf[4] == 0x10 && buf[8] == 0x80 &&
+		      buf[9] == 0x01 && buf[10] == 0 && buf[11] == 1 && buf[18] == 0 && buf[19] == 1,
+	      "RTPG on a local LU: one group (1), preferred active/optimized, relative port 1");
+}
+
+static void fixture_open(void)
+{
+	const char *tmp = getenv("TMPDIR");
+	char err[256];
+
+	snprintf(tmp_dir, sizeof(tmp_dir), "%s/tc-backstore-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(tmp_dir)) {
+		perror("mkdtemp");
+		exit(2);
 	}
-	test_alua(dir);
+	snprintf(lu0_path, sizeof(lu0_path), "%s/lun0.img", tmp_dir);
+	if (workers_start(1) < 0) {
+		fprintf(stderr, "cannot start a worker (io_uring unavailable?)\n");
+		exit(2);
+	}
+	if (posix_memalign((void **)&buf, 4096, BUF_LEN))
+		exit(2);
+	struct bdev *dev = bdev_file_open(lu0_path, (uint64_t)LU0_NBLOCKS * LU0_BS, LU0_BS, true, err, sizeof(err));
+	if (!dev) {
+		fprintf(stderr, "%s\n", err);
+		exit(2);
+	}
+	lu0_cfg = (struct scsi_lu_config){
+		.name = "lun0", .serial = "TC0123456789", .state_dir = tmp_dir, .block_size = LU0_BS,
+		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
+		.target_port_group = 1, .rel_port_id = 1,
+	};
+	lu0 = scsi_lu_open(&lu0_cfg, dev, err, sizeof(err));
+	if (!lu0) {
+		fprintf(stderr, "%s\n", err);
+		exit(2);
+	}
+	tgt = scsi_target_new("iqn.2026-11.test:tgt");
+	scsi_target_map(tgt, 0, lu0);
+	/* a second LU for EXTENDED COPY across LUs */
+	snprintf(lu1_path, sizeof(lu1_path), "%s/lun1.img", tmp_dir);
+	struct bdev *dev2 = bdev_file_open(lu1_path, 1024 * LU0_BS, LU0_BS, true, err, sizeof(err));
+	struct scsi_lu_config cfg2 = lu0_cfg;
+	cfg2.name = "lun1";
+	cfg2.serial = "TC-SECOND-LU";
+	lu1 = dev2 ? scsi_lu_open(&cfg2, dev2, err, sizeof(err)) : NULL;
+	if (!lu1) {
+		fprintf(stderr, "%s\n", err);
+		exit(2);
+	}
+	scsi_target_map(tgt, 1, lu1);
+	nx_a = open_nexus(tgt, "iqn.2026-11.test:init1");
+	nx_b = open_nexus(tgt, "iqn.2026-11.test:init2");
+}
 
-	close_nexus(a);
-	close_nexus(b);
+static void fixture_close(void)
+{
+	close_nexus(nx_a);
+	close_nexus(nx_b);
 	workers_stop();
-	scsi_target_free(t);
-	scsi_lu_close(lu);
-	scsi_lu_close(lu2);
-	unlink(path);
-	unlink(path2);
+	scsi_target_free(tgt);
+	scsi_lu_close(lu0);
+	scsi_lu_close(lu1);
+	unlink(lu0_path);
+	unlink(lu1_path);
 	char prf[600];
-	snprintf(prf, sizeof(prf), "%s/lun0.pr", dir);
+	snprintf(prf, sizeof(prf), "%s/lun0.pr", tmp_dir);
 	unlink(prf);
-	rmdir(dir);
+	rmdir(tmp_dir);
 	free(buf);
+}
+
+int main(void)
+{
+	fixture_open();
+	first_contact_reports_power_on_then_ready();
+	inquiry_reports_identity_and_vpd();
+	report_luns_lists_both_luns();
+	read_capacity_reports_the_size();
+	read_returns_what_write_wrote();
+	bad_cdbs_get_precise_sense();
+	bdev_errors_map_to_sense();
+	mode_select_sets_wce_and_tells_other_nexus();
+	sync_cache_succeeds();
+	compare_and_write_writes_only_on_match();
+	unmap_deallocates_and_get_lba_status_says_so();
+	persistent_reservations_between_two_nexuses();
+	spc2_reserve_shuts_out_the_other_nexus();
+	write_same_fills_every_block();
+	rsoc_describes_one_command();
+	compare_and_write_holds_off_an_overlapping_write();
+	extended_copy_copies_between_luns();
+	aptpl_registrations_survive_a_restart();
+	d_sense_gives_descriptor_sense();
+	local_lu_has_one_active_optimized_group();
+	shared_lu_reports_implicit_alua(tmp_dir);
+	fixture_close();
 	printf("%d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;
 }

@@ -5,7 +5,8 @@
  * The backstore is split like LIO / SPDK: lu.c owns the objects (LU,
  * target, nexus), unit attentions and the opcode table that dispatches a
  * CDB; sense.c builds every sense buffer; spc.c answers the primary
- * commands (SPC-4), sbc.c the block commands (SBC-3), pr.c reservations
+ * commands (SPC-4), sbc.c, sbc_rw.c and sbc_prov.c the block commands
+ * (SBC-3; sbc_io.h is what those three share), pr.c reservations
  * (SPC-2 RESERVE/RELEASE and persistent reservations), xcopy.c EXTENDED
  * COPY. This header declares the state they share and the SCSI constants,
  * so no file spells a sense code or an opcode as a bare number.
@@ -390,7 +391,7 @@ void scsi_cmd_once_broken(const struct scsi_cmd *cmd) __attribute__((noreturn, c
 /* Complete the command: calls cmd->done, then drops the command's count
  * on its LU (taken by scsi_cmd_submit). Called in three places only:
  * scsi_cmd_submit, for a handler's SCSI_RC_DONE, and the two asynchronous
- * paths a handler returns SCSI_RC_PENDING for (sbc.c's io_finish,
+ * paths a handler returns SCSI_RC_PENDING for (sbc.c's sbc_io_finish,
  * xcopy.c's xc_finish). */
 static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 {
@@ -475,22 +476,27 @@ enum scsi_rc spc_inquiry_unmapped(struct scsi_cmd *cmd);
 /* sbc.c */
 enum scsi_rc sbc_read_capacity_10(struct scsi_cmd *cmd);
 enum scsi_rc sbc_read_capacity_16(struct scsi_cmd *cmd);
+enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd);
+enum scsi_rc sbc_prefetch(struct scsi_cmd *cmd);
+enum scsi_rc sbc_read_defect_data(struct scsi_cmd *cmd);
+
+/* sbc_rw.c */
 enum scsi_rc sbc_read(struct scsi_cmd *cmd);
 enum scsi_rc sbc_write(struct scsi_cmd *cmd);
 enum scsi_rc sbc_verify(struct scsi_cmd *cmd);
 enum scsi_rc sbc_write_verify(struct scsi_cmd *cmd);
-enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd);
-enum scsi_rc sbc_prefetch(struct scsi_cmd *cmd);
+enum scsi_rc sbc_compare_and_write(struct scsi_cmd *cmd);
+enum scsi_rc sbc_orwrite(struct scsi_cmd *cmd);
+
+/* sbc_prov.c */
 enum scsi_rc sbc_unmap(struct scsi_cmd *cmd);
 enum scsi_rc sbc_write_same(struct scsi_cmd *cmd);
-enum scsi_rc sbc_compare_and_write(struct scsi_cmd *cmd);
 enum scsi_rc sbc_get_lba_status(struct scsi_cmd *cmd);
 enum scsi_rc sbc_sanitize(struct scsi_cmd *cmd);
-enum scsi_rc sbc_orwrite(struct scsi_cmd *cmd);
-enum scsi_rc sbc_read_defect_data(struct scsi_cmd *cmd);
 
 /*
- * Writers outside sbc.c (xcopy) go through the same CAW interlock:
+ * Writers outside the SBC files (xcopy) go through the same CAW interlock
+ * (sbc.c):
  * begin returns true when the write may go now; false when it was deferred
  * and rl->resume will be called on rl->worker later. end releases.
  */

@@ -4,12 +4,13 @@
  *
  * The backstore is split like LIO / SPDK: lu.c owns the objects (LU,
  * target, nexus), unit attentions and the opcode table that dispatches a
- * CDB; sense.c builds every sense buffer; spc.c answers the primary
- * commands (SPC-4), sbc.c, sbc_rw.c and sbc_prov.c the block commands
- * (SBC-3; sbc_io.h is what those three share), pr.c reservations
- * (SPC-2 RESERVE/RELEASE and persistent reservations), xcopy.c EXTENDED
- * COPY. This header declares the state they share and the SCSI constants,
- * so no file spells a sense code or an opcode as a bare number.
+ * CDB; sense.c builds every sense buffer; spc.c, spc_vpd.c (INQUIRY) and
+ * spc_mode.c (mode pages) answer the primary commands (SPC-4); sbc.c,
+ * sbc_rw.c and sbc_prov.c the block commands (SBC-3; sbc_io.h is what
+ * those three share); pr.c reservations (SPC-2 RESERVE/RELEASE and
+ * persistent reservations); xcopy.c EXTENDED COPY. This header declares
+ * the state they share and the SCSI constants, so no file spells a sense
+ * code or an opcode as a bare number.
  *
  * Locking, in one place:
  *  - lu->mutex guards the mode parameters that are not atomics, the PR and
@@ -455,11 +456,8 @@ struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len);
 
 /* spc.c */
 enum scsi_rc spc_test_unit_ready(struct scsi_cmd *cmd);
-enum scsi_rc spc_inquiry(struct scsi_cmd *cmd);
 enum scsi_rc spc_report_luns(struct scsi_cmd *cmd);
 enum scsi_rc spc_request_sense(struct scsi_cmd *cmd);
-enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd);
-enum scsi_rc spc_mode_select(struct scsi_cmd *cmd);
 enum scsi_rc spc_report_supported_opcodes(struct scsi_cmd *cmd);
 enum scsi_rc spc_report_target_pgs(struct scsi_cmd *cmd);
 /* A media-access command on an LU whose shared backing store this gateway
@@ -470,8 +468,15 @@ enum scsi_rc spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st);
 enum scsi_rc spc_start_stop_unit(struct scsi_cmd *cmd);
 enum scsi_rc spc_prevent_allow(struct scsi_cmd *cmd);
 enum scsi_rc spc_send_diagnostic(struct scsi_cmd *cmd);
+
+/* spc_vpd.c */
+enum scsi_rc spc_inquiry(struct scsi_cmd *cmd);
 /* Report INQUIRY data for an unmapped LUN (peripheral qualifier 3). */
 enum scsi_rc spc_inquiry_unmapped(struct scsi_cmd *cmd);
+
+/* spc_mode.c */
+enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd);
+enum scsi_rc spc_mode_select(struct scsi_cmd *cmd);
 
 /* sbc.c */
 enum scsi_rc sbc_read_capacity_10(struct scsi_cmd *cmd);

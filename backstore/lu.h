@@ -3,14 +3,15 @@
  * surface: front ends include scsi.h only).
  *
  * The backstore is split like LIO / SPDK: lu.c owns the objects (LU,
- * target, nexus), unit attentions and the opcode table that dispatches a
- * CDB; sense.c builds every sense buffer; spc.c, spc_vpd.c (INQUIRY) and
- * spc_mode.c (mode pages) answer the primary commands (SPC-4); sbc.c,
- * sbc_rw.c and sbc_prov.c the block commands (SBC-3; sbc_io.h is what
- * those three share); pr.c reservations (SPC-2 RESERVE/RELEASE and
- * persistent reservations); xcopy.c EXTENDED COPY. This header declares
- * the state they share and the SCSI constants, so no file spells a sense
- * code or an opcode as a bare number.
+ * target, nexus) and unit attentions; lu_dispatch.c the opcode table and
+ * the path of a CDB to its handler and of the answer back; sense.c builds
+ * every sense buffer; spc.c, spc_vpd.c (INQUIRY) and spc_mode.c (mode
+ * pages) answer the primary commands (SPC-4); sbc.c, sbc_rw.c and
+ * sbc_prov.c the block commands (SBC-3; sbc_io.h is what those three
+ * share); pr.c reservations (SPC-2 RESERVE/RELEASE and persistent
+ * reservations); xcopy.c EXTENDED COPY. This header declares the state
+ * they share and the SCSI constants, so no file spells a sense code or an
+ * opcode as a bare number.
  *
  * Locking, in one place:
  *  - lu->mutex guards the mode parameters that are not atomics, the PR and
@@ -325,6 +326,8 @@ struct cmd_desc {
 };
 
 const struct cmd_desc *scsi_cmd_table(size_t *n);
+/* Build the table's dispatch index, once; scsi_lu_open calls it. */
+void lu_dispatch_init(void);
 
 /* ------------------------------------------------------------------ */
 /* Sense (sense.c): every failure goes through here. They fill the     */
@@ -410,7 +413,8 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 }
 
 /* ------------------------------------------------------------------ */
-/* Data buffer helpers (lu.c): touch only the command; any thread.     */
+/* Data buffer helpers (lu_dispatch.c): touch only the command; any    */
+/* thread.                                                             */
 
 /* Copy len bytes of src into the command's Data-In buffer, clipped to
  * read_len and the CDB's allocation length; sets data_in_len. */

@@ -4,7 +4,7 @@
  * What an initiator asks before it does any I/O. INQUIRY and its VPD pages
  * are in spc_vpd.c, MODE SENSE / MODE SELECT in spc_mode.c; this file
  * answers TEST UNIT READY, REPORT LUNS, REQUEST SENSE, REPORT SUPPORTED
- * OPERATION CODES (generated from lu.c's command table),
+ * OPERATION CODES (generated from lu_dispatch.c's command table),
  * REPORT TARGET PORT GROUPS (implicit ALUA: one active/optimized group, or
  * one group per gateway for a LU over a shared store),
  * and the no-op-ish START STOP UNIT / PREVENT ALLOW / SEND DIAGNOSTIC.

@@ -291,9 +291,10 @@ static void xc_next_segment(struct xcopy_io *io)
 	}
 	xc_hold(io);
 	/* An LU over a shared backing store is read or written only while
-	 * this gateway owns it (lu.c checks the LU the command came to, not
-	 * the copy's targets); else the copy target is unreachable from here
-	 * and the host falls back to reads and writes on its own paths. */
+	 * this gateway owns it (lu_dispatch.c checks the LU the command came
+	 * to, not the copy's targets); else the copy target is unreachable
+	 * from here and the host falls back to reads and writes on its own
+	 * paths. */
 	if (!xc_owned(io->src) || !xc_owned(io->dst)) {
 		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
 		return;

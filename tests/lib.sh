@@ -17,6 +17,8 @@
 #   tc_check_sanitizers [LOG] -> fails the test if LOG ($T/daemon.log) holds
 #                           an ASan, LSan or UBSan report; the exit trap
 #                           checks $T/daemon.log too, after any kill -9
+#   tc_cu_target_conf IQN KIND [SERIAL] -> the config of a target for
+#                           libiscsi's suite (see below)
 #   fail MSG / skip MSG / pass MSG
 #   expect_eq A B WHAT   -> fail unless A = B
 #
@@ -190,5 +192,42 @@ lun0 = disk0
 backing = $T/disk0.img
 size = ${2:-64M}
 block_size = ${3:-512}
+CONF
+}
+
+# The target the libiscsi suite (iscsi-test-cu) runs on, as the conformance
+# test and tests/tools/replay_compare.sh set it up: target IQN-KIND, its
+# LUN 0 a 256 MiB file $T/KIND.img of 512-byte blocks. KIND plain is the
+# file alone; write-back and write-through put a cache set of that mode in
+# front of it, two 64 MiB file legs, smaller than the LUN so that the
+# suite's whole-LUN writes (WRITE SAME, SANITIZE) evict and destage, with
+# every miss promoted and no sequential bypass so that the suite's I/O goes
+# through the cache rather than around it. SERIAL, if given, is the LUN's
+# serial (else serial = auto, a random one).
+# usage: tc_cu_target_conf IQN KIND [SERIAL] >> file
+tc_cu_target_conf() {
+	local iqn=$1 kind=$2 serial=${3:-}
+	cat <<CONF
+
+[target $iqn-$kind]
+lun0 = $kind
+
+[lun $kind]
+backing = $T/$kind.img
+size = 256M
+block_size = 512
+CONF
+	[ -n "$serial" ] && echo "serial = $serial"
+	[ "$kind" = plain ] && return 0
+	cat <<CONF
+cache = $kind
+
+[cache $kind]
+legs = $T/$kind-leg0.img $T/$kind-leg1.img
+size = 64M
+extent = 256K
+mode = $kind
+admit_hits = 1
+seq_cutoff = 0
 CONF
 }

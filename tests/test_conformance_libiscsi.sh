@@ -112,39 +112,15 @@ port2=$(tc_free_port)
 while [ "$port2" = "$port" ]; do port2=$(tc_free_port); done
 kinds="plain write-back write-through"
 
-# One daemon, both portals, a target of one 256 MiB LUN per kind. A target
-# reset or a reservation only reaches its own target, so the three runs go
-# at once (the suite is latency-bound: resets, CmdSN waits). The cached
-# kinds put a set of two 64 MiB file legs in front of their LUN, smaller
-# than it so the suite's whole-LUN writes (WRITE SAME, SANITIZE) evict and
-# destage, with every miss promoted and no sequential bypass so that the
-# suite's I/O goes through the cache rather than around it.
+# One daemon, both portals, a target of one 256 MiB LUN per kind
+# (tc_cu_target_conf). A target reset or a reservation only reaches its own
+# target, so the three runs go at once (the suite is latency-bound: resets,
+# CmdSN waits).
 {
 	tc_conf_head "$port"
 	echo "listen = 127.0.0.1:$port2"
 	for kind in $kinds; do
-		cat <<CONF
-
-[target $iqn-$kind]
-lun0 = $kind
-
-[lun $kind]
-backing = $T/$kind.img
-size = 256M
-block_size = 512
-CONF
-		[ $kind = plain ] && continue
-		cat <<CONF
-cache = $kind
-
-[cache $kind]
-legs = $T/$kind-leg0.img $T/$kind-leg1.img
-size = 64M
-extent = 256K
-mode = $kind
-admit_hits = 1
-seq_cutoff = 0
-CONF
+		tc_cu_target_conf "$iqn" $kind
 	done
 } >"$T/t.conf"
 tc_start "$T/t.conf"

@@ -1,5 +1,5 @@
 /*
- * check.h - the one assertion the unit tests share.
+ * check.h - the assertions the unit tests share, and a bounded wait.
  *
  * CHECK(cond, fmt, ...) prints "ok: ..." or "FAIL: ..." and counts failures;
  * a test's main returns check_failures ? 1 : 0, so tests/run.sh sees every
@@ -9,8 +9,12 @@
 #ifndef TC_TESTS_CHECK_H
 #define TC_TESTS_CHECK_H
 
+#include <errno.h>
+#include <semaphore.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 static int check_failures __attribute__((unused));
 
@@ -40,5 +44,18 @@ static int check_failures __attribute__((unused));
 			exit(1);                                                  \
 		}                                                                 \
 	} while (0)
+
+/* Wait for s at most secs seconds: false on timeout (a bounded wait for a
+ * condition, so a test that would hang fails instead). */
+static inline bool sem_wait_secs(sem_t *s, int secs)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += secs;
+	while (sem_timedwait(s, &ts) < 0)
+		if (errno != EINTR)
+			return false;
+	return true;
+}
 
 #endif

@@ -16,6 +16,7 @@
 #include "backstore/scsi.h"
 #include "bdev/file.h"
 #include "common/worker.h"
+#include "tests/unit/scsi_test_util.h"
 
 #include <errno.h>
 #include <semaphore.h>
@@ -99,19 +100,7 @@ static struct scsi_cmd run(struct scsi_nexus *nx, uint64_t lun, const uint8_t *c
 {
 	struct job *j = calloc(1, sizeof(*j));
 	sem_init(&j->done, 0, 0);
-	memcpy(j->cmd.cdb, cdb, cdb_len);
-	j->cmd.cdb_len = (uint8_t)cdb_len;
-	j->cmd.lun = lun;
-	j->cmd.nexus = nx;
-	j->iov.iov_base = buf;
-	j->iov.iov_len = write_len ? write_len : read_len;
-	j->cmd.iov = &j->iov;
-	j->cmd.iovcnt = 1;
-	j->cmd.write_len = write_len;
-	j->cmd.read_len = read_len;
-	j->cmd.dir = (write_len ? SCSI_DIR_WRITE : 0) | (read_len ? SCSI_DIR_READ : 0);
-	j->cmd.done = cmd_done;
-	j->cmd.fe_priv = j;
+	scsi_cmd_prepare(&j->cmd, &j->iov, nx, lun, cdb, cdb_len, buf, write_len, read_len, cmd_done, j);
 	worker_post(worker_get(0), submit_on_worker, j);
 	sem_wait(&j->done);
 	struct scsi_cmd out = j->cmd;

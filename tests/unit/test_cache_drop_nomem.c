@@ -79,17 +79,6 @@ static void *reader(void *arg)
 	return NULL;
 }
 
-static bool sem_wait_secs(sem_t *s, int secs)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += secs;
-	while (sem_timedwait(s, &ts) < 0)
-		if (errno != EINTR)
-			return false;
-	return true;
-}
-
 static bool wait_nfree(struct cache_set *cs, uint32_t want, int secs)
 {
 	for (int i = 0; i < secs * 100; i++) {

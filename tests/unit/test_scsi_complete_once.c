@@ -18,6 +18,7 @@
  * Prints one line per check; exit status 0 means every check passed.
  */
 #include "tests/unit/check.h"
+#include "tests/unit/scsi_test_util.h"
 #include "backstore/lu.h" /* scsi_cmd_table, scsi_cmd_complete */
 #include "backstore/scsi.h"
 #include "bdev/fault.h"
@@ -75,17 +76,6 @@ static void submit_on_worker(void *arg)
 	atomic_store(&j->calls_at_return, atomic_load(&j->done_calls));
 }
 
-static bool sem_wait_secs(sem_t *s, int secs)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += secs;
-	while (sem_timedwait(s, &ts) < 0)
-		if (errno != EINTR)
-			return false;
-	return true;
-}
-
 /* Run cdb on the worker and wait for its first completion; a command that
  * never completes ends the test (the rest would wait behind it). */
 static struct job *run(const char *what, uint64_t lun, const uint8_t *cdb, unsigned cdb_len,
@@ -94,20 +84,8 @@ static struct job *run(const char *what, uint64_t lun, const uint8_t *cdb, unsig
 	struct job *j = calloc(1, sizeof(*j));
 	REQUIRE(j, "out of memory");
 	sem_init(&j->done, 0, 0);
-	memcpy(j->cmd.cdb, cdb, cdb_len);
-	j->cmd.cdb_len = (uint8_t)cdb_len;
-	j->cmd.lun = lun;
-	j->cmd.nexus = nexus;
+	scsi_cmd_prepare(&j->cmd, &j->iov, nexus, lun, cdb, cdb_len, data, write_len, read_len, job_done, j);
 	j->cmd.task_attr = SCSI_TASK_SIMPLE;
-	j->iov.iov_base = data;
-	j->iov.iov_len = write_len ? write_len : read_len;
-	j->cmd.iov = &j->iov;
-	j->cmd.iovcnt = 1;
-	j->cmd.write_len = write_len;
-	j->cmd.read_len = read_len;
-	j->cmd.dir = (write_len ? SCSI_DIR_WRITE : 0) | (read_len ? SCSI_DIR_READ : 0);
-	j->cmd.done = job_done;
-	j->cmd.fe_priv = j;
 	j->what = what;
 	j->next = jobs;
 	jobs = j;

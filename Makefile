@@ -109,6 +109,7 @@ bench: all
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 	@bash tests/bench/compare.sh
 	@bash tests/bench/torn_guard.sh
+	@bash tests/bench/callgrind_cmd.sh
 
 # Debug builds (the fuzz harnesses and make asan) define TC_DEBUG: checks
 # too costly or too fatal for the daemon one runs, e.g. that every SCSI

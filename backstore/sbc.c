@@ -179,6 +179,16 @@ void sbc_io_fail_errno(struct sbc_io *io, int err, bool writing)
 	sbc_io_finish(io);
 }
 
+/* The last step of a command whose answer is the bdev's: GOOD, or its error. */
+void sbc_io_done(struct sbc_io *io, int err)
+{
+	if (err < 0) {
+		sbc_io_fail_errno(io, err, true);
+		return;
+	}
+	sbc_io_finish(io);
+}
+
 static void io_bdev_done(struct bdev_req *req, int err)
 {
 	struct sbc_io *io = req->priv;
@@ -292,15 +302,6 @@ enum scsi_rc sbc_read_capacity_16(struct scsi_cmd *cmd)
 /* ---------------------------------------------------------------- */
 /* SYNCHRONIZE CACHE, PRE-FETCH                                      */
 
-static void flush_done(struct sbc_io *io, int err)
-{
-	if (err < 0) {
-		sbc_io_fail_errno(io, err, true);
-		return;
-	}
-	sbc_io_finish(io);
-}
-
 enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd)
 {
 	struct sbc_io *io = sbc_io_of(cmd);
@@ -312,7 +313,7 @@ enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd)
 		return SCSI_RC_DONE;
 	/* IMMED is honoured by being fast enough: the flush of the whole
 	 * device is what makes the range durable either way. */
-	sbc_io_submit(io, BDEV_FLUSH, 0, 0, 0, NULL, 0, flush_done);
+	sbc_io_submit(io, BDEV_FLUSH, 0, 0, 0, NULL, 0, sbc_io_done);
 	return SCSI_RC_PENDING;
 }
 

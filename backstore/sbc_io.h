@@ -57,6 +57,8 @@ static inline struct sbc_io *sbc_io_of(struct scsi_cmd *cmd)
 
 /* Leave the interlock if in it, return the buffer, complete the command. */
 void sbc_io_finish(struct sbc_io *io);
+/* bdev completion: GOOD, or the error through sbc_io_fail_errno; then sbc_io_finish. */
+void sbc_io_done(struct sbc_io *io, int err);
 /* The bdev's -errno as the command's answer, then sbc_io_finish. */
 void sbc_io_fail_errno(struct sbc_io *io, int err, bool writing);
 /* Send one request to the LU's bdev; its completion calls next(io, err). */

@@ -101,15 +101,6 @@ enum scsi_rc sbc_read(struct scsi_cmd *cmd)
 /* ---------------------------------------------------------------- */
 /* WRITE                                                             */
 
-static void write_done(struct sbc_io *io, int err)
-{
-	if (err < 0) {
-		sbc_io_fail_errno(io, err, true);
-		return;
-	}
-	sbc_io_finish(io);
-}
-
 static void write_go(struct sbc_io *io)
 {
 	struct scsi_cmd *cmd = io->cmd;
@@ -129,7 +120,7 @@ static void write_go(struct sbc_io *io)
 		iov = &io->biov;
 		cnt = 1;
 	}
-	sbc_io_submit(io, BDEV_WRITE, io->wflags, io->lba << lu->block_shift, bytes, iov, cnt, write_done);
+	sbc_io_submit(io, BDEV_WRITE, io->wflags, io->lba << lu->block_shift, bytes, iov, cnt, sbc_io_done);
 }
 
 static void write_resume(struct range_lock *rl)
@@ -288,15 +279,6 @@ enum scsi_rc sbc_verify(struct scsi_cmd *cmd)
 /* ---------------------------------------------------------------- */
 /* COMPARE AND WRITE, ORWRITE                                        */
 
-static void caw_write_done(struct sbc_io *io, int err)
-{
-	if (err < 0) {
-		sbc_io_fail_errno(io, err, true);
-		return;
-	}
-	sbc_io_finish(io);
-}
-
 static void caw_read_done(struct sbc_io *io, int err)
 {
 	struct scsi_cmd *cmd = io->cmd;
@@ -324,7 +306,7 @@ static void caw_read_done(struct sbc_io *io, int err)
 		io->biov.iov_base = medium;
 	}
 	io->biov.iov_len = len;
-	sbc_io_submit(io, BDEV_WRITE, io->wflags, io->lba << lu->block_shift, len, &io->biov, 1, caw_write_done);
+	sbc_io_submit(io, BDEV_WRITE, io->wflags, io->lba << lu->block_shift, len, &io->biov, 1, sbc_io_done);
 }
 
 static void caw_go(struct sbc_io *io)

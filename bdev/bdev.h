@@ -26,6 +26,7 @@
 #define TC_BDEV_H
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -168,6 +169,15 @@ struct bdev_owner_ops {
 	uint32_t (*owner_group)(struct bdev *dev);
 };
 
+/*
+ * What was sent to a device, counted by bdev_submit for status and the
+ * benchmarks (per command: how many leg writes, how many of them FUA, how
+ * many leg reads). Relaxed atomics: a count, never a synchronisation.
+ */
+struct bdev_io_counts {
+	_Atomic uint64_t reads, writes, fua_writes, flushes;
+};
+
 struct bdev {
 	const struct bdev_ops *ops;
 	const char *name;     /* for messages: a path or an image spec */
@@ -175,6 +185,7 @@ struct bdev {
 	uint32_t block_size;  /* bytes: smallest addressable unit */
 	bool can_unmap;       /* UNMAP really deallocates (thin provisioning) */
 	bool rotational;      /* reported in VPD B1 */
+	struct bdev_io_counts io; /* this device's own: a wrapper counts what it was sent */
 };
 
 /* A wrapper (fault device, leg guard) looks to its users like what it wraps. */
@@ -206,6 +217,14 @@ static inline bool bdev_is_shared(const struct bdev *dev)
 static inline void bdev_submit(struct bdev *dev, struct bdev_req *req)
 {
 	req->dev = dev;
+	_Atomic uint64_t *n = req->op == BDEV_READ	? &dev->io.reads
+			      : req->op == BDEV_WRITE ? &dev->io.writes
+			      : req->op == BDEV_FLUSH ? &dev->io.flushes
+						      : NULL;
+	if (n)
+		atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
+	if (req->op == BDEV_WRITE && (req->flags & BDEV_F_FUA))
+		atomic_fetch_add_explicit(&dev->io.fua_writes, 1, memory_order_relaxed);
 	dev->ops->submit(dev, req);
 }
 

@@ -25,6 +25,7 @@ struct cache_leg_status {
 	char path[256];
 	enum cache_leg_health health;
 	uint64_t errors;
+	uint64_t reads, writes, fua_writes, flushes; /* requests sent to the leg (bdev_io_counts) */
 	uint64_t resync_done, resync_total; /* bytes, while resyncing */
 	uint64_t resync_rate_bps;           /* average since the resync started */
 	int64_t resync_eta_s;               /* seconds left at that rate, -1 unknown */

@@ -118,6 +118,12 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 				st.legs[k].health == LEG_HEALTHY ? "healthy" :
 				st.legs[k].health == LEG_FAILED ? "failed" : "resyncing"));
 			json_object_object_add(lg, "errors", json_object_new_int64((int64_t)st.legs[k].errors));
+			struct json_object *io = json_object_new_object();
+			json_object_object_add(io, "reads", json_object_new_int64((int64_t)st.legs[k].reads));
+			json_object_object_add(io, "writes", json_object_new_int64((int64_t)st.legs[k].writes));
+			json_object_object_add(io, "fua_writes", json_object_new_int64((int64_t)st.legs[k].fua_writes));
+			json_object_object_add(io, "flushes", json_object_new_int64((int64_t)st.legs[k].flushes));
+			json_object_object_add(lg, "io", io);
 			leg_health_json(lg, st.legs[k].path);
 			if (st.legs[k].health == LEG_RESYNCING) {
 				json_object_object_add(lg, "resync_done", json_object_new_int64((int64_t)st.legs[k].resync_done));

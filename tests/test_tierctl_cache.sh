@@ -38,6 +38,15 @@ qemu-io -f raw "${args[@]}" "$url" >/dev/null || fail "qemu-io chunked write"
 dirty=$(ctl --json status | jget 'd["caches"][0]["dirty_bytes"]')
 [ "$dirty" -gt 0 ] || fail "no dirty bytes after 8 MiB of write-back writes (dirty=$dirty)"
 pass "status shows $dirty dirty bytes after write-back writes"
+# what was sent to each leg: sixteen 512 KiB writes went to both; with the
+# write cache off each was made durable (FUA, or a flush after it)
+io=$(ctl --json status | jget '[(l["io"]["writes"] >= 16, l["io"]["fua_writes"] + l["io"]["flushes"] >= 16) for l in d["caches"][0]["legs"]]')
+expect_eq "$io" "[(True, True), (True, True)]" "status counts the writes, and the durable ones, sent to each leg"
+r0=$(ctl --json status | jget 'sum(l["io"]["reads"] for l in d["caches"][0]["legs"])')
+qemu-io -f raw -c "read 0 512k" "$url" >/dev/null || fail "qemu-io read"
+r1=$(ctl --json status | jget 'sum(l["io"]["reads"] for l in d["caches"][0]["legs"])')
+[ $((r1 - r0)) -ge 1 ] || fail "a read hit sent no read to a leg ($r0 -> $r1)"
+pass "status counts the reads sent to the legs ($((r1 - r0)) for one 512 KiB read hit)"
 expect_eq "$(ctl --json status | jget '[len(d["caches"][0]["lost_ranges"]), d["caches"][0]["lost_ranges_dropped"]]')" \
 	"[0, 0]" "status lists no lost ranges while both legs are healthy"
 

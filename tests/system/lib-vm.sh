@@ -103,6 +103,51 @@ log() { echo "PROBE[$(cut -d' ' -f1 /proc/uptime)] $*"; }
 EOF_HEAD
 }
 
+# QEMU 7.2's NVMe controller (Debian 12's) can miss a submission: with the
+# shadow doorbells that Linux uses when a controller offers them, the device
+# writes its event index and reads the guest's shadow tail with no barrier
+# between, so it may read the old tail while the guest reads the old index
+# and skips the doorbell write; the command then sits in the queue, unfetched,
+# until the next doorbell write, which never comes (the guest, still seeing
+# no new index, writes none). Under load a guest's NVMe drive stalls for good
+# (seen: tens of I/Os, both controllers, until the kernel's timeout resets
+# it). With shadow doorbells the device takes the tail from the shadow
+# buffer whenever it is woken, so a write of any in-range value to the
+# queue's doorbell register only wakes it: vm_nvme_kick_sh's guest loop does
+# that five times a second. Not without shadow doorbells (QEMU before 7.1):
+# there the written value is the tail. vm_nvme_append gives the kernel
+# command line what the loop needs (iomem=relaxed: /dev/mem may map a BAR a
+# driver holds) and the switch it looks for.
+vm_nvme_append() {
+	local v
+	v=$(qemu-system-x86_64 --version | awk 'NR==1{print $4}')
+	awk -v v="$v" 'BEGIN { split(v, a, "."); exit !(a[1] > 7 || (a[1] == 7 && a[2] >= 1)) }' &&
+		printf ' iomem=relaxed tc_nvme_kick=1'
+}
+
+# vm_nvme_kick_sh: the guest's nvme_kick function (busybox sh or bash); start
+# it in the background once the NVMe drives are there. I/O queue 1 only: these
+# guests have one vCPU, so one I/O queue per controller.
+vm_nvme_kick_sh() {
+	cat <<'EOF_KICK'
+nvme_kick() {
+	grep -q 'tc_nvme_kick=1' /proc/cmdline || return 0
+	local c bar caphi dbs=""
+	for c in /sys/class/nvme/nvme*; do
+		bar=$(head -1 "$c/device/resource" | cut -d' ' -f1)
+		caphi=$(busybox devmem $((bar + 4)) 32) || return 0
+		# submission queue 1's tail doorbell: 0x1000 + 2 * (4 << CAP.DSTRD)
+		dbs="$dbs $(printf '0x%x' $((bar + 0x1000 + 2 * (4 << (caphi & 0xf)))))"
+	done
+	log "nvme doorbell kick (QEMU 7.2 shadow doorbell race) at:$dbs"
+	while :; do
+		for a in $dbs; do busybox devmem "$a" 32 0; done
+		sleep 0.2
+	done
+}
+EOF_KICK
+}
+
 # vm_conf_head WHAT IQN LISTEN: the start of a guest's tiercached.conf, up to its target
 vm_conf_head() {
 	cat <<EOF_CONF

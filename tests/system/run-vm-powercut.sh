@@ -50,11 +50,12 @@ mkdir -p "$W"
 . tests/system/lib-vm.sh
 
 write_init() {
-{ vm_init_head; cat <<EOF; } >"$1"
+{ vm_init_head; vm_nvme_kick_sh; cat <<EOF; } >"$1"
 for ko in \$(cat /etc/modlist); do insmod "\$ko" 2>/dev/null || log "insmod failed: \$ko"; done
 ip link set lo up
 for i in \$(seq 1 100); do [ -b /dev/nvme0n1p4 ] && break; sleep 0.1; done
 log "devices: \$(ls /dev | grep -E '^nvme' | tr '\n' ' ')"
+nvme_kick &
 # QEMU's drive is write-through (write-cache=off: each write is on the image when it completes) but
 # its NVMe controller always reports a volatile write cache: tell the kernel the truth
 echo "write through" > /sys/block/nvme0n1/queue/write_cache
@@ -135,7 +136,7 @@ run() {
 	t0=$(now)
 	timeout $((RUN_SECS * 10 + 600)) qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp 1 -display none \
 		-monitor none -serial file:"$W/serial.log" -no-reboot -kernel "$W/vmlinuz" -initrd "$W/initrd.cpio" \
-		-append "console=ttyS0 quiet panic=-1" \
+		-append "console=ttyS0 quiet panic=-1$(vm_nvme_append)" \
 		-blockdev driver=file,filename="$W/drive.img",node-name=df,cache.no-flush=on \
 		-blockdev driver=raw,file=df,node-name=dr \
 		-blockdev driver=file,filename="$W/blk.log",node-name=lf,cache.no-flush=on \

@@ -31,8 +31,7 @@ MEM=${MEM:-1024}
 IQN=iqn.2026-11.io.tiercache:vmcli
 URL=iscsi://127.0.0.1:$PORT/$IQN/0
 mkdir -p "$W"
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+. tests/system/lib-vm.sh # now, since, vm_nvme_*
 
 setup() {
 	bash tests/system/run-vm-tcmu.sh setup # qemu, busybox, the kernel package
@@ -54,6 +53,7 @@ setup() {
 }
 
 write_guest_init() {
+vm_nvme_kick_sh >"$R/sbin/tc-nvme-kick.sh"
 cat >"$R/sbin/tc-init" <<'EOF'
 #!/bin/bash
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb
@@ -66,6 +66,7 @@ ip link set lo up; ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0; ip route add default via 10.0.2.2
 busybox nc -ll -p 2323 -e /bin/bash &
 for i in $(seq 1 100); do [ -b /dev/nvme1n1 ] && [ -b /dev/vdb ] && break; sleep 0.1; done
+. /sbin/tc-nvme-kick.sh; nvme_kick &
 dbus-daemon --system --fork && log dbus-started
 tcmu-runner -l /var/log >/var/log/tcmu-runner.stdout 2>&1 &
 for i in $(seq 1 100); do
@@ -186,7 +187,7 @@ boot() {
 	t0=$(now)
 	qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp 1 -display none -monitor none \
 		-serial file:"$W/targetcli-serial.log" -no-reboot -kernel "$W/vmlinuz" -initrd "$W/targetcli-initrd.cpio" \
-		-append "console=ttyS0 quiet panic=-1" \
+		-append "console=ttyS0 quiet panic=-1$(vm_nvme_append)" \
 		-drive file="$W/targetcli-root.img",if=virtio,format=raw,cache=unsafe \
 		-drive file="$W/cli-backing.img",if=virtio,format=raw,cache=unsafe \
 		-drive file="$W/cli-nvme0.img",if=none,id=nv0,format=raw,cache=unsafe -device nvme,serial=tccli0,drive=nv0 \

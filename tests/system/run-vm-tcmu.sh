@@ -70,7 +70,7 @@ setup() {
 }
 
 write_init() {
-{ vm_init_head; cat <<'EOF'; } >"$1"
+{ vm_init_head; vm_nvme_kick_sh; cat <<'EOF'; } >"$1"
 log init-start
 for ko in $(cat /etc/modlist); do insmod "$ko" 2>/dev/null || log "insmod failed: $ko"; done
 mount -t configfs configfs /sys/kernel/config
@@ -79,6 +79,7 @@ ip addr add 10.0.2.15/24 dev eth0; ip route add default via 10.0.2.2
 nc -ll -p 2323 -e /bin/sh &
 for i in $(seq 1 100); do [ -b /dev/nvme1n1 ] && [ -b /dev/vda ] && break; sleep 0.1; done
 log "devices: $(ls /dev | grep -E '^(nvme|vd)' | tr '\n' ' ')"
+nvme_kick &
 
 tiercached -c /etc/tiercached.conf > /var/log/tiercached.log 2>&1 &
 for i in $(seq 1 300); do [ -S /run/tiercache/control.sock ] && break; sleep 0.1; done
@@ -153,7 +154,7 @@ boot() {
 	t0=$(now)
 	qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp 1 -display none -monitor none \
 		-serial file:"$W/serial.log" -no-reboot -kernel "$W/vmlinuz" -initrd "$W/initrd.cpio" \
-		-append "console=ttyS0 quiet panic=-1" \
+		-append "console=ttyS0 quiet panic=-1$(vm_nvme_append)" \
 		-drive file="$W/backing.img",if=virtio,format=raw,cache=unsafe \
 		-drive file="$W/nvme0.img",if=none,id=nv0,format=raw,cache=unsafe \
 		-device nvme,serial=tcleg0,drive=nv0 \

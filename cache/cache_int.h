@@ -524,6 +524,7 @@ struct cache_set {
 	struct set_alloc alloc;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
+	uint8_t jcur[CACHE_NJOURNALS]; /* per worker: which of its rings it appends to (journal_self) */
 	uint64_t jtail[CACHE_NJOURNALS];
 	/*
 	 * A two-leg set running on one of them (allow_single_leg): that leg's

@@ -8,8 +8,8 @@
  * arrive while one log block is being written share the next one: with 16
  * writes in flight, one metadata write serves up to 16 data writes.
  *
- * One ring per worker thread (CACHE_NJOURNALS on disk; with more workers
- * than rings, workers share rings round-robin): a worker does not wait on
+ * Rings per worker thread (CACHE_NJOURNALS on disk; with more workers than
+ * rings, workers share rings round-robin): a worker does not wait on
  * another thread's commit, and the ring's mutex is uncontended. Records carry
  * a global sequence number; recovery merges the rings in seq order. At most
  * one block per ring is in flight, and its records complete (in order)
@@ -27,10 +27,41 @@
 
 #include <string.h>
 
-/* Worker thread. The calling worker's ring. */
+static bool journal_idle(struct journal *j)
+{
+	pthread_mutex_lock(&j->lock);
+	bool idle = !j->busy && !j->pend_head;
+	pthread_mutex_unlock(&j->lock);
+	return idle;
+}
+
+/*
+ * Worker thread. The ring the calling worker appends to. Of W workers
+ * (W < CACHE_NJOURNALS), worker i owns rings i, i + W, i + 2W, ... and
+ * uses one at a time: records join it while it has a block in flight or
+ * records waiting (the group commit), and only when it is idle does the
+ * worker move on to its next ring. So every record the worker appended
+ * before is durable when it changes rings, and its records become durable
+ * in the order it appended them, as with a single ring; but a writer at
+ * low queue depth spreads its blocks over all its rings, each filling
+ * R times slower, and a checkpoint (asked for at half a ring) is due R
+ * times less often. With one ring, one worker writing at QD1 on 320 MiB
+ * legs asked for a checkpoint every 40 writes, and its table pages cost
+ * about 1.6 more leg writes per acknowledged write (make bench-device).
+ */
 struct journal *journal_self(struct cache_set *cs)
 {
-	return &cs->journals[worker_index(worker_self()) % CACHE_NJOURNALS];
+	unsigned idx = worker_index(worker_self()), nw = workers_count();
+	if (!nw || nw >= CACHE_NJOURNALS)
+		return &cs->journals[idx % CACHE_NJOURNALS];
+	unsigned own = (CACHE_NJOURNALS - 1 - idx) / nw + 1; /* idx + k * nw < CACHE_NJOURNALS */
+	uint8_t *k = &cs->jcur[idx];
+	struct journal *j = &cs->journals[idx + *k * nw];
+	if (own > 1 && journal_idle(j)) {
+		*k = (uint8_t)((*k + 1) % own);
+		j = &cs->journals[idx + *k * nw];
+	}
+	return j;
 }
 
 static void call_done(void *arg)

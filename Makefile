@@ -61,7 +61,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
 PROGS := $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 
-.PHONY: all deps run check check-long conformance bench fuzz tsan asan unit clean install check-system
+.PHONY: all deps run check check-long conformance bench bench-device fuzz tsan asan unit clean install check-system
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
 deps:
@@ -110,6 +110,11 @@ bench: all
 	@bash tests/bench/compare.sh
 	@bash tests/bench/torn_guard.sh
 	@bash tests/bench/callgrind_cmd.sh
+	@bash tests/bench/device.sh
+
+# The cache path against fio on the same leg files (issue 13's table).
+bench-device: all
+	@bash tests/bench/device.sh
 
 # Debug builds (the fuzz harnesses and make asan) define TC_DEBUG: checks
 # too costly or too fatal for the daemon one runs, e.g. that every SCSI

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# tests/bench/device.sh - the cache path against fio on the same leg files
+# (make bench-device).
+#
+# The legs are two files on one disk, a 256 MiB write-back LUN of 512-byte
+# blocks is cached on them entirely, and one iSCSI session (tierbench)
+# drives each path. The limit is fio (io_uring, O_DIRECT) with the job
+# files of tests/bench/fio/, kept fixed, on a region of the same two files
+# past what the cache set uses. A second LUN, a page-cached file without a
+# cache (backing_io = buffered), gives the iSCSI layer's own QD1 round trip.
+# The daemon runs on CPU 0 with one worker, tierbench on CPU 1, fio alone
+# on CPU 0; fio and the daemon path of a row run one after the other, and
+# the whole set of rows TB_ROUNDS times.
+#
+# Per row it prints fio's figure, ours, the ratio, the goal of issue 13 and
+# whether the round met it, the latency (avg / p50 / p99 / p99.9), what each
+# command sent to the legs (status: legs[].io) and the CPU per command (the
+# daemon's from /proc, fio's from its usr+sys). It is a benchmark: it asserts
+# nothing about speed, and exits non-zero only when a run failed.
+#
+#   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 8 minutes)
+#   TB_SECS=3 TB_ROUNDS=1 bash tests/bench/device.sh   a quick look
+# Knobs: TB_SECS, TB_ROUNDS, TB_DIR (where the leg files go, default a
+# folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there).
+. "$(dirname "$0")/../lib.sh"
+cd "$TC_ROOT" || exit 2
+tc_tmpdir
+command -v fio >/dev/null || { echo "bench-device: fio is not installed (make deps)" >&2; exit 2; }
+command -v taskset >/dev/null || { echo "bench-device: taskset is missing (util-linux)" >&2; exit 2; }
+TB=$TC_ROOT/build/tierbench
+CTL=$TC_ROOT/build/tierctl
+[ -x "$TB" ] && [ -x "$TC_BIN" ] && [ -x "$CTL" ] || { echo "bench-device: run make first" >&2; exit 2; }
+mkdir -p "$T/bin"
+cp "$TB" "$TC_BIN" "$CTL" "$T/bin/" || exit 2
+TB=$T/bin/tierbench TC_BIN=$T/bin/tiercached CTL=$T/bin/tierctl
+
+SECS=${TB_SECS:-10}
+ROUNDS=${TB_ROUNDS:-3}
+D=${TB_DIR:-$(mktemp -d /var/tmp/tc-bench-device.XXXXXX)}
+mkdir -p "$D"
+[ -z "${TB_DIR:-}" ] && trap '_tc_cleanup; rm -rf "$D"' EXIT
+OUT=${TB_OUT:-$T/results}
+mkdir -p "$OUT"
+CPU_TARGET=0 CPU_CLIENT=1
+[ "$(nproc)" -ge 2 ] || CPU_CLIENT=0
+
+# leg files of 512 MiB; the set uses their first 320 MiB, fio the last 128 MiB
+export TB_LEG0=$D/leg0.img TB_LEG1=$D/leg1.img TB_FIO_SECS=$SECS TB_FIO_OFF=384M TB_FIO_SIZE=128M
+for f in "$TB_LEG0" "$TB_LEG1"; do
+	fallocate -l 512M "$f" 2>/dev/null || truncate -s 512M "$f"
+	# written once, so neither fio nor the daemon meets unwritten extents
+	dd if=/dev/zero of="$f" bs=4M count=128 oflag=direct conv=notrunc status=none
+done
+truncate -s 256M "$D/backing.img"
+head -c 64M /dev/urandom >"$D/pc.img"
+
+port=$(tc_free_port)
+IQN=iqn.2026-11.io.tiercache:bench-device
+cat >"$T/t.conf" <<CONF
+[daemon]
+state_dir = $T/state
+control_socket = $T/state/control.sock
+log_level = info
+workers = 1
+
+[portal]
+listen = 127.0.0.1:$port
+
+[target $IQN]
+lun0 = hot
+lun1 = pc
+
+[lun hot]
+backing = $D/backing.img
+size = 256M
+block_size = 512
+cache = fast
+
+; a page-cached file without a cache: the iSCSI layer's own round trip
+[lun pc]
+backing = $D/pc.img
+size = 64M
+block_size = 512
+backing_io = buffered
+
+[cache fast]
+legs = $TB_LEG0 $TB_LEG1
+size = 320M
+mode = write-back
+seq_cutoff = 0
+admit_hits = 1
+CONF
+# tc_start, pinned (taskset execs the daemon: TC_PID is the daemon's)
+taskset -c "$CPU_TARGET" "$TC_BIN" -c "$T/t.conf" >>"$T/daemon.log" 2>&1 &
+TC_PID=$!
+tc_wait_port "$port" 60 || { echo "bench-device: the daemon did not start" >&2; tail "$T/daemon.log" >&2; exit 2; }
+URL=iscsi://127.0.0.1:$port/$IQN
+
+ctl() { "$CTL" -c "$T/t.conf" "$@"; }
+tb() { taskset -c "$CPU_CLIENT" "$TB" --json --no-progress --io-timeout 60 "$@"; }
+
+echo "== filling the cache: the whole 256 MiB LUN written once, then destaged"
+tb -b 1M --seq -r 0 -t 1 -q 4 -n 256 "$URL/0" >"$OUT/fill.json" || { echo "bench-device: fill failed" >&2; exit 1; }
+ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; exit 1; }
+cat "$D/pc.img" >/dev/null # the page-cache LUN in the page cache
+
+# the daemon's CPU seconds so far
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$TC_PID/stat"; }
+snap() { ctl --json status; }
+
+# daemon ROW LUN TIERBENCH-ARGS...: one run through the daemon -> $OUT/ROW.rN.tc.json (+ status before/after)
+daemon() {
+	local row=$1 lun=$2
+	shift 2
+	snap >"$OUT/$row.r$R.before.json"
+	echo "$(cpu_s)" >"$OUT/$row.r$R.cpu0"
+	tb -T "$SECS" "$@" "$URL/$lun" >"$OUT/$row.r$R.tc.json" || { echo "bench-device: tierbench $row failed" >&2; errors=$((errors + 1)); }
+	echo "$(cpu_s)" >"$OUT/$row.r$R.cpu1"
+	snap >"$OUT/$row.r$R.after.json"
+}
+# fio_run ROW JOB: fio alone on the target's CPU -> $OUT/ROW.rN.fio.json
+fio_run() {
+	taskset -c "$CPU_TARGET" fio --output-format=json "tests/bench/fio/$2.fio" >"$OUT/$1.r$R.fio.json" 2>"$OUT/$1.r$R.fio.err" ||
+		{ echo "bench-device: fio $2 failed: $(head -3 "$OUT/$1.r$R.fio.err")" >&2; errors=$((errors + 1)); }
+}
+
+errors=0
+for ((R = 1; R <= ROUNDS; R++)); do
+	echo "== round $R of $ROUNDS"
+	daemon pc-qd1 1 -b 4k --rand -r 100 -t 1 -q 1
+	fio_run rh-qd32 randread-4k-qd32
+	daemon rh-qd32 0 -b 4k --rand -r 100 -t 1 -q 32
+	fio_run rh-qd1 randread-4k-qd1
+	daemon rh-qd1 0 -b 4k --rand -r 100 -t 1 -q 1
+	fio_run rh-128k seqread-128k
+	daemon rh-128k 0 -b 128k --seq -r 100 -t 1 -q 8
+	fio_run wb-qd1 randwrite-4k-dsync-qd1
+	daemon wb-qd1 0 -b 4k --rand -r 0 -t 1 -q 1
+	fio_run wb-qd32 randwrite-4k-dsync-both
+	daemon wb-qd32 0 -b 4k --rand -r 0 -t 1 -q 32
+	fio_run wb-128k seqwrite-128k-dsync-both
+	daemon wb-128k 0 -b 128k --seq -r 0 -t 1 -q 8
+done
+
+python3 - "$OUT" "$ROUNDS" "$SECS" <<'PY'
+import json, sys, os
+out, rounds, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def load(p):
+    with open(p) as f:
+        return json.load(f)
+def fio(row, r):
+    d = load(f"{out}/{row}.r{r}.fio.json")
+    j = d["jobs"][0]
+    side = j["write"] if j["write"]["io_bytes"] > j["read"]["io_bytes"] else j["read"]
+    ios = side["total_ios"]
+    run_s = j["job_runtime"] / 1000.0 if j.get("job_runtime") else secs
+    pct = side["clat_ns"].get("percentile", {})
+    p = lambda q: pct.get(q, 0) / 1000.0
+    # group_reporting sums the jobs; usr/sys are a share of one CPU over the run
+    cpu_s = (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * run_s
+    return dict(iops=side["iops"], mbps=side["bw_bytes"] / 1e6, avg=side["clat_ns"]["mean"] / 1000.0,
+                p50=p("50.000000"), p99=p("99.000000"), p999=p("99.900000"),
+                cpu_us=1e6 * cpu_s / ios if ios else 0)
+def legs_delta(row, r):
+    b = load(f"{out}/{row}.r{r}.before.json")["caches"][0]
+    a = load(f"{out}/{row}.r{r}.after.json")["caches"][0]
+    d = {k: sum(la["io"][k] - lb["io"][k] for la, lb in zip(a["legs"], b["legs"])) for k in ("reads", "writes", "fua_writes", "flushes")}
+    return d
+def ours(row, r, counts=True):
+    d = load(f"{out}/{row}.r{r}.tc.json")["runs"][0]
+    lat = d["latency_us"]
+    c0 = float(open(f"{out}/{row}.r{r}.cpu0").read()); c1 = float(open(f"{out}/{row}.r{r}.cpu1").read())
+    res = dict(iops=d["iops"], mbps=d["mb_per_s"], avg=lat["avg"], p50=lat["p50"], p99=lat["p99"], p999=lat["p99_9"],
+               ios=d["ios"], cpu_us=1e6 * (c1 - c0) / d["ios"] if d["ios"] else 0)
+    if counts:
+        res["legs"] = legs_delta(row, r)
+    return res
+rows = [
+    # row, title, figure, goal(fio, ours, pc) -> (bar, met)
+    ("rh-qd32", "read hit 4K QD32 (IOPS)", "iops", lambda f, o, pc: (0.85 * f["iops"], o["iops"] >= 0.85 * f["iops"]), ">= 85% of fio"),
+    ("rh-qd1", "read hit 4K QD1 (avg us)", "avg", lambda f, o, pc: (f["avg"] + pc["avg"] + 10, o["avg"] <= f["avg"] + pc["avg"] + 10), "<= fio + page-cache RTT + 10 us"),
+    ("rh-128k", "read hit 128K seq (MB/s)", "mbps", lambda f, o, pc: (0.85 * f["mbps"], o["mbps"] >= 0.85 * f["mbps"]), ">= 85% of fio"),
+    ("wb-qd1", "write-back 4K QD1 (avg us)", "avg", lambda f, o, pc: (1.3 * f["avg"], o["avg"] <= 1.3 * f["avg"]), "<= 1.3x one dsync write"),
+    ("wb-qd32", "write-back 4K QD32 (IOPS)", "iops", lambda f, o, pc: (0.8 * f["iops"] / 2, o["iops"] >= 0.8 * f["iops"] / 2 and o["p999"] <= 3 * f["p999"]), ">= 80% of mirrored, p99.9 <= 3x"),
+    ("wb-128k", "write-back 128K seq (MB/s)", "mbps", lambda f, o, pc: (0.8 * f["mbps"] / 2, o["mbps"] >= 0.8 * f["mbps"] / 2), ">= 80% of mirrored"),
+]
+print()
+print("%-27s %5s %10s %10s %6s %10s %4s  %-31s %-31s %-22s %s" % ("path", "round", "fio", "tiercached", "ratio", "goal", "met",
+      "ours avg/p50/p99/p99.9 us", "fio avg/p50/p99/p99.9 us", "legs per command", "CPU us/cmd: ours fio pc"))
+summary = {}
+for r in range(1, rounds + 1):
+    pc = ours("pc-qd1", r, counts=False)
+    for row, title, fig, goal, goaltext in rows:
+        f, o = fio(row, r), ours(row, r)
+        ref = f[fig] / 2 if row in ("wb-qd32", "wb-128k") else f[fig]
+        bar, met = goal(f, o, pc)
+        ratio = o[fig] / ref if ref else 0
+        n = o["ios"] or 1
+        lg = o["legs"]
+        if row.startswith("wb"):
+            per = "W %.2f FUA %.2f F %.2f" % (lg["writes"] / n, lg["fua_writes"] / n, lg["flushes"] / n)
+        else:
+            per = "R %.2f W %.2f" % (lg["reads"] / n, lg["writes"] / n)
+        print("%-27s %5d %10.1f %10.1f %6.2f %10.1f %4s  %-31s %-31s %-22s %.1f %.1f %.1f" % (
+            title, r, ref, o[fig], ratio, bar, "yes" if met else "NO",
+            "%.0f/%.0f/%.0f/%.0f" % (o["avg"], o["p50"], o["p99"], o["p999"]),
+            "%.0f/%.0f/%.0f/%.0f" % (f["avg"], f["p50"], f["p99"], f["p999"]),
+            per, o["cpu_us"], f["cpu_us"], pc["cpu_us"]))
+        summary.setdefault(title, []).append(met)
+    print("%-27s %5d %10s %10.1f   (page-cache LUN, 4K QD1 avg us: the iSCSI round trip)" % ("page-cache read 4K QD1", r, "", pc["avg"]))
+print()
+print("(fio for the write-back rows: half of its total over both files, the mirrored limit)")
+for title, mets in summary.items():
+    print("%-27s met the goal in %d of %d rounds" % (title, sum(mets), len(mets)))
+PY
+[ $? = 0 ] || errors=$((errors + 1))
+tc_stop
+[ -n "${TB_OUT:-}" ] && echo "results in $OUT"
+exit $((errors > 0))

@@ -14,9 +14,11 @@
 #
 # Per row it prints fio's figure, ours, the ratio, the goal of issue 13 and
 # whether the round met it, the latency (avg / p50 / p99 / p99.9), what each
-# command sent to the legs (status: legs[].io) and the CPU per command (the
-# daemon's from /proc, fio's from its usr+sys). It is a benchmark: it asserts
-# nothing about speed, and exits non-zero only when a run failed.
+# command sent to the legs (status: legs[].io), the CPU per command (the
+# daemon's from /proc, fio's from its usr+sys) and the client's share of
+# its CPU (tierbench's client_cpu_pct: a client near 100% bounds the row).
+# It is a benchmark: it asserts nothing about speed, and exits non-zero
+# only when a run failed.
 #
 #   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 8 minutes)
 #   TB_SECS=3 TB_ROUNDS=1 bash tests/bench/device.sh   a quick look
@@ -171,7 +173,7 @@ def ours(row, r, counts=True):
     lat = d["latency_us"]
     c0 = float(open(f"{out}/{row}.r{r}.cpu0").read()); c1 = float(open(f"{out}/{row}.r{r}.cpu1").read())
     res = dict(iops=d["iops"], mbps=d["mb_per_s"], avg=lat["avg"], p50=lat["p50"], p99=lat["p99"], p999=lat["p99_9"],
-               ios=d["ios"], cpu_us=1e6 * (c1 - c0) / d["ios"] if d["ios"] else 0)
+               ios=d["ios"], cpu_us=1e6 * (c1 - c0) / d["ios"] if d["ios"] else 0, client=d.get("client_cpu_pct", 0))
     if counts:
         res["legs"] = legs_delta(row, r)
     return res
@@ -186,7 +188,7 @@ rows = [
 ]
 print()
 print("%-27s %5s %10s %10s %6s %10s %4s  %-31s %-31s %-22s %s" % ("path", "round", "fio", "tiercached", "ratio", "goal", "met",
-      "ours avg/p50/p99/p99.9 us", "fio avg/p50/p99/p99.9 us", "legs per command", "CPU us/cmd: ours fio pc"))
+      "ours avg/p50/p99/p99.9 us", "fio avg/p50/p99/p99.9 us", "legs per command", "CPU us/cmd: ours fio pc; client %"))
 summary = {}
 for r in range(1, rounds + 1):
     pc = ours("pc-qd1", r, counts=False)
@@ -201,11 +203,11 @@ for r in range(1, rounds + 1):
             per = "W %.2f FUA %.2f F %.2f" % (lg["writes"] / n, lg["fua_writes"] / n, lg["flushes"] / n)
         else:
             per = "R %.2f W %.2f" % (lg["reads"] / n, lg["writes"] / n)
-        print("%-27s %5d %10.1f %10.1f %6.2f %10.1f %4s  %-31s %-31s %-22s %.1f %.1f %.1f" % (
+        print("%-27s %5d %10.1f %10.1f %6.2f %10.1f %4s  %-31s %-31s %-22s %.1f %.1f %.1f; %.0f%%" % (
             title, r, ref, o[fig], ratio, bar, "yes" if met else "NO",
             "%.0f/%.0f/%.0f/%.0f" % (o["avg"], o["p50"], o["p99"], o["p999"]),
             "%.0f/%.0f/%.0f/%.0f" % (f["avg"], f["p50"], f["p99"], f["p999"]),
-            per, o["cpu_us"], f["cpu_us"], pc["cpu_us"]))
+            per, o["cpu_us"], f["cpu_us"], pc["cpu_us"], o["client"]))
         summary.setdefault(title, []).append(met)
     print("%-27s %5d %10s %10.1f   (page-cache LUN, 4K QD1 avg us: the iSCSI round trip)" % ("page-cache read 4K QD1", r, "", pc["avg"]))
 print()

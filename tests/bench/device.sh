@@ -23,7 +23,8 @@
 #   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 8 minutes)
 #   TB_SECS=3 TB_ROUNDS=1 bash tests/bench/device.sh   a quick look
 # Knobs: TB_SECS, TB_ROUNDS, TB_DIR (where the leg files go, default a
-# folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there).
+# folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there),
+# TB_MEM=0 (skip the memory row at the end).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -217,5 +218,61 @@ for title, mets in summary.items():
 PY
 [ $? = 0 ] || errors=$((errors + 1))
 tc_stop
+
+# Memory: the daemon's own RSS growth, set opened the normal way, after
+# random 4 KiB write-back misses over twice the cache (each a partly valid
+# extent: per-block state), per GiB of cache; goal <= 200 KB per GiB. The
+# status's mem_bytes (the set's map, policy and block bitmaps) beside it.
+if [ "${TB_MEM:-1}" = 1 ]; then
+	echo "== memory: 4K random write-back misses over twice a 2 GiB cache"
+	MC=2048 # MiB of cache
+	truncate -s $((MC + 64))M "$D/m-leg0.img" "$D/m-leg1.img"
+	truncate -s $((2 * MC))M "$D/m-backing.img"
+	mport=$(tc_free_port)
+	cat >"$T/m.conf" <<CONF
+[daemon]
+state_dir = $T/mstate
+control_socket = $T/mstate/control.sock
+log_level = info
+workers = 1
+
+[portal]
+listen = 127.0.0.1:$mport
+
+[target $IQN]
+lun0 = big
+
+[lun big]
+backing = $D/m-backing.img
+size = $((2 * MC))M
+block_size = 512
+cache = fast
+
+[cache fast]
+legs = $D/m-leg0.img $D/m-leg1.img
+size = $((MC + 64))M
+mode = write-back
+seq_cutoff = 0
+CONF
+	taskset -c "$CPU_TARGET" "$TC_BIN" -c "$T/m.conf" >>"$T/daemon.log" 2>&1 &
+	TC_PID=$!
+	tc_wait_port "$mport" 60 || { echo "bench-device: the memory daemon did not start" >&2; exit 2; }
+	rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$TC_PID/status"; }
+	setmem() { "$CTL" -c "$T/m.conf" --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["caches"][0]["mem_bytes"])'; }
+	r0=$(rss) m0=$(setmem)
+	taskset -c "$CPU_CLIENT" "$TB" --json --no-progress --io-timeout 60 -b 4k --rand -r 0 -t 1 -q 32 -T $((SECS * 3)) \
+		"iscsi://127.0.0.1:$mport/$IQN/0" >"$OUT/mem.tc.json" || errors=$((errors + 1))
+	r1=$(rss) m1=$(setmem)
+	python3 - "$OUT/mem.tc.json" "$r0" "$r1" "$m0" "$m1" "$MC" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["runs"][0]
+r0, r1, m0, m1, mc = (float(x) for x in sys.argv[2:7])
+gib = mc / 1024
+per = (r1 - r0) / gib
+print("memory: %d writes; daemon RSS %.0f -> %.0f KB: %.0f KB per GiB of cache (goal <= 200); set's own count %.0f -> %.0f KB: %.0f KB per GiB" % (
+    d["ios"], r0, r1, per, m0 / 1024, m1 / 1024, (m1 - m0) / 1024 / gib))
+PY
+	tc_stop
+fi
 [ -n "${TB_OUT:-}" ] && echo "results in $OUT"
 exit $((errors > 0))

@@ -112,6 +112,7 @@ struct config {
 	char *log_level;         /* error | warning | info | debug */
 	unsigned nop_interval;   /* seconds between NOP-In pings on idle links; 0 = off */
 	unsigned nop_timeout;    /* seconds to wait for the ping's answer */
+	bool nop_interval_set;   /* given in the file (0 there means off; absent means 30) */
 	/* [portal] */
 	struct cfg_listen listen[CFG_MAX_LISTEN];
 	int nlisten;

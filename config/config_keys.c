@@ -146,8 +146,10 @@ int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 			cfg_fail_at(ps, ps->line, "[daemon] %s = %s: give seconds from 0 to 3600", key, val);
 			return 0;
 		}
-		if (!strcmp(key, "nop_interval"))
+		if (!strcmp(key, "nop_interval")) {
 			cfg->nop_interval = (unsigned)u;
+			cfg->nop_interval_set = true;
+		}
 		else
 			cfg->nop_timeout = (unsigned)u;
 	} else {

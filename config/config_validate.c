@@ -198,11 +198,10 @@ int cfg_validate(struct parse_state *ps)
 		cfg->listen[0].port = 3260;
 		cfg->nlisten = 1;
 	}
-	if (cfg->nop_interval == 0 && cfg->nop_timeout == 0) {
+	/* nop_interval = 0 turns the pings off; without the key they go every 30 s */
+	if (!cfg->nop_interval_set)
 		cfg->nop_interval = 30;
+	if (cfg->nop_timeout == 0)
 		cfg->nop_timeout = 30;
-	} else if (cfg->nop_timeout == 0) {
-		cfg->nop_timeout = 30;
-	}
 	return ps->failed ? -1 : 0;
 }

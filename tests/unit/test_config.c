@@ -245,6 +245,33 @@ static void test_backing_io(void)
 	config_free(cfg);
 }
 
+/* NOP-In pings: every 30 s by default, off with nop_interval = 0 alone (the man page's "0 = never") */
+static void test_nop(void)
+{
+	static const struct {
+		const char *text;
+		unsigned interval, timeout;
+	} cases[] = {
+		{ "[daemon]\nworkers = 1\n", 30, 30 },
+		{ "[daemon]\nnop_interval = 0\n", 0, 30 },
+		{ "[daemon]\nnop_interval = 0\nnop_timeout = 0\n", 0, 30 },
+		{ "[daemon]\nnop_interval = 5\n", 5, 30 },
+		{ "[daemon]\nnop_timeout = 7\n", 30, 7 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(cases[i].text, "nop.conf", &cfg, err, sizeof(err));
+		CHECK(r == 0, "nop case %zu parses (%s)", i, err);
+		if (r)
+			continue;
+		CHECK(cfg->nop_interval == cases[i].interval && cfg->nop_timeout == cases[i].timeout,
+		      "nop case %zu: interval %u timeout %u, expected %u %u", i, cfg->nop_interval, cfg->nop_timeout,
+		      cases[i].interval, cases[i].timeout);
+		config_free(cfg);
+	}
+}
+
 static void test_rbd_lun(void)
 {
 	struct config *cfg = NULL;
@@ -271,6 +298,7 @@ static void test_rbd_lun(void)
 int main(void)
 {
 	test_backing_io();
+	test_nop();
 	test_rbd_lun();
 	test_good();
 	test_cache_sections();

@@ -95,9 +95,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)
 	$(CC) $(TC_CFLAGS) -o $@ $< $(BUILD)/libtiercache.a $(LDLIBS)
 
-# test_cache_{drop,submit}_nomem refuse chosen allocations of the library itself
+# test_cache_{drop,submit}_nomem and test_worker_post_nomem refuse chosen
+# allocations of the library itself
 $(BUILD)/tests/test_cache_drop_nomem $(BUILD)/asan/tests/test_cache_drop_nomem: LDLIBS += -Wl,--wrap=calloc
 $(BUILD)/tests/test_cache_submit_nomem $(BUILD)/asan/tests/test_cache_submit_nomem: LDLIBS += -Wl,--wrap=malloc
+$(BUILD)/tests/test_worker_post_nomem $(BUILD)/asan/tests/test_worker_post_nomem: LDLIBS += -Wl,--wrap=malloc
 
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtiercache.a
 	@mkdir -p $(dir $@)

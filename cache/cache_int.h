@@ -228,6 +228,7 @@ struct jwait {
 	void (*done)(struct jwait *w, int err); /* on the appending worker */
 	struct worker *worker;                  /* the appending worker */
 	int err;
+	struct worker_call call;                /* done() posted back to it: needs no memory */
 };
 
 struct journal {

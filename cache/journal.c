@@ -86,9 +86,12 @@ static void journal_written(struct bdev_req *req, int err)
 		list = w->next;
 		w->err = err;
 		/* done() runs on the appender's worker (another one only when
-		 * more workers than rings share this ring) */
-		if (w->worker == self || worker_post(w->worker, call_done, w) < 0)
+		 * more workers than rings share this ring, or a checkpoint's
+		 * kick from worker 0 wrote the block) */
+		if (w->worker == self)
 			w->done(w, err);
+		else
+			worker_post_call(w->worker, &w->call, call_done, w);
 	}
 	journal_kick(j);
 }

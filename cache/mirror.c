@@ -38,6 +38,7 @@ struct mirror_waiter {
 	struct mirror_waiter *next;
 	struct worker *w;
 	struct mreq *r;
+	struct worker_call call; /* the release, posted to w: needs no memory */
 };
 
 struct mreq {
@@ -194,8 +195,7 @@ void mirror_persisted(struct mirror *m, uint32_t failed)
 		struct mirror_waiter *w = list;
 		list = w->next;
 		w->r->result = 0;
-		if (worker_post(w->w, finish_now, w->r) < 0)
-			log_err("cannot post a mirror completion; out of memory");
+		worker_post_call(w->w, &w->call, finish_now, w->r);
 	}
 }
 

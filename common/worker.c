@@ -37,12 +37,6 @@
 #define MAX_EVENTS 128
 #define BATCH_ROUNDS 8 /* submit / complete / batch-end rounds per iteration */
 
-struct post_node {
-	struct cds_wfcq_node node;
-	void (*fn)(void *arg);
-	void *arg;
-};
-
 struct worker {
 	unsigned idx;
 	pthread_t thread;
@@ -164,9 +158,11 @@ static void run_posts(struct worker *w)
 	struct cds_wfcq_node *node;
 
 	while ((node = __cds_wfcq_dequeue_blocking(&w->post_head, &w->post_tail)) != NULL) {
-		struct post_node *p = caa_container_of(node, struct post_node, node);
-		p->fn(p->arg);
-		free(p);
+		struct worker_call *c = caa_container_of(node, struct worker_call, node);
+		bool heap = c->heap; /* an embedded call may be reused or freed by fn */
+		c->fn(c->arg);
+		if (heap)
+			free(c);
 	}
 }
 
@@ -206,20 +202,31 @@ static void run_exit_hooks(void)
 	buf_thread_release();
 }
 
-int worker_post(struct worker *w, void (*fn)(void *arg), void *arg)
+static void post_enqueue(struct worker *w, struct worker_call *c, void (*fn)(void *arg), void *arg)
 {
-	struct post_node *p = malloc(sizeof(*p));
 	uint64_t one = 1;
-
-	if (!p)
-		return -ENOMEM;
-	cds_wfcq_node_init(&p->node);
-	p->fn = fn;
-	p->arg = arg;
-	cds_wfcq_enqueue(&w->post_head, &w->post_tail, &p->node);
+	cds_wfcq_node_init(&c->node);
+	c->fn = fn;
+	c->arg = arg;
+	cds_wfcq_enqueue(&w->post_head, &w->post_tail, &c->node);
 	ssize_t r = write(w->post_ev.fd, &one, sizeof(one));
 	(void)r;
+}
+
+int worker_post(struct worker *w, void (*fn)(void *arg), void *arg)
+{
+	struct worker_call *c = malloc(sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->heap = true;
+	post_enqueue(w, c, fn, arg);
 	return 0;
+}
+
+void worker_post_call(struct worker *w, struct worker_call *c, void (*fn)(void *arg), void *arg)
+{
+	c->heap = false;
+	post_enqueue(w, c, fn, arg);
 }
 
 int worker_watch(struct ev_handler *h, uint32_t events)
@@ -441,10 +448,11 @@ void workers_stop(void)
 		 */
 		struct cds_wfcq_node *node;
 		while ((node = __cds_wfcq_dequeue_blocking(&workers[i].post_head, &workers[i].post_tail))) {
-			struct post_node *p = caa_container_of(node, struct post_node, node);
-			if (p->fn != wake)
+			struct worker_call *c = caa_container_of(node, struct worker_call, node);
+			if (c->fn != wake)
 				log_warn("worker %u: a post arrived after the worker stopped; dropped", i);
-			free(p);
+			if (c->heap)
+				free(c);
 		}
 		io_uring_queue_exit(&workers[i].ring);
 		close(workers[i].epfd);

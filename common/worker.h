@@ -30,6 +30,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <urcu/wfcqueue.h>
 
 struct io_uring_sqe;
 struct worker;
@@ -84,6 +85,20 @@ int worker_exit_hook(void (*fn)(void));
 
 /* Run fn(arg) on w's thread. 0 or -ENOMEM. Any thread. */
 int worker_post(struct worker *w, void (*fn)(void *arg), void *arg);
+
+/*
+ * A posted call that needs no memory: embed one in the object the call is
+ * about, and worker_post_call cannot fail. It carries one call at a time:
+ * post it again only once fn has started. For what must not be lost when
+ * memory runs out (a write waiting to be released on its own worker).
+ */
+struct worker_call {
+	struct cds_wfcq_node node;
+	void (*fn)(void *arg);
+	void *arg;
+	bool heap; /* worker_post's own: freed once fn returns */
+};
+void worker_post_call(struct worker *w, struct worker_call *c, void (*fn)(void *arg), void *arg);
 
 /* epoll registration on the calling worker's set (EPOLLIN/EPOLLOUT/...). */
 int worker_watch(struct ev_handler *h, uint32_t events);

@@ -268,6 +268,7 @@ struct dlog_ent {
 	struct dlog_ent *wnext;         /* waiting for room in the ring */
 	struct dlog_ring *ring;
 	struct worker *w;               /* the writer's worker: done() runs there */
+	struct worker_call call;        /* a retry posted to w: needs no memory */
 	uint64_t seq, pos;
 	uint32_t slot, first, count, npages;
 	uint64_t key;
@@ -334,6 +335,7 @@ struct intent_wait {
 	struct worker *w;
 	void (*fn)(void *arg);
 	void *arg;
+	struct worker_call call; /* fn posted to w: needs no memory */
 };
 
 struct intent {
@@ -417,6 +419,7 @@ struct slot_wait {
 	struct worker *w;
 	void (*fn)(void *arg);
 	void *arg;
+	struct worker_call call; /* fn posted to w: needs no memory */
 };
 
 struct sync_call;

@@ -131,8 +131,7 @@ void cache_slot_wake(struct cache_set *cs, uint32_t s)
 	while (list) {
 		struct slot_wait *w = list;
 		list = w->next;
-		if (worker_post(w->w, w->fn, w->arg) < 0)
-			w->fn(w->arg); /* out of memory: run it here rather than lose a write */
+		worker_post_call(w->w, &w->call, w->fn, w->arg);
 	}
 }
 

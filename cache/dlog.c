@@ -262,12 +262,7 @@ void dlog_release(struct cache_set *cs, const uint64_t heads[CACHE_DLOG_RINGS])
 		while (list) {
 			struct dlog_ent *e = list;
 			list = e->wnext;
-			if (worker_post(e->w, dlog_retry, e) < 0) {
-				pthread_mutex_lock(&g->lock);
-				g->retrying--;
-				pthread_mutex_unlock(&g->lock);
-				e->done(e, -ESHUTDOWN);
-			}
+			worker_post_call(e->w, &e->call, dlog_retry, e);
 		}
 	}
 }

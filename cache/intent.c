@@ -137,8 +137,10 @@ static void wi_leg_done(struct bdev_req *req, int err)
 	while (ready) {
 		struct intent_wait *w = ready;
 		ready = w->next;
-		if (w->w == worker_self() || worker_post(w->w, wi_post, w) < 0)
+		if (w->w == worker_self())
 			w->fn(w->arg);
+		else
+			worker_post_call(w->w, &w->call, wi_post, w);
 	}
 	if (again) {
 		pthread_mutex_lock(&wi->lock);

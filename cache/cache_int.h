@@ -519,6 +519,14 @@ struct cache_set {
 	struct mirror mirror;
 	struct intent intent;
 	struct bdev *legs[CACHE_MAX_LEGS];
+	/* what each leg device was sent (legs[i]->io points at one; a
+	 * replacement takes over its leg's), padded so that no count shares a
+	 * cache line with anything else: written on every leg I/O */
+	struct {
+		char before[64];
+		struct bdev_io_counts c;
+		char after[64];
+	} leg_io[CACHE_MAX_LEGS];
 	struct slot *slots;
 	struct cache_map map;
 	struct cache_bitmaps bm;

@@ -308,6 +308,7 @@ int cache_set_leg_replace(struct cache_set *cs, int leg, struct bdev *newdev, ch
 	atomic_store(&m->resync_pos, rs->pos);
 	atomic_store(&m->resync_end, rs->end);
 	atomic_store(&m->resync_chunk_start, RESYNC_NO_CHUNK);
+	newdev->io = cs->legs[leg]->io; /* the leg's counts go on */
 	cs->legs[leg] = newdev;
 	m->leg[leg] = newdev;
 	/* resyncing before un-failing: no moment where reads could pick it */

@@ -570,6 +570,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 			return NULL;
 		}
 		cs->legs[i] = g;
+		g->io = &cs->leg_io[i].c;
 	}
 	if (!rcu_registered++)
 		rcu_register_thread(); /* call_rcu/synchronize_rcu from this thread */

@@ -29,11 +29,13 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 		st->legs[i].health = (failed & (1u << i)) ? LEG_FAILED
 				     : (resync & (1u << i)) ? LEG_RESYNCING : LEG_HEALTHY;
 		st->legs[i].errors = atomic_load(&cs->mirror.errors[i]);
-		const struct bdev_io_counts *io = &cs->legs[i]->io;
-		st->legs[i].reads = atomic_load_explicit(&io->reads, memory_order_relaxed);
-		st->legs[i].writes = atomic_load_explicit(&io->writes, memory_order_relaxed);
-		st->legs[i].fua_writes = atomic_load_explicit(&io->fua_writes, memory_order_relaxed);
-		st->legs[i].flushes = atomic_load_explicit(&io->flushes, memory_order_relaxed);
+		const struct bdev_io_counts *io = cs->legs[i]->io;
+		if (io) {
+			st->legs[i].reads = atomic_load_explicit(&io->reads, memory_order_relaxed);
+			st->legs[i].writes = atomic_load_explicit(&io->writes, memory_order_relaxed);
+			st->legs[i].fua_writes = atomic_load_explicit(&io->fua_writes, memory_order_relaxed);
+			st->legs[i].flushes = atomic_load_explicit(&io->flushes, memory_order_relaxed);
+		}
 		if (resync & (1u << i)) {
 			st->legs[i].resync_done = atomic_load(&cs->mirror.resync_pos) - 2 * CACHE_PAGE;
 			st->legs[i].resync_total = atomic_load(&cs->mirror.resync_end) - 2 * CACHE_PAGE;

@@ -94,10 +94,47 @@ mode = write-back
 seq_cutoff = 0
 admit_hits = 1
 CONF
-# tc_start, pinned (taskset execs the daemon: TC_PID is the daemon's)
-taskset -c "$CPU_TARGET" "$TC_BIN" -c "$T/t.conf" >>"$T/daemon.log" 2>&1 &
-TC_PID=$!
-tc_wait_port "$port" 60 || { echo "bench-device: the daemon did not start" >&2; tail "$T/daemon.log" >&2; exit 2; }
+# start_pinned CONF PORT [PREFIX...]: tc_start on the target's CPU, under
+# PREFIX (a command that execs the rest; so does taskset: TC_PID is the daemon's)
+start_pinned() {
+	local conf=$1 port=$2
+	shift 2
+	"$@" taskset -c "$CPU_TARGET" "$TC_BIN" -c "$conf" >>"$T/daemon.log" 2>&1 &
+	TC_PID=$!
+	tc_wait_port "$port" 60 || { echo "bench-device: the daemon of $conf did not start" >&2; tail "$T/daemon.log" >&2; exit 2; }
+}
+# one_lun_conf NAME PORT BACKING LUN-SIZE CACHE-SIZE [CACHE-LINE...]: a daemon
+# with one write-back LUN on legs $D/NAME-leg0.img and $D/NAME-leg1.img
+one_lun_conf() {
+	local name=$1 p=$2 backing=$3 size=$4 csize=$5
+	shift 5
+	cat <<CONF
+[daemon]
+state_dir = $T/$name-state
+control_socket = $T/$name-state/control.sock
+log_level = info
+workers = 1
+
+[portal]
+listen = 127.0.0.1:$p
+
+[target $IQN]
+lun0 = $name
+
+[lun $name]
+backing = $backing
+size = $size
+block_size = 512
+cache = fast
+
+[cache fast]
+legs = $D/$name-leg0.img $D/$name-leg1.img
+size = $csize
+mode = write-back
+CONF
+	printf '%s\n' "$@"
+}
+start_pinned "$T/t.conf" "$port"
 URL=iscsi://127.0.0.1:$port/$IQN
 
 ctl() { "$CTL" -c "$T/t.conf" "$@"; }
@@ -231,35 +268,10 @@ if [ "${TB_PRESSURE:-1}" = 1 ] && [ "$(id -u)" = 0 ]; then
 	if "$HDD" up "$HDD_NAME" --size 1G --iops 300 --mbps 250 >"$T/hdd.env" 2>"$T/hdd.err"; then
 		. "$T/hdd.env"
 		trap '"$HDD" down "$HDD_NAME" >/dev/null 2>&1; _tc_cleanup; [ -z "${TB_DIR:-}" ] && rm -rf "$D"' EXIT
-		truncate -s 288M "$D/p-leg0.img" "$D/p-leg1.img"
+		truncate -s 288M "$D/hdd-leg0.img" "$D/hdd-leg1.img"
 		pport=$(tc_free_port)
-		cat >"$T/p.conf" <<CONF
-[daemon]
-state_dir = $T/pstate
-control_socket = $T/pstate/control.sock
-log_level = info
-workers = 1
-
-[portal]
-listen = 127.0.0.1:$pport
-
-[target $IQN]
-lun0 = hdd
-
-[lun hdd]
-backing = $HDD_DEV
-size = 512M
-block_size = 512
-cache = fast
-
-[cache fast]
-legs = $D/p-leg0.img $D/p-leg1.img
-size = 288M
-mode = write-back
-CONF
-		"$HDD" exec "$HDD_NAME" -- taskset -c "$CPU_TARGET" "$TC_BIN" -c "$T/p.conf" >>"$T/daemon.log" 2>&1 &
-		TC_PID=$!
-		tc_wait_port "$pport" 60 || { echo "bench-device: the pressure daemon did not start" >&2; exit 2; }
+		one_lun_conf hdd "$pport" "$HDD_DEV" 512M 288M >"$T/p.conf"
+		start_pinned "$T/p.conf" "$pport" "$HDD" exec "$HDD_NAME" --
 		taskset -c "$CPU_CLIENT" "$TB" --json --no-progress --io-timeout 120 -b 8k --rand -r 70 --loads 2x2,4x4,8x8,16x16 \
 			-T "$SECS" --precondition "$SECS" "iscsi://127.0.0.1:$pport/$IQN/0" >"$OUT/pressure.tc.json" || errors=$((errors + 1))
 		tc_stop
@@ -289,37 +301,11 @@ fi
 if [ "${TB_MEM:-1}" = 1 ]; then
 	echo "== memory: 4K random write-back misses over twice a 2 GiB cache"
 	MC=2048 # MiB of cache
-	truncate -s $((MC + 64))M "$D/m-leg0.img" "$D/m-leg1.img"
-	truncate -s $((2 * MC))M "$D/m-backing.img"
+	truncate -s $((MC + 64))M "$D/big-leg0.img" "$D/big-leg1.img"
+	truncate -s $((2 * MC))M "$D/big-backing.img"
 	mport=$(tc_free_port)
-	cat >"$T/m.conf" <<CONF
-[daemon]
-state_dir = $T/mstate
-control_socket = $T/mstate/control.sock
-log_level = info
-workers = 1
-
-[portal]
-listen = 127.0.0.1:$mport
-
-[target $IQN]
-lun0 = big
-
-[lun big]
-backing = $D/m-backing.img
-size = $((2 * MC))M
-block_size = 512
-cache = fast
-
-[cache fast]
-legs = $D/m-leg0.img $D/m-leg1.img
-size = $((MC + 64))M
-mode = write-back
-seq_cutoff = 0
-CONF
-	taskset -c "$CPU_TARGET" "$TC_BIN" -c "$T/m.conf" >>"$T/daemon.log" 2>&1 &
-	TC_PID=$!
-	tc_wait_port "$mport" 60 || { echo "bench-device: the memory daemon did not start" >&2; exit 2; }
+	one_lun_conf big "$mport" "$D/big-backing.img" $((2 * MC))M $((MC + 64))M "seq_cutoff = 0" >"$T/m.conf"
+	start_pinned "$T/m.conf" "$mport"
 	rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$TC_PID/status"; }
 	setmem() { "$CTL" -c "$T/m.conf" --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["caches"][0]["mem_bytes"])'; }
 	r0=$(rss) m0=$(setmem)

@@ -139,6 +139,8 @@ bool slot_all_valid(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t c
 uint32_t slot_valid_run(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count, bool *v);
 /* Is any of [first, first+count) dirty? */
 bool slot_any_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
+/* Are all of [first, first+count) dirty? (false for a slot without bitmaps) */
+bool slot_all_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
 /* First dirty run at or after *first within the extent; false if none. */
 bool slot_next_dirty_run(struct cache_set *cs, uint32_t s, uint32_t *first, uint32_t *count);
 
@@ -507,6 +509,8 @@ struct set_stats {
 	_Atomic uint64_t promotions, topups, evictions, destaged_bytes, lost_ios;
 	_Atomic uint64_t read_errors, repairs, leg_timeouts;
 	_Atomic uint64_t dlog_records, dlog_waits;
+	_Atomic uint64_t one_trip_writes; /* write-back pieces whose record went with their data */
+	_Atomic uint64_t no_record_writes; /* ... that overwrote dirty blocks and needed none */
 };
 
 struct cache_set {

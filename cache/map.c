@@ -527,6 +527,27 @@ bool slot_any_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t c
 	return false;
 }
 
+/*
+ * Any thread, no lock: are all of [first, first+count) dirty (so valid)?
+ * Only a slot with bitmaps answers yes: without them the summary is exact
+ * only for whole-extent changes, and one made with no memory for a bitmap
+ * leaves it saying more than is true (slot_apply).
+ */
+bool slot_all_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count)
+{
+	uint32_t bits = atomic_load(&cs->slots[s].bits);
+	if (!(bits & SB_DIRTY) || !(bits & SB_HAS_BM))
+		return false;
+	_Atomic uint64_t *d = bm_dirty(&cs->bm, s, false);
+	uint32_t end = first + count;
+	for (uint32_t w = first / 64; w <= (end - 1) / 64; w++) {
+		uint64_t m = word_mask(w, first, end);
+		if ((atomic_load(&d[w]) & m) != m)
+			return false;
+	}
+	return true;
+}
+
 /* Caller holds slot_lock (the cleaner snapshots dirty runs). */
 bool slot_next_dirty_run(struct cache_set *cs, uint32_t s, uint32_t *first, uint32_t *count)
 {

@@ -58,6 +58,8 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	st->read_partial = atomic_load(&cs->st.read_partial);
 	st->write_hits = atomic_load(&cs->st.write_hits);
 	st->write_misses = atomic_load(&cs->st.write_misses);
+	st->write_one_trip = atomic_load(&cs->st.one_trip_writes);
+	st->write_no_record = atomic_load(&cs->st.no_record_writes);
 	uint64_t reads = st->read_hits + st->read_misses + st->read_partial;
 	st->hit_ratio = reads ? (double)st->read_hits / (double)reads : 0.0;
 	st->promotions = atomic_load(&cs->st.promotions);

@@ -41,6 +41,8 @@ struct cache_set_status {
 	uint64_t dirty_bytes;
 	uint64_t read_hits, read_misses, read_partial;
 	uint64_t write_hits, write_misses;
+	uint64_t write_one_trip;      /* of which data and journal record went together */
+	uint64_t write_no_record;     /* of which overwrote dirty blocks: no record needed */
 	double hit_ratio;            /* read hits / reads */
 	uint64_t promotions, evictions, destaged_bytes;
 	uint64_t topups;             /* fills of the invalid blocks of resident extents */

@@ -3,8 +3,10 @@
  * up and pinned, a fill in the way cancelled, a top-up in the way waited
  * for; then the cache mode's write (mode_wb.c, mode_wt.c, mode_around.c)
  * picks the stages, which live here: to the legs (to_cache: FUA, then a
- * journal record; overwrites of dirty blocks on a guarded volume through
- * the block log first), to the backing store (to_backing), or to the
+ * journal record, or both at once over blocks already valid, or no record
+ * over blocks already dirty (wb_trips);
+ * overwrites of dirty blocks on a guarded volume through the block log
+ * first), to the backing store (to_backing), or to the
  * backing store and then the cached blocks invalidated durably
  * (backing_then_invalidate).
  *
@@ -15,7 +17,7 @@
 
 /* ---- writes ------------------------------------------------------------------ */
 
-enum { ST_CACHE_DATA = 1, ST_BACKING, ST_RECORD, ST_BACKING_INVAL };
+enum { ST_CACHE_DATA = 1, ST_BACKING, ST_RECORD, ST_BACKING_INVAL, ST_ONE_TRIP, ST_NO_RECORD };
 
 static void write_step(struct bdev_req *req, int err);
 static void retry_piece(void *arg);
@@ -100,6 +102,73 @@ static bool needs_log(struct piece *p)
 	       p->count > 1 && slot_any_dirty(cs, p->slot, p->first, p->count);
 }
 
+/* Both halves of a one-trip write: the second to finish ends the piece. */
+static void one_trip_half(struct piece *p, int err)
+{
+	if (err && !p->err)
+		p->err = err;
+	if (--p->pending == 0)
+		piece_end(p, p->err);
+}
+
+static void one_trip_recorded(struct jwait *w, int err)
+{
+	one_trip_half(caa_container_of(w, struct piece, jw), err);
+}
+
+/*
+ * A write-back write whose blocks are all valid already may send its DIRTY
+ * record with its data instead of after it, and is acknowledged after one
+ * round trip to the legs. The order data-then-record exists so that a
+ * record never names blocks whose data is not there; over valid blocks the
+ * worst a power cut can leave is a record naming blocks that hold the old
+ * data, or a mix of old and new sectors, on one leg or both, and recovery
+ * makes the legs agree on the slot (its write-intent region is durable
+ * before either write is sent): every sector then reads its last
+ * acknowledged write or this one, the same on both legs. Blocks that were
+ * not valid hold leftovers of another extent, which such a record would
+ * expose, so those writes keep the two trips; so do writes under the
+ * torn-write guard, whose block is all old or all new. The record is
+ * applied in RAM and given its seq now, as every record is, atomically
+ * with the check: the checkpoint's snapshot and recovery's seq order are
+ * unchanged. WB_ONE_TRIP: the record is taken (p->jw), append it.
+ *
+ * An overwrite of blocks that are all dirty already, by the slot's only
+ * writer, needs no record at all (WB_NO_RECORD): a record would say
+ * "valid and dirty", which the journal and table already say durably.
+ * Durably, because only a write sets a block dirty, it holds its pin until
+ * its record is durable, and with no other writer pinned the last record
+ * on these blocks is such a write's (a CLEAN after our pin is refused by
+ * the write generation, an INVALIDATE comes from a writer that pins after
+ * us and so carries a later seq). A power cut then leaves the slot's
+ * region reconciled as above. Otherwise the two trips (WB_TWO_TRIPS).
+ */
+enum { WB_TWO_TRIPS, WB_ONE_TRIP, WB_NO_RECORD };
+
+static int wb_trips(struct piece *p)
+{
+	struct cache_vol *v = p->parent->v;
+	struct cache_set *cs = v->cs;
+	if (!p->pin || p->fresh || p->logged || atomic_load(&v->guard_torn) ||
+	    !vol_mode(atomic_load(&v->mode))->dirty)
+		return WB_TWO_TRIPS;
+	struct slot *sl = &cs->slots[p->slot];
+	int how = WB_TWO_TRIPS;
+	slot_lock(sl);
+	if ((atomic_load(&sl->bits) & SB_STATE_MASK) == SB_READY) {
+		if ((atomic_load(&sl->users) >> 16) == 1 && slot_all_dirty(cs, p->slot, p->first, p->count)) {
+			how = WB_NO_RECORD;
+			atomic_fetch_add_explicit(&cs->st.no_record_writes, 1, memory_order_relaxed);
+		} else if (slot_all_valid(cs, p->slot, p->first, p->count)) {
+			how = WB_ONE_TRIP;
+			atomic_fetch_add_explicit(&cs->st.one_trip_writes, 1, memory_order_relaxed);
+			cache_record_locked(cs, p->slot, atomic_load(&sl->key), JOP_DIRTY, p->first, p->count, &p->jw);
+		}
+	}
+	slot_unlock(sl);
+	return how;
+}
+
 void to_cache(struct piece *p)
 {
 	struct cache_set *cs = p->parent->v->cs;
@@ -122,9 +191,25 @@ void to_cache(struct piece *p)
 			   p->iovcnt, piece_logged, p);
 		return;
 	}
+	uint64_t at = slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR;
+	int how = wb_trips(p);
+	if (how == WB_NO_RECORD) {
+		p->stage = ST_NO_RECORD;
+		submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA, at);
+		return;
+	}
+	if (how == WB_ONE_TRIP) {
+		/* data and record in flight together; piece_end when both are durable */
+		p->stage = ST_ONE_TRIP;
+		p->pending = 2;
+		p->err = 0;
+		p->jw.done = one_trip_recorded;
+		submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA, at);
+		journal_append(cs, &p->jw);
+		return;
+	}
 	p->stage = ST_CACHE_DATA;
-	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA,
-		   slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR);
+	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA, at);
 }
 
 static void to_cache_cont(void *arg) { to_cache(arg); }
@@ -151,6 +236,15 @@ static void write_step(struct bdev_req *req, int err)
 	struct cache_vol *v = p->parent->v;
 	int mode = atomic_load(&v->mode);
 
+	if (err && p->stage == ST_ONE_TRIP) {
+		/* the record stands: it names valid blocks holding old data, or part new */
+		one_trip_half(p, err);
+		return;
+	}
+	if (err && p->stage == ST_NO_RECORD) {
+		piece_end(p, err);
+		return;
+	}
 	if (err) {
 		struct cache_set *cs = v->cs;
 		bool to_back = p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL;
@@ -179,6 +273,12 @@ static void write_step(struct bdev_req *req, int err)
 	if ((p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL) && !(p->sub.flags & BDEV_F_FUA))
 		atomic_fetch_add(&v->bw_volatile, 1);
 	switch (p->stage) {
+	case ST_ONE_TRIP:
+		one_trip_half(p, 0);
+		return;
+	case ST_NO_RECORD:
+		piece_end(p, 0);
+		return;
 	case ST_CACHE_DATA:
 		record(p, vol_mode(mode)->dirty ? JOP_DIRTY : JOP_VALID, ST_RECORD);
 		return;

@@ -271,6 +271,8 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "read_partial", st->read_partial },
 		{ "write_hits", st->write_hits },
 		{ "write_misses", st->write_misses },
+		{ "write_one_trip", st->write_one_trip },
+		{ "write_no_record", st->write_no_record },
 		{ "promotions", st->promotions },
 		{ "topups", st->topups },
 		{ "evictions", st->evictions },

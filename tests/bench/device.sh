@@ -14,7 +14,9 @@
 #
 # Per row it prints fio's figure, ours, the ratio, the goal of issue 13 and
 # whether the round met it, the latency (avg / p50 / p99 / p99.9), what each
-# command sent to the legs (status: legs[].io), the CPU per command (the
+# command sent to the legs (status: legs[].io; for write-back also the share
+# of writes whose journal record went with their data, 1T, and of those over
+# dirty blocks that needed none, 0R), the CPU per command (the
 # daemon's from /proc, fio's from its usr+sys) and the client's share of
 # its CPU (tierbench's client_cpu_pct: a client near 100% bounds the row).
 # It is a benchmark: it asserts nothing about speed, and exits non-zero
@@ -25,7 +27,8 @@
 # Knobs: TB_SECS, TB_ROUNDS, TB_DIR (where the leg files go, default a
 # folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there),
 # TB_PRESSURE=0 (skip the 8K 70/30 sweep over an emulated HDD; it needs
-# root), TB_MEM=0 (skip the memory row at the end).
+# root), TB_MEM=0 (skip the memory row at the end), TB_ROWS="wb-qd1 wb-qd32"
+# (only these rows of the table: rh-qd32 rh-qd1 rh-128k wb-qd1 wb-qd32 wb-128k).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -149,9 +152,12 @@ cat "$D/pc.img" >/dev/null # the page-cache LUN in the page cache
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$TC_PID/stat"; }
 snap() { ctl --json status; }
 
+# is ROW one of TB_ROWS (all when unset)? The page-cache row always runs.
+want() { [ -z "${TB_ROWS:-}" ] || [ "$1" = pc-qd1 ] || [[ " $TB_ROWS " == *" $1 "* ]]; }
 # daemon ROW LUN TIERBENCH-ARGS...: one run through the daemon -> $OUT/ROW.rN.tc.json (+ status before/after)
 daemon() {
 	local row=$1 lun=$2
+	want "$row" || return 0
 	shift 2
 	snap >"$OUT/$row.r$R.before.json"
 	echo "$(cpu_s)" >"$OUT/$row.r$R.cpu0"
@@ -161,6 +167,7 @@ daemon() {
 }
 # fio_run ROW JOB: fio alone on the target's CPU -> $OUT/ROW.rN.fio.json
 fio_run() {
+	want "$1" || return 0
 	taskset -c "$CPU_TARGET" fio --output-format=json "tests/bench/fio/$2.fio" >"$OUT/$1.r$R.fio.json" 2>"$OUT/$1.r$R.fio.err" ||
 		{ echo "bench-device: fio $2 failed: $(head -3 "$OUT/$1.r$R.fio.err")" >&2; errors=$((errors + 1)); }
 }
@@ -206,6 +213,9 @@ def legs_delta(row, r):
     b = load(f"{out}/{row}.r{r}.before.json")["caches"][0]
     a = load(f"{out}/{row}.r{r}.after.json")["caches"][0]
     d = {k: sum(la["io"][k] - lb["io"][k] for la, lb in zip(a["legs"], b["legs"])) for k in ("reads", "writes", "fua_writes", "flushes")}
+    # write-back pieces sent with their record (one trip) and with none (over dirty blocks)
+    for k in ("write_one_trip", "write_no_record", "write_hits", "write_misses"):
+        d[k] = a.get(k, 0) - b.get(k, 0)
     return d
 def ours(row, r, counts=True):
     d = load(f"{out}/{row}.r{r}.tc.json")["runs"][0]
@@ -226,12 +236,14 @@ rows = [
     ("wb-128k", "write-back 128K seq (MB/s)", "mbps", lambda f, o, pc: (0.8 * f["mbps"] / 2, o["mbps"] >= 0.8 * f["mbps"] / 2), ">= 80% of mirrored"),
 ]
 print()
-print("%-27s %5s %10s %10s %6s %10s %4s  %-31s %-31s %-22s %s" % ("path", "round", "fio", "tiercached", "ratio", "goal", "met",
+print("%-27s %5s %10s %10s %6s %10s %4s  %-31s %-31s %-38s %s" % ("path", "round", "fio", "tiercached", "ratio", "goal", "met",
       "ours avg/p50/p99/p99.9 us", "fio avg/p50/p99/p99.9 us", "legs per command", "CPU us/cmd: ours fio pc; client %"))
 summary = {}
 for r in range(1, rounds + 1):
     pc = ours("pc-qd1", r, counts=False)
     for row, title, fig, goal, goaltext in rows:
+        if not os.path.exists(f"{out}/{row}.r{r}.tc.json"):
+            continue # not in TB_ROWS
         f, o = fio(row, r), ours(row, r)
         ref = f[fig] / 2 if row in ("wb-qd32", "wb-128k") else f[fig]
         bar, met = goal(f, o, pc)
@@ -239,10 +251,12 @@ for r in range(1, rounds + 1):
         n = o["ios"] or 1
         lg = o["legs"]
         if row.startswith("wb"):
-            per = "W %.2f FUA %.2f F %.2f" % (lg["writes"] / n, lg["fua_writes"] / n, lg["flushes"] / n)
+            pieces = (lg["write_hits"] + lg["write_misses"]) or 1
+            per = "W %.2f FUA %.2f F %.2f; 1T %.0f%% 0R %.0f%%" % (lg["writes"] / n, lg["fua_writes"] / n, lg["flushes"] / n,
+                                                     100.0 * lg["write_one_trip"] / pieces, 100.0 * lg["write_no_record"] / pieces)
         else:
             per = "R %.2f W %.2f" % (lg["reads"] / n, lg["writes"] / n)
-        print("%-27s %5d %10.1f %10.1f %6.2f %10.1f %4s  %-31s %-31s %-22s %.1f %.1f %.1f; %.0f%%" % (
+        print("%-27s %5d %10.1f %10.1f %6.2f %10.1f %4s  %-31s %-31s %-38s %.1f %.1f %.1f; %.0f%%" % (
             title, r, ref, o[fig], ratio, bar, "yes" if met else "NO",
             "%.0f/%.0f/%.0f/%.0f" % (o["avg"], o["p50"], o["p99"], o["p999"]),
             "%.0f/%.0f/%.0f/%.0f" % (f["avg"], f["p50"], f["p99"], f["p999"]),

@@ -11,7 +11,9 @@
  *    times), so requests submitted meanwhile overtake them, and writes
  *    after a random 0..write_hops re-posts with the data landing only then,
  *    so writes in flight together land in any order (race tests); with
- *    write_hops_exact, after exactly write_hops re-posts.
+ *    write_hops_exact, after exactly write_hops re-posts; and writes that
+ *    touch [slow_lo, slow_hi) after slow_hops re-posts, landing only then
+ *    (one area of a leg made slow: its journal, say).
  * The log holds submissions (writes with their data, flushes) and, as
  * WL_DONE entries (dev -1), completions, logged just before done() runs,
  * so an acknowledgement upward always has a later index than the
@@ -121,6 +123,8 @@ struct mem_bdev {
 	_Atomic int write_hops;
 	_Atomic bool write_hops_exact;
 	_Atomic uint64_t hop_rnd;
+	_Atomic uint64_t slow_lo, slow_hi;
+	_Atomic int slow_hops;
 	struct wlog *log;
 	bool borrowed;          /* data belongs to the caller (mem_borrow) */
 	uint8_t *touched;       /* the caller's bitmap of 4 KiB pages written, or NULL */
@@ -177,10 +181,18 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 	d->wdata = NULL;
 	d->logi = SIZE_MAX;
 	int wh = atomic_load(&m->write_hops);
+	bool late = wh > 0;
 	if (wh > 0 && req->op == BDEV_WRITE) {
 		uint64_t x = atomic_fetch_add(&m->hop_rnd, 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
 		d->hops = atomic_load(&m->write_hops_exact) ? wh : (int)((x >> 40) % (uint64_t)(wh + 1));
-	}	if (fa >= 0 && n >= fa) {
+	}
+	int sh = atomic_load(&m->slow_hops);
+	if (sh > 0 && req->op == BDEV_WRITE && req->offset < atomic_load(&m->slow_hi) &&
+	    req->offset + req->len > atomic_load(&m->slow_lo)) {
+		d->hops = sh;
+		late = true;
+	}
+	if (fa >= 0 && n >= fa) {
 		d->err = -EIO;
 		atomic_fetch_add(&m->errors, 1);
 	} else if (req->offset + req->len > dev->size) {
@@ -204,7 +216,7 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 			}
 			d->logi = wlog_append(m->log, WL_SUBMIT, m->id, false, req->flags & BDEV_F_FUA, req->offset,
 					      req->len, tmp, 0);
-			if (wh > 0) {
+			if (late) {
 				d->wdata = tmp; /* lands at completion */
 				break;
 			}

@@ -37,6 +37,12 @@
  *  - with leg 0 failed the volume reads the same again (leg 1 alone, when
  *    it is in service).
  *
+ * In write-back, writes over blocks that are already valid send their
+ * journal record together with their data (one round trip, vol_write.c),
+ * so cuts also fall between the two, either way round; overwrites of dirty
+ * blocks send none. (test_cache_wb_trips covers what this workload does
+ * not: overwrites of one block in flight together.)
+ *
  * A fifth run is write-back on a LUN of 4 KiB blocks over legs that write
  * 512 bytes atomically (the torn-write guard on, cache_vol_guard_torn):
  * every request covers whole 4 KiB blocks, and each block must read back
@@ -642,11 +648,19 @@ static size_t workload(int nbatches)
 	struct cache_set_status st;
 	cache_set_status(cs, &st);
 	printf("%s workload: %d batches, %zu log entries, leg 1 rebuilt %s; %llu promotions, %llu top-ups, "
-	       "%llu KiB destaged, %llu write hits, %llu block log records (%llu waited for room)\n",
+	       "%llu KiB destaged, %llu write hits (%llu with data and record together, %llu needing no record), "
+	       "%llu block log records "
+	       "(%llu waited for room)\n",
 	       cache_mode_name(cur_mode), nbatches, total, replace_new ? "onto a new device" : "in place", (unsigned long long)st.promotions,
 	       (unsigned long long)st.topups, (unsigned long long)(st.destaged_bytes >> 10),
-	       (unsigned long long)st.write_hits, (unsigned long long)st.block_log_writes,
-	       (unsigned long long)st.block_log_waits);
+	       (unsigned long long)st.write_hits, (unsigned long long)st.write_one_trip,
+	       (unsigned long long)st.write_no_record,
+	       (unsigned long long)st.block_log_writes, (unsigned long long)st.block_log_waits);
+	/* write-back must have cut records sent beside their data (the one-trip path, vol_write.c) */
+	if (cur_mode == CACHE_WRITE_BACK && !blk4k)
+		REQUIRE(st.write_one_trip > 0 && st.write_no_record > 0,
+			"write-back took the one trip %llu times and went without a record %llu times",
+			(unsigned long long)st.write_one_trip, (unsigned long long)st.write_no_record);
 	/* the 4 KiB-block run must have exercised the block log, its ring full included */
 	if (blk4k)
 		REQUIRE(st.block_log_writes > 0, "no overwrite of dirty data went through the block log");

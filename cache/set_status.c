@@ -13,8 +13,9 @@
 
 uint64_t cache_set_mem_bytes(const struct cache_set *cs)
 {
-	return map_mem_bytes(&cs->map) + atomic_load(&cs->bm.allocated_bytes) +
-	       (uint64_t)(cs->lay.nslots + 63) / 64 * 8 /* free list */ + (cs->lay.nslots + 7) / 8 +
+	/* the map counts the slots; here the allocator's free, retire and grace bits, the checkpoint's marks */
+	uint64_t per_slot = 3 * ((uint64_t)(cs->lay.nslots + 63) / 64 * 8) + (cs->lay.nslots + 7) / 8;
+	return map_mem_bytes(&cs->map) + atomic_load(&cs->bm.allocated_bytes) + per_slot +
 	       (cs->policy ? policy_mem_bytes(cs->policy) : 0);
 }
 

@@ -65,6 +65,12 @@ struct worker_tick {
 
 /* Start n worker threads (n = 0: one per online core). 0 or -errno. */
 int workers_start(unsigned n);
+/*
+ * Any thread, any time: after events, a worker keeps asking for more
+ * without sleeping for this long before it sleeps (0, the default: it
+ * sleeps at once). Trades CPU for latency at low queue depth.
+ */
+void worker_set_poll_us(unsigned us);
 /* Stop all workers after their current iteration and join them. */
 void workers_stop(void);
 unsigned workers_count(void);

@@ -7,7 +7,7 @@
  * refuse exactly the same files.
  *
  * Sections:
- *   [daemon]        state_dir, control_socket, workers, log_level,
+ *   [daemon]        state_dir, control_socket, workers, poll_us, log_level,
  *                   nop_interval, nop_timeout
  *   [portal]        listen (repeatable; host:port, [v6]:port), port_group
  *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
@@ -109,6 +109,7 @@ struct config {
 	char *state_dir;
 	char *control_socket;    /* tierctl's Unix socket */
 	unsigned workers;        /* 0 = one per core */
+	unsigned poll_us;        /* a worker polls this long after its last events before it sleeps; 0 = never */
 	char *log_level;         /* error | warning | info | debug */
 	unsigned nop_interval;   /* seconds between NOP-In pings on idle links; 0 = off */
 	unsigned nop_timeout;    /* seconds to wait for the ping's answer */

@@ -134,6 +134,12 @@ int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 			return 0;
 		}
 		cfg->workers = (unsigned)u;
+	} else if (!strcmp(key, "poll_us")) {
+		if (cfg_parse_uint(val, 1000, &u)) {
+			cfg_fail_at(ps, ps->line, "[daemon] poll_us = %s: give microseconds from 0 (never poll) to 1000", val);
+			return 0;
+		}
+		cfg->poll_us = (unsigned)u;
 	} else if (!strcmp(key, "log_level")) {
 		if (strcmp(val, "error") && strcmp(val, "warning") && strcmp(val, "info") && strcmp(val, "debug")) {
 			cfg_fail_at(ps, ps->line, "[daemon] log_level = %s: use error, warning, info or debug", val);
@@ -154,8 +160,8 @@ int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 			cfg->nop_timeout = (unsigned)u;
 	} else {
 		cfg_fail_at(ps, ps->line,
-			"[daemon] has no key \"%s\"; known keys: state_dir, control_socket, workers, log_level, "
-			"nop_interval, nop_timeout",
+			"[daemon] has no key \"%s\"; known keys: state_dir, control_socket, workers, poll_us, "
+			"log_level, nop_interval, nop_timeout",
 			key);
 		return 0;
 	}

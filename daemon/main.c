@@ -270,6 +270,7 @@ int main(int argc, char **argv)
 		config_free(d.cfg);
 		return 1;
 	}
+	worker_set_poll_us(d.cfg->poll_us);
 	int r = workers_start(d.cfg->workers);
 	if (r < 0) {
 		log_err("cannot start worker threads: %s", strerror(-r));

@@ -116,7 +116,7 @@ static bool copy_listen(struct cfg_listen *dst, int *ndst, const struct cfg_list
 /*
  * What a reload cannot change is put back into n as o has it (copied: o
  * stays untouched, the control thread and logins may be reading it), one
- * warning per item: [daemon] (log_level excepted: applied at commit),
+ * warning per item: [daemon] (log_level and poll_us excepted: applied at commit),
  * [portal], [tcmu], the [cache] sections, and the settings of a [lun]
  * that stays. Returns how many, or -1 when out of memory.
  */
@@ -561,6 +561,7 @@ static void reload_swap_config(struct reload *r)
 	d->pc = r->pc;
 	ctl_cache_update(r->n, r->vols);
 	control_unlock();
+	worker_set_poll_us(r->n->poll_us); /* takes effect at each worker's next wait */
 	{
 		struct config **v = realloc(d->old_cfgs, sizeof(*v) * (size_t)(d->nold_cfgs + 1));
 		if (v) {

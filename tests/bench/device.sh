@@ -28,7 +28,8 @@
 # folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there),
 # TB_PRESSURE=0 (skip the 8K 70/30 sweep over an emulated HDD; it needs
 # root), TB_MEM=0 (skip the memory row at the end), TB_ROWS="wb-qd1 wb-qd32"
-# (only these rows of the table: rh-qd32 rh-qd1 rh-128k wb-qd1 wb-qd32 wb-128k).
+# (only these rows of the table: rh-qd32 rh-qd1 rh-128k wb-qd1 wb-qd32 wb-128k),
+# TB_POLL_US=N (the daemons' [daemon] poll_us, default 0: they sleep at once).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -42,6 +43,7 @@ cp "$TB" "$TC_BIN" "$CTL" "$T/bin/" || exit 2
 TB=$T/bin/tierbench TC_BIN=$T/bin/tiercached CTL=$T/bin/tierctl
 
 SECS=${TB_SECS:-10}
+POLL_US=${TB_POLL_US:-0} # [daemon] poll_us of the daemons measured
 ROUNDS=${TB_ROUNDS:-3}
 D=${TB_DIR:-$(mktemp -d /var/tmp/tc-bench-device.XXXXXX)}
 mkdir -p "$D"
@@ -69,6 +71,7 @@ state_dir = $T/state
 control_socket = $T/state/control.sock
 log_level = info
 workers = 1
+poll_us = $POLL_US
 
 [portal]
 listen = 127.0.0.1:$port
@@ -117,6 +120,7 @@ state_dir = $T/$name-state
 control_socket = $T/$name-state/control.sock
 log_level = info
 workers = 1
+poll_us = $POLL_US
 
 [portal]
 listen = 127.0.0.1:$p
@@ -173,6 +177,7 @@ fio_run() {
 }
 
 errors=0
+echo "== the daemon: one worker on CPU $CPU_TARGET, poll_us = $POLL_US"
 for ((R = 1; R <= ROUNDS; R++)); do
 	echo "== round $R of $ROUNDS"
 	daemon pc-qd1 1 -b 4k --rand -r 100 -t 1 -q 1

@@ -272,6 +272,35 @@ static void test_nop(void)
 	}
 }
 
+static void test_poll(void)
+{
+	static const struct {
+		const char *text;
+		int ok;
+		unsigned us;
+	} cases[] = {
+		{ "[daemon]\nworkers = 1\n", 1, 0 },
+		{ "[daemon]\npoll_us = 0\n", 1, 0 },
+		{ "[daemon]\npoll_us = 50\n", 1, 50 },
+		{ "[daemon]\npoll_us = 1000\n", 1, 1000 },
+		{ "[daemon]\npoll_us = 1001\n", 0, 0 },
+		{ "[daemon]\npoll_us = -1\n", 0, 0 },
+		{ "[daemon]\npoll_us = 20us\n", 0, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(cases[i].text, "poll.conf", &cfg, err, sizeof(err));
+		CHECK((r == 0) == cases[i].ok, "poll case %zu: parse %s (%s)", i, r ? "refused" : "accepted", err);
+		if (!cases[i].ok)
+			CHECK(strstr(err, "poll_us") != NULL, "poll case %zu: the error names the key: %s", i, err);
+		if (r)
+			continue;
+		CHECK(cfg->poll_us == cases[i].us, "poll case %zu: poll_us %u, expected %u", i, cfg->poll_us, cases[i].us);
+		config_free(cfg);
+	}
+}
+
 static void test_rbd_lun(void)
 {
 	struct config *cfg = NULL;
@@ -299,6 +328,7 @@ int main(void)
 {
 	test_backing_io();
 	test_nop();
+	test_poll();
 	test_rbd_lun();
 	test_good();
 	test_cache_sections();

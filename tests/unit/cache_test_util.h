@@ -280,6 +280,14 @@ static inline struct mem_bdev *mem_borrow(int id, uint64_t size, uint8_t *data)
 	return m;
 }
 
+/* A set and its one volume closed the way the daemon does: a clean stop, then the volume, then the set. */
+static inline void test_set_close(struct cache_set *cs, struct bdev *vol)
+{
+	cache_set_shutdown(cs);
+	bdev_close(vol);
+	cache_set_close(cs);
+}
+
 /* Rebuild device id's image as a power cut at log index cut would leave it. */
 static inline void wlog_image(int id, const uint8_t *initial, uint64_t size, size_t cut, uint8_t *out)
 {

@@ -74,13 +74,6 @@ static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, enum c
 	return cs;
 }
 
-static void close_set(struct cache_set *cs, struct bdev *vol)
-{
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
-}
-
 /* the logged write to dev whose data starts with B's stamp for lba 0, from `from` on */
 static size_t find_stamp_lba(size_t from, int dev, uint64_t lba, uint64_t seq)
 {
@@ -190,7 +183,7 @@ static void verify(const char *name, uint8_t *img[3], enum cache_mode mode, uint
 	uint64_t s = block_seq(d[DEV_BACK]->data);
 	expect(s == first, name, "after a flush the backing store holds seq %llu, the cache served %llu", s, first);
 	buf_put(buf, BLK);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	printf("ok: %s: every read returned seq %llu (A %llu, B %llu), legs equal, leg %d lost, backing agrees\n",
 	       name, (unsigned long long)first, (unsigned long long)seq_a, (unsigned long long)seq_b,
 	       fail_leg - 1);
@@ -286,7 +279,7 @@ static void run_case(enum kase k, bool fua)
 	pthread_mutex_lock(&g_log.lock);
 	g_log.on = false;
 	pthread_mutex_unlock(&g_log.lock);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 
 	/* where to cut: right after B's first device write that matters */
 	size_t cut;
@@ -363,7 +356,7 @@ static void journal_on_one_leg(void)
 	pthread_mutex_lock(&g_log.lock);
 	g_log.on = false;
 	pthread_mutex_unlock(&g_log.lock);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	/* the journal write after B's data: on leg 0 dropped, on leg 1 kept */
 	size_t j0 = SIZE_MAX, j1 = SIZE_MAX;
 	size_t data1 = find_stamp_lba(0, DEV_LEG1, lba, 21);
@@ -414,7 +407,7 @@ static void journal_on_one_leg(void)
 	cfg.admit_hits = 1;
 	uint64_t second = block_seq(b);
 	expect(second == first, name, "leg 1 alone reads seq %llu where both legs read %llu", second, first);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	for (int i = 0; i < 3; i++)
 		free(img[i]);
 	free(leg1);

@@ -156,13 +156,6 @@ static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_
 	return cs;
 }
 
-static void close_set(struct cache_set *cs, struct bdev *vol)
-{
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
-}
-
 /* ---- the device model ------------------------------------------------------- */
 
 /*
@@ -445,7 +438,7 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 			l1 == DEV_LEG1B ? "the device it was replaced onto" : "its first device");
 	double t2 = tnow();
 	t_read += t2 - t1;
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	bdev_close(&d[l1 == DEV_LEG1 ? DEV_LEG1B : DEV_LEG1]->dev); /* the leg 1 device not listed */
 	t_close += tnow() - t2;
 	return bad;
@@ -469,7 +462,7 @@ static int verify_recovery_cut(size_t cut, uint8_t *const img[NDEV], uint64_t se
 	pthread_mutex_lock(&rlog.lock);
 	rlog.on = false;
 	pthread_mutex_unlock(&rlog.lock);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	bdev_close(&d[l1 == DEV_LEG1 ? DEV_LEG1B : DEV_LEG1]->dev); /* the leg 1 device not listed */
 	struct model rm;
 	model_build(&rm, &rlog);
@@ -667,7 +660,7 @@ static size_t workload(int nbatches)
 	for (int i = 0; i < 8; i++)
 		buf_put(bufs[i], 32u << 10);
 	buf_put(rbuf, EXT);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	if (!replace_new)
 		bdev_close(&d[DEV_LEG1B]->dev); /* never given to the set */
 	return total;

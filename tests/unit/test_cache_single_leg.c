@@ -49,13 +49,6 @@ static struct cache_set *open_on(uint8_t *img[3], const int *listed, int n, stru
 	return cs;
 }
 
-static void close_set(struct cache_set *cs, struct bdev *vol)
-{
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
-}
-
 static void write_block0(struct bdev *vol, uint8_t *buf, uint64_t seq)
 {
 	stamp_fill(buf, 0, BLK / 512, seq);
@@ -75,12 +68,12 @@ static void run(int alone)
 	/* 1. both legs: A */
 	struct cache_set *cs = open_on(img, both, 2, d, &vol);
 	write_block0(vol, buf, 11);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 
 	/* 2. leg `alone` only: B */
 	cs = open_on(img, one, 1, d, &vol);
 	write_block0(vol, buf, 12);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	bdev_close(&d[2 - alone]->dev); /* not listed */
 
 	/* 3. both legs again */
@@ -97,7 +90,7 @@ static void run(int alone)
 	int r = tio_sync(vol, BDEV_READ, 0, buf, BLK, 0);
 	REQUIRE(r == 0 ? seq_of(buf) == 12 : true, "leg %d ran alone and then failed: block 0 reads seq %llu from "
 		"the other leg, want B (12) or an error", alone, (unsigned long long)seq_of(buf));
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	buf_put(buf, BLK);
 	for (int i = 0; i < 3; i++)
 		free(img[i]);

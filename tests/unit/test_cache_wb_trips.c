@@ -60,13 +60,6 @@ static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_
 	return cs;
 }
 
-static void close_set(struct cache_set *cs, struct bdev *vol)
-{
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
-}
-
 /* the power cut: the devices as they are at the first acknowledgement */
 static struct mem_bdev *live[NDEV];
 static uint8_t *cut_img[NDEV];
@@ -148,7 +141,7 @@ static int check_cut(const char *what, uint64_t lo, uint64_t hi)
 	REQUIRE(cache_set_fail_leg(cs, d[DEV_LEG0]->name, "test: the other leg alone", err, sizeof(err)) == 0,
 		"fail leg 0: %s", err);
 	long c = read_x(vol);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	int bad = 0;
 	if (a < (long)lo || a > (long)hi || b != a || c != a) {
 		fprintf(stderr, "FAIL %s: the cut at write %d's acknowledgement reads X as %ld, %ld, then %ld with "
@@ -224,7 +217,7 @@ int main(void)
 	slow_journal(cs, 0);
 	for (int i = 0; i < 3; i++)
 		buf_put(buf[i], X_SECT * 512);
-	close_set(cs, vol);
+	test_set_close(cs, vol);
 	for (int i = 0; i < NDEV; i++)
 		free(cut_img[i]);
 	workers_stop();

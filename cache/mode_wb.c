@@ -1,7 +1,7 @@
 /*
  * mode_wb.c - write-back: a write goes to the legs (FUA on every healthy
  * leg) and is acknowledged once it and its DIRTY journal record are durable
- * (sent together over blocks already valid: vol_write.c's one_trip); the
+ * (sent together over blocks already valid: vol_write.c's wb_trips); the
  * cleaner destages it later. A miss the policy admits takes a fresh slot;
  * one it does not, or that finds no free slot, goes to the backing store
  * (bypass). With no healthy leg the backing store takes the write.

@@ -131,36 +131,35 @@ static void one_trip_recorded(struct jwait *w, int err)
  * torn-write guard, whose block is all old or all new. The record is
  * applied in RAM and given its seq now, as every record is, atomically
  * with the check: the checkpoint's snapshot and recovery's seq order are
- * unchanged. WB_ONE_TRIP: the record is taken (p->jw), append it.
+ * unchanged. ST_ONE_TRIP: the record is taken (p->jw), append it.
  *
  * An overwrite of blocks that are all dirty already, by the slot's only
- * writer, needs no record at all (WB_NO_RECORD): a record would say
+ * writer, needs no record at all (ST_NO_RECORD): a record would say
  * "valid and dirty", which the journal and table already say durably.
  * Durably, because only a write sets a block dirty, it holds its pin until
  * its record is durable, and with no other writer pinned the last record
  * on these blocks is such a write's (a CLEAN after our pin is refused by
  * the write generation, an INVALIDATE comes from a writer that pins after
  * us and so carries a later seq). A power cut then leaves the slot's
- * region reconciled as above. Otherwise the two trips (WB_TWO_TRIPS).
+ * region reconciled as above (ST_NO_RECORD). Otherwise the two trips
+ * (ST_CACHE_DATA, then record()). Returns the stage of the data write.
  */
-enum { WB_TWO_TRIPS, WB_ONE_TRIP, WB_NO_RECORD };
-
 static int wb_trips(struct piece *p)
 {
 	struct cache_vol *v = p->parent->v;
 	struct cache_set *cs = v->cs;
 	if (!p->pin || p->fresh || p->logged || atomic_load(&v->guard_torn) ||
 	    !vol_mode(atomic_load(&v->mode))->dirty)
-		return WB_TWO_TRIPS;
+		return ST_CACHE_DATA;
 	struct slot *sl = &cs->slots[p->slot];
-	int how = WB_TWO_TRIPS;
+	int how = ST_CACHE_DATA;
 	slot_lock(sl);
 	if ((atomic_load(&sl->bits) & SB_STATE_MASK) == SB_READY) {
 		if ((atomic_load(&sl->users) >> 16) == 1 && slot_all_dirty(cs, p->slot, p->first, p->count)) {
-			how = WB_NO_RECORD;
+			how = ST_NO_RECORD;
 			atomic_fetch_add_explicit(&cs->st.no_record_writes, 1, memory_order_relaxed);
 		} else if (slot_all_valid(cs, p->slot, p->first, p->count)) {
-			how = WB_ONE_TRIP;
+			how = ST_ONE_TRIP;
 			atomic_fetch_add_explicit(&cs->st.one_trip_writes, 1, memory_order_relaxed);
 			cache_record_locked(cs, p->slot, atomic_load(&sl->key), JOP_DIRTY, p->first, p->count, &p->jw);
 		}
@@ -191,25 +190,17 @@ void to_cache(struct piece *p)
 			   p->iovcnt, piece_logged, p);
 		return;
 	}
-	uint64_t at = slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR;
-	int how = wb_trips(p);
-	if (how == WB_NO_RECORD) {
-		p->stage = ST_NO_RECORD;
-		submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA, at);
-		return;
-	}
-	if (how == WB_ONE_TRIP) {
+	p->stage = wb_trips(p);
+	if (p->stage == ST_ONE_TRIP) {
 		/* data and record in flight together; piece_end when both are durable */
-		p->stage = ST_ONE_TRIP;
 		p->pending = 2;
 		p->err = 0;
 		p->jw.done = one_trip_recorded;
-		submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA, at);
-		journal_append(cs, &p->jw);
-		return;
 	}
-	p->stage = ST_CACHE_DATA;
-	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA, at);
+	submit_sub(p, &cs->mirror.dev, BDEV_WRITE, BDEV_F_FUA,
+		   slot_leg_off(cs, p->slot) + (uint64_t)p->first * CACHE_SECTOR);
+	if (p->stage == ST_ONE_TRIP)
+		journal_append(cs, &p->jw);
 }
 
 static void to_cache_cont(void *arg) { to_cache(arg); }
@@ -236,12 +227,12 @@ static void write_step(struct bdev_req *req, int err)
 	struct cache_vol *v = p->parent->v;
 	int mode = atomic_load(&v->mode);
 
-	if (err && p->stage == ST_ONE_TRIP) {
-		/* the record stands: it names valid blocks holding old data, or part new */
+	/* after an error, a one-trip record stands: it names valid blocks holding old data, or part new */
+	if (p->stage == ST_ONE_TRIP) {
 		one_trip_half(p, err);
 		return;
 	}
-	if (err && p->stage == ST_NO_RECORD) {
+	if (p->stage == ST_NO_RECORD) {
 		piece_end(p, err);
 		return;
 	}
@@ -273,12 +264,6 @@ static void write_step(struct bdev_req *req, int err)
 	if ((p->stage == ST_BACKING || p->stage == ST_BACKING_INVAL) && !(p->sub.flags & BDEV_F_FUA))
 		atomic_fetch_add(&v->bw_volatile, 1);
 	switch (p->stage) {
-	case ST_ONE_TRIP:
-		one_trip_half(p, 0);
-		return;
-	case ST_NO_RECORD:
-		piece_end(p, 0);
-		return;
 	case ST_CACHE_DATA:
 		record(p, vol_mode(mode)->dirty ? JOP_DIRTY : JOP_VALID, ST_RECORD);
 		return;

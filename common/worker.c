@@ -110,7 +110,7 @@ static int worker_wait(struct worker *w, struct epoll_event *evs, int timeout)
 		for (uint64_t t = now_ns(); t - w->last_event_ns < budget; t = now_ns()) {
 			n = epoll_wait(w->epfd, evs, MAX_EVENTS, 0);
 			if (n > 0)
-				w->last_event_ns = now_ns();
+				w->last_event_ns = t;
 			if (n != 0)
 				return n;
 		}

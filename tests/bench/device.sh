@@ -65,18 +65,23 @@ head -c 64M /dev/urandom >"$D/pc.img"
 
 port=$(tc_free_port)
 IQN=iqn.2026-11.io.tiercache:bench-device
-cat >"$T/t.conf" <<CONF
+# daemon_head NAME PORT: the [daemon], [portal] and [target] head of a config
+daemon_head() {
+	cat <<CONF
 [daemon]
-state_dir = $T/state
-control_socket = $T/state/control.sock
+state_dir = $T/$1-state
+control_socket = $T/$1-state/control.sock
 log_level = info
 workers = 1
 poll_us = $POLL_US
 
 [portal]
-listen = 127.0.0.1:$port
+listen = 127.0.0.1:$2
 
 [target $IQN]
+CONF
+}
+{ daemon_head main "$port"; cat <<CONF
 lun0 = hot
 lun1 = pc
 
@@ -100,6 +105,7 @@ mode = write-back
 seq_cutoff = 0
 admit_hits = 1
 CONF
+} >"$T/t.conf"
 # start_pinned CONF PORT [PREFIX...]: tc_start on the target's CPU, under
 # PREFIX (a command that execs the rest; so does taskset: TC_PID is the daemon's)
 start_pinned() {
@@ -114,18 +120,8 @@ start_pinned() {
 one_lun_conf() {
 	local name=$1 p=$2 backing=$3 size=$4 csize=$5
 	shift 5
+	daemon_head "$name" "$p"
 	cat <<CONF
-[daemon]
-state_dir = $T/$name-state
-control_socket = $T/$name-state/control.sock
-log_level = info
-workers = 1
-poll_us = $POLL_US
-
-[portal]
-listen = 127.0.0.1:$p
-
-[target $IQN]
 lun0 = $name
 
 [lun $name]

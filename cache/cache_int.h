@@ -50,7 +50,8 @@
 #define SB_TOPUP       0x100u /* a top-up (fill of the invalid blocks of a READY slot) runs */
 #define SB_TOPUP_WR    0x200u /* ... and is writing the legs: writers park (cache_slot_wait) */
 #define SB_LOGWR       0x400u /* an overwrite through the block log is in flight: others park (dlog.c) */
-#define SB_WGEN_SHIFT  11
+#define SB_FINE        0x800u /* the bitmaps are per sector, not per 4 KiB page (map.c) */
+#define SB_WGEN_SHIFT  12
 #define SB_WGEN_ONE    (1u << SB_WGEN_SHIFT) /* bumped at each write start */
 
 /* slot.users: readers in the low half, writers in the high half */
@@ -105,22 +106,26 @@ uint64_t map_mem_bytes(const struct cache_map *m);
 /* ---- per-block bitmaps ------------------------------------------------- */
 
 #define BM_GROUP 64          /* slots per lazily allocated bitmap chunk */
+#define BM_PAGE_SHIFT 3      /* sectors per page-grain bit: 8 (4 KiB) */
+
+struct bm_group;
 
 struct cache_bitmaps {
-	uint32_t words;           /* 64-bit words per bitmap (bpe / 64, >= 1) */
 	uint32_t bpe;
+	uint32_t fwords;          /* 64-bit words per per-sector bitmap (bpe / 64, >= 1) */
+	uint32_t pwords;          /* 64-bit words per per-page bitmap (bpe / 512, >= 1) */
 	uint32_t ngroups;
-	_Atomic(uint64_t *) *group; /* [ngroups]: NULL until a slot in it goes partial */
+	_Atomic(struct bm_group *) *group; /* [ngroups]: NULL until a slot in it goes partial */
 	_Atomic uint64_t allocated_bytes;
+	_Atomic uint64_t fine_slots;       /* slots whose state is per sector now (SB_FINE) */
 };
 
 /* Main thread. */
 int bm_init(struct cache_bitmaps *b, uint32_t nslots, uint32_t bpe);
 void bm_destroy(struct cache_bitmaps *b);
-/* Any thread, lock-free: valid and dirty words of slot s (allocating the
- * chunk when create, which only slot-lock holders do; may call malloc). */
-_Atomic uint64_t *bm_valid(struct cache_bitmaps *b, uint32_t s, bool create);
-_Atomic uint64_t *bm_dirty(struct cache_bitmaps *b, uint32_t s, bool create);
+/* A free slot is being handed out (no reader can hold it): drop its
+ * per-sector bitmaps, if it had any. */
+void bm_slot_reuse(struct cache_bitmaps *b, uint32_t s);
 
 /* ---- slot state helpers (map.c) -------------------------------------- */
 
@@ -143,6 +148,9 @@ bool slot_any_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t c
 bool slot_all_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
 /* First dirty run at or after *first within the extent; false if none. */
 bool slot_next_dirty_run(struct cache_set *cs, uint32_t s, uint32_t *first, uint32_t *count);
+/* The slot's valid and dirty bits, one per sector, as the table record
+ * stores them (bpe / 8 bytes each); caller holds slot_lock. */
+void slot_encode_bits(struct cache_set *cs, uint32_t s, uint8_t *valid, uint8_t *dirty);
 
 /* ---- mirror ------------------------------------------------------------ */
 

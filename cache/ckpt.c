@@ -31,16 +31,7 @@ void cache_encode_slot(struct cache_set *cs, uint32_t s, uint8_t *rec)
 	if ((bits & SB_STATE_MASK) == SB_READY) {
 		h->key = le64_of(atomic_load(&sl->key));
 		h->flags = le32_of(bits & (SB_FULL_VALID | SB_DIRTY | SB_HAS_BM));
-		if (bits & SB_HAS_BM) {
-			_Atomic uint64_t *v = bm_valid(&cs->bm, s, false), *d = bm_dirty(&cs->bm, s, false);
-			for (uint32_t i = 0; i < bpe / 8; i++) {
-				vb[i] = (uint8_t)(atomic_load(&v[i / 8]) >> (8 * (i % 8)));
-				db[i] = (uint8_t)(atomic_load(&d[i / 8]) >> (8 * (i % 8)));
-			}
-		} else {
-			memset(vb, (bits & SB_FULL_VALID) ? 0xff : 0, bpe / 8);
-			memset(db, (bits & SB_DIRTY) ? 0xff : 0, bpe / 8);
-		}
+		slot_encode_bits(cs, s, vb, db);
 	} else {
 		h->key = le64_of(CACHE_KEY_NONE);
 	}

@@ -341,9 +341,7 @@ void vol_topup_start(struct cache_vol *v, uint32_t s, uint64_t key)
 	 * bump the generation; seeing no writer after reading bits means any
 	 * later one bumps a generation we did not read.
 	 */
-	/* Dirty without a bitmap (none could be allocated): which blocks are valid is not known. */
-	bool unknown = (bits & SB_DIRTY) && !(bits & (SB_HAS_BM | SB_FULL_VALID));
-	if ((bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_TOPUP | SB_CANCEL)) && !unknown &&
+	if ((bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_TOPUP | SB_CANCEL)) &&
 	    !(atomic_load(&sl->users) >> 16) && atomic_load(&sl->key) == key) {
 		uint32_t at = 0;
 		while (at < blocks && t->nruns < TOPUP_RUNS) {

@@ -34,12 +34,22 @@
  * included) directly before an empty entry become empty: no live entry's
  * probe run crosses them, so no reader can be cut short by it.
  *
- * Per-block bitmaps live in chunks of 64 slots, allocated the first time
- * one of them holds a partial extent: a fully valid, all clean or all
- * dirty extent needs only its summary flags.
+ * Per-block state has two grains. A fully valid, all clean or all dirty
+ * extent needs only its summary flags. A partial one first keeps a valid
+ * and a dirty bit per 4 KiB page: that is what hosts write (ext4, NTFS,
+ * VMFS and databases all issue whole pages), and it costs 16 bytes per
+ * 256 KiB slot, in chunks of 64 slots allocated the first time one of
+ * them goes partial. The on-disk records stay per 512-byte sector, so a
+ * change that splits a page (a sector-aligned write that is not page
+ * aligned, a LUN that ends inside a page) moves that slot alone to
+ * per-sector bitmaps (SB_FINE, 128 bytes at 256 KiB), which it keeps
+ * until it is handed out again from the free list. Keeping every slot per
+ * sector cost 600 KB of RAM per GB of cache under 4 KiB misses; per page
+ * it is 16 KB of bitmaps per GB on top of the slots and the table.
  */
 #include "cache/cache_int.h"
 #include "common/hash.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -280,59 +290,153 @@ uint64_t map_mem_bytes(const struct cache_map *m)
 
 /* ---- bitmaps ------------------------------------------------------------ */
 
+/*
+ * A chunk: the page-grain words of BM_GROUP slots (valid then dirty,
+ * pwords each), and, once one of them splits a page, an array of
+ * per-sector bitmaps (valid then dirty, fwords each) indexed by slot.
+ *
+ * Readers hold no lock. A slot moving to per-sector state (under its
+ * lock) fills its new bitmaps from the page words, publishes them, and
+ * only then sets SB_FINE (release); from then on its page words are left
+ * as they were. A reader that loaded the flags before sees the state as
+ * of before that change, one that loads them after sees the new bitmaps:
+ * each reader sees each word before or after a change, as with one grain.
+ * Per-sector bitmaps are freed only when the slot is handed out again
+ * (bm_slot_reuse): it has then been out of the map for a grace period.
+ */
+struct bm_group {
+	_Atomic(_Atomic(uint64_t *) *) fine; /* [BM_GROUP], or NULL */
+	_Atomic uint64_t words[];
+};
+
 /* Main thread. */
 int bm_init(struct cache_bitmaps *b, uint32_t nslots, uint32_t bpe)
 {
 	b->bpe = bpe;
-	b->words = (bpe + 63) / 64;
+	b->fwords = (bpe + 63) / 64;
+	b->pwords = ((bpe >> BM_PAGE_SHIFT) + 63) / 64;
 	b->ngroups = (nslots + BM_GROUP - 1) / BM_GROUP;
 	b->group = calloc(b->ngroups, sizeof(*b->group));
 	atomic_init(&b->allocated_bytes, (uint64_t)b->ngroups * sizeof(*b->group));
+	atomic_init(&b->fine_slots, 0);
 	return b->group ? 0 : -ENOMEM;
 }
 
 /* Main thread, no reader left. */
 void bm_destroy(struct cache_bitmaps *b)
 {
-	for (uint32_t g = 0; g < b->ngroups; g++)
-		free(atomic_load(&b->group[g]));
+	for (uint32_t g = 0; g < b->ngroups; g++) {
+		struct bm_group *gr = atomic_load(&b->group[g]);
+		if (!gr)
+			continue;
+		_Atomic(uint64_t *) *fa = atomic_load(&gr->fine);
+		if (fa) {
+			for (uint32_t i = 0; i < BM_GROUP; i++)
+				free(atomic_load(&fa[i]));
+			free(fa);
+		}
+		free(gr);
+	}
 	free(b->group);
 	b->group = NULL;
 }
 
-static _Atomic uint64_t *bm_words(struct cache_bitmaps *b, uint32_t s, bool create)
+static size_t fine_bytes(const struct cache_bitmaps *b)
 {
-	_Atomic(uint64_t *) *gp = &b->group[s / BM_GROUP];
-	uint64_t *g = atomic_load_explicit(gp, memory_order_acquire);
-	if (!g && create) {
-		size_t bytes = (size_t)BM_GROUP * 2 * b->words * sizeof(uint64_t);
-		uint64_t *n = calloc(1, bytes);
+	return (size_t)2 * b->fwords * sizeof(uint64_t);
+}
+
+void bm_slot_reuse(struct cache_bitmaps *b, uint32_t s)
+{
+	struct bm_group *g = atomic_load_explicit(&b->group[s / BM_GROUP], memory_order_acquire);
+	_Atomic(uint64_t *) *fa = g ? atomic_load_explicit(&g->fine, memory_order_acquire) : NULL;
+	uint64_t *f = fa ? atomic_exchange(&fa[s % BM_GROUP], NULL) : NULL;
+	if (f) {
+		free(f);
+		atomic_fetch_sub(&b->allocated_bytes, fine_bytes(b));
+	}
+}
+
+/*
+ * Where a slot's bits are: v and d point at units of (1 << shift)
+ * sectors, units of them per bitmap. Absent (false) for a slot whose
+ * chunk was never allocated.
+ */
+struct bm_view {
+	_Atomic uint64_t *v, *d;
+	uint32_t shift, units, words;
+};
+
+static bool bm_view(struct cache_bitmaps *b, uint32_t s, uint32_t bits, struct bm_view *o)
+{
+	struct bm_group *g = atomic_load_explicit(&b->group[s / BM_GROUP], memory_order_acquire);
+	if (!g)
+		return false;
+	if (bits & SB_FINE) {
+		_Atomic(uint64_t *) *fa = atomic_load_explicit(&g->fine, memory_order_acquire);
+		uint64_t *f = atomic_load_explicit(&fa[s % BM_GROUP], memory_order_acquire);
+		o->v = (_Atomic uint64_t *)f;
+		o->shift = 0;
+		o->words = b->fwords;
+	} else {
+		o->v = g->words + (size_t)(s % BM_GROUP) * 2 * b->pwords;
+		o->shift = BM_PAGE_SHIFT;
+		o->words = b->pwords;
+	}
+	o->d = o->v + o->words;
+	o->units = b->bpe >> o->shift;
+	return true;
+}
+
+/* Caller holds the slot lock: the slot's chunk, allocated if need be. */
+static struct bm_group *bm_group_get(struct cache_bitmaps *b, uint32_t s)
+{
+	_Atomic(struct bm_group *) *gp = &b->group[s / BM_GROUP];
+	struct bm_group *g = atomic_load_explicit(gp, memory_order_acquire);
+	if (g)
+		return g;
+	size_t bytes = sizeof(*g) + (size_t)BM_GROUP * 2 * b->pwords * sizeof(uint64_t);
+	struct bm_group *n = calloc(1, bytes);
+	if (!n)
+		return NULL;
+	struct bm_group *expected = NULL;
+	if (atomic_compare_exchange_strong(gp, &expected, n)) {
+		atomic_fetch_add(&b->allocated_bytes, bytes);
+		return n;
+	}
+	free(n);
+	return expected;
+}
+
+/* Caller holds the slot lock: per-sector bitmaps for s, zeroed. */
+static uint64_t *bm_fine_get(struct cache_bitmaps *b, struct bm_group *g, uint32_t s)
+{
+	_Atomic(uint64_t *) *fa = atomic_load_explicit(&g->fine, memory_order_acquire);
+	if (!fa) {
+		_Atomic(uint64_t *) *n = calloc(BM_GROUP, sizeof(*n));
 		if (!n)
 			return NULL;
-		uint64_t *expected = NULL;
-		if (atomic_compare_exchange_strong(gp, &expected, n)) {
-			atomic_fetch_add(&b->allocated_bytes, bytes);
-			g = n;
+		_Atomic(uint64_t *) *expected = NULL;
+		if (atomic_compare_exchange_strong(&g->fine, &expected, n)) {
+			atomic_fetch_add(&b->allocated_bytes, BM_GROUP * sizeof(*n));
+			fa = n;
 		} else {
 			free(n);
-			g = expected;
+			fa = expected;
 		}
 	}
-	if (!g)
+	uint64_t *f = atomic_load_explicit(&fa[s % BM_GROUP], memory_order_relaxed);
+	if (f) {
+		/* a JOP_FREE earlier in this slot's life left them; nobody reads them */
+		memset(f, 0, fine_bytes(b));
+		return f;
+	}
+	f = calloc(1, fine_bytes(b));
+	if (!f)
 		return NULL;
-	return (_Atomic uint64_t *)g + (size_t)(s % BM_GROUP) * 2 * b->words;
-}
-
-/* Any thread; with create, may allocate (slot lock held by the caller). */
-_Atomic uint64_t *bm_valid(struct cache_bitmaps *b, uint32_t s, bool create)
-{
-	return bm_words(b, s, create);
-}
-
-_Atomic uint64_t *bm_dirty(struct cache_bitmaps *b, uint32_t s, bool create)
-{
-	_Atomic uint64_t *w = bm_words(b, s, create);
-	return w ? w + b->words : NULL;
+	atomic_store_explicit(&fa[s % BM_GROUP], f, memory_order_release);
+	atomic_fetch_add(&b->allocated_bytes, fine_bytes(b));
+	return f;
 }
 
 /* ---- slot state ----------------------------------------------------------- */
@@ -369,21 +473,67 @@ static uint64_t count_bits(_Atomic uint64_t *w, uint32_t words)
 	return n;
 }
 
+static inline bool unit_bit(_Atomic uint64_t *w, uint32_t u)
+{
+	return (atomic_load_explicit(&w[u / 64], memory_order_relaxed) >> (u % 64)) & 1;
+}
+
 static uint64_t slot_dirty_count(struct cache_set *cs, uint32_t s, uint32_t bits)
 {
+	struct bm_view w;
 	if (!(bits & SB_DIRTY))
 		return 0;
-	if (!(bits & SB_HAS_BM))
+	if (!(bits & SB_HAS_BM) || !bm_view(&cs->bm, s, bits, &w))
 		return cs->bm.bpe;
-	return count_bits(bm_dirty(&cs->bm, s, false), cs->bm.words);
+	return count_bits(w.d, w.words) << w.shift;
+}
+
+/*
+ * The state in RAM can only be made exact with memory for it, and there
+ * is no safe approximation: a partial dirty write is not "the whole
+ * extent dirty" (that would destage invalid blocks) nor "not valid" (that
+ * would read the backing store's stale copy). The journal on the legs is
+ * exact, so stopping here loses nothing acknowledged: start again with
+ * the memory to hold the set.
+ */
+static _Noreturn void bm_oom(struct cache_set *cs, uint32_t s)
+{
+	log_err("cache %s: no memory for the block bitmaps of slot %u: stopping (the journal holds the state)",
+		cs->name, s);
+	abort();
+}
+
+/* Fill a fresh bitmap from the summary flags (units of the view). */
+static void bm_fill(const struct bm_view *w, uint32_t bits)
+{
+	uint64_t vfill = (bits & SB_FULL_VALID) ? ~0ull : 0;
+	uint64_t dfill = (bits & SB_DIRTY) ? ~0ull : 0;
+	for (uint32_t i = 0; i < w->words; i++) {
+		uint64_t lim = word_mask(i, 0, w->units);
+		atomic_store_explicit(&w->v[i], vfill & lim, memory_order_relaxed);
+		atomic_store_explicit(&w->d[i], dfill & lim, memory_order_relaxed);
+	}
+}
+
+/* Page-grain words of pw, one bit per sector into f (valid, then dirty). */
+static void bm_split(const struct cache_bitmaps *b, const struct bm_view *pw, uint64_t *f)
+{
+	const uint32_t per = 1u << BM_PAGE_SHIFT;
+	const uint64_t ones = (1ull << per) - 1;
+	for (uint32_t u = 0; u < pw->units; u++) {
+		uint32_t at = u * per;
+		if (unit_bit(pw->v, u))
+			f[at / 64] |= ones << (at % 64);
+		if (unit_bit(pw->d, u))
+			f[b->fwords + at / 64] |= ones << (at % 64);
+	}
 }
 
 /*
  * Caller holds slot_lock(s). Applies op to blocks [first, first+count)
  * with atomic word updates so lock-free readers see each word either
- * before or after. Never sleeps; may allocate the slot's bitmap chunk
- * (a failed allocation degrades to "whole extent" flags only when that is
- * safe; otherwise the change is applied to the summary conservatively).
+ * before or after. Never sleeps; may allocate the slot's bitmap chunk or
+ * its per-sector bitmaps.
  */
 void slot_apply(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32_t count)
 {
@@ -392,19 +542,23 @@ void slot_apply(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32
 	uint32_t bits = atomic_load(&sl->bits);
 	uint64_t dirty_before = slot_dirty_count(cs, s, bits);
 	bool whole = first == 0 && count >= b->bpe;
+	struct bm_view w;
 
 	if (op == JOP_FREE) {
-		if (bits & SB_HAS_BM) {
-			_Atomic uint64_t *v = bm_valid(b, s, false), *d = bm_dirty(b, s, false);
-			for (uint32_t i = 0; i < b->words; i++) {
-				atomic_store(&v[i], 0);
-				atomic_store(&d[i], 0);
+		if ((bits & SB_HAS_BM) && bm_view(b, s, bits, &w)) {
+			for (uint32_t i = 0; i < w.words; i++) {
+				atomic_store(&w.v[i], 0);
+				atomic_store(&w.d[i], 0);
 			}
 		}
-		atomic_fetch_and(&sl->bits, ~(SB_FULL_VALID | SB_DIRTY | SB_HAS_BM | SB_CANCEL));
+		atomic_fetch_and(&sl->bits, ~(SB_FULL_VALID | SB_DIRTY | SB_HAS_BM | SB_FINE | SB_CANCEL));
 		atomic_fetch_sub(&cs->dirty_blocks, dirty_before);
+		if (bits & SB_FINE)
+			atomic_fetch_sub(&b->fine_slots, 1); /* its bitmaps wait for bm_slot_reuse */
 		return;
 	}
+	if (!count)
+		return;
 	if (!(bits & SB_HAS_BM) && whole) {
 		uint32_t set = 0, clr = 0;
 		switch (op) {
@@ -419,52 +573,57 @@ void slot_apply(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32
 		atomic_fetch_add(&cs->dirty_blocks, slot_dirty_count(cs, s, bits) - dirty_before);
 		return;
 	}
-	_Atomic uint64_t *v = bm_valid(b, s, true), *d = bm_dirty(b, s, true);
-	if (!v) {
-		/* No memory for a bitmap: keep the summary conservative. */
-		if (op == JOP_DIRTY || op == JOP_INVALIDATE)
-			atomic_fetch_and(&sl->bits, ~SB_FULL_VALID);
-		if (op == JOP_DIRTY)
-			atomic_fetch_or(&sl->bits, SB_DIRTY);
-		return;
-	}
+	uint32_t end = first + count < b->bpe ? first + count : b->bpe;
+	struct bm_group *g = bm_group_get(b, s);
+	if (!g)
+		bm_oom(cs, s);
 	if (!(bits & SB_HAS_BM)) {
-		uint64_t vfill = (bits & SB_FULL_VALID) ? ~0ull : 0;
-		uint64_t dfill = (bits & SB_DIRTY) ? ~0ull : 0;
-		for (uint32_t i = 0; i < b->words; i++) {
-			uint64_t lim = word_mask(i, 0, b->bpe);
-			atomic_store(&v[i], vfill & lim);
-			atomic_store(&d[i], dfill & lim);
-		}
+		/* from the summary, at page grain (a slot without bitmaps is never SB_FINE) */
+		bits &= ~SB_FINE;
+		bm_view(b, s, bits, &w);
+		bm_fill(&w, bits);
 		atomic_fetch_or_explicit(&sl->bits, SB_HAS_BM, memory_order_release);
+		bits |= SB_HAS_BM;
 	}
-	uint32_t end = first + count;
-	for (uint32_t w = first / 64; w <= (end - 1) / 64 && w < b->words; w++) {
-		uint64_t m = word_mask(w, first, end);
+	const uint32_t pmask = (1u << BM_PAGE_SHIFT) - 1;
+	if (!(bits & SB_FINE) && ((first & pmask) || (end & pmask))) {
+		uint64_t *f = bm_fine_get(b, g, s);
+		if (!f)
+			bm_oom(cs, s);
+		bm_view(b, s, bits, &w);
+		bm_split(b, &w, f);
+		atomic_fetch_or_explicit(&sl->bits, SB_FINE, memory_order_release);
+		atomic_fetch_add(&b->fine_slots, 1);
+		bits |= SB_FINE;
+	}
+	bm_view(b, s, bits, &w);
+	uint32_t lo = first >> w.shift, hi = end >> w.shift; /* exact: aligned, or per sector */
+	for (uint32_t i = lo / 64; i <= (hi - 1) / 64 && i < w.words; i++) {
+		uint64_t m = word_mask(i, lo, hi);
 		switch (op) {
 		case JOP_DIRTY:
-			atomic_fetch_or(&v[w], m);
-			atomic_fetch_or(&d[w], m);
+			atomic_fetch_or(&w.v[i], m);
+			atomic_fetch_or(&w.d[i], m);
 			break;
 		case JOP_VALID:
-			atomic_fetch_or(&v[w], m);
-			atomic_fetch_and(&d[w], ~m);
+			atomic_fetch_or(&w.v[i], m);
+			atomic_fetch_and(&w.d[i], ~m);
 			break;
 		case JOP_CLEAN:
-			atomic_fetch_and(&d[w], ~m);
+			atomic_fetch_and(&w.d[i], ~m);
 			break;
 		case JOP_INVALIDATE:
-			atomic_fetch_and(&d[w], ~m);
-			atomic_fetch_and(&v[w], ~m);
+			atomic_fetch_and(&w.d[i], ~m);
+			atomic_fetch_and(&w.v[i], ~m);
 			break;
 		}
 	}
 	bool full = true, any_dirty = false;
-	for (uint32_t i = 0; i < b->words; i++) {
-		uint64_t lim = word_mask(i, 0, b->bpe);
-		if ((atomic_load(&v[i]) & lim) != lim)
+	for (uint32_t i = 0; i < w.words; i++) {
+		uint64_t lim = word_mask(i, 0, w.units);
+		if ((atomic_load(&w.v[i]) & lim) != lim)
 			full = false;
-		if (atomic_load(&d[i]))
+		if (atomic_load(&w.d[i]))
 			any_dirty = true;
 	}
 	if (full)
@@ -483,26 +642,25 @@ void slot_apply(struct cache_set *cs, uint32_t s, int op, uint32_t first, uint32
 uint32_t slot_valid_run(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count, bool *v)
 {
 	uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_acquire);
+	struct bm_view w;
 	if (bits & SB_FULL_VALID) {
 		*v = true;
 		return count;
 	}
-	if (!(bits & SB_HAS_BM)) {
+	if (!(bits & SB_HAS_BM) || !bm_view(&cs->bm, s, bits, &w)) {
 		*v = false;
 		return count;
 	}
-	_Atomic uint64_t *vb = bm_valid(&cs->bm, s, false);
-	bool want = (atomic_load_explicit(&vb[first / 64], memory_order_acquire) >> (first % 64)) & 1;
-	uint32_t n = 0;
-	while (n < count) {
-		uint32_t bit = first + n;
-		bool cur = (atomic_load_explicit(&vb[bit / 64], memory_order_relaxed) >> (bit % 64)) & 1;
-		if (cur != want)
+	uint32_t end = first + count, i = first;
+	bool want = unit_bit(w.v, first >> w.shift);
+	while (i < end) {
+		uint32_t u = i >> w.shift;
+		if (unit_bit(w.v, u) != want)
 			break;
-		n++;
+		i = (u + 1) << w.shift;
 	}
 	*v = want;
-	return n;
+	return (i < end ? i : end) - first;
 }
 
 bool slot_all_valid(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count)
@@ -511,38 +669,46 @@ bool slot_all_valid(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t c
 	return slot_valid_run(cs, s, first, count, &v) == count && v;
 }
 
+/* The units of view w that [first, first+count) touches: [*lo, *hi). */
+static inline void unit_span(const struct bm_view *w, uint32_t first, uint32_t count, uint32_t *lo, uint32_t *hi)
+{
+	*lo = first >> w->shift;
+	*hi = (first + count + (1u << w->shift) - 1) >> w->shift;
+}
+
 /* Any thread, no lock. */
 bool slot_any_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count)
 {
-	uint32_t bits = atomic_load(&cs->slots[s].bits);
-	if (!(bits & SB_DIRTY))
+	uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_acquire);
+	struct bm_view w;
+	uint32_t lo, hi;
+	if (!(bits & SB_DIRTY) || !count)
 		return false;
-	if (!(bits & SB_HAS_BM))
+	if (!(bits & SB_HAS_BM) || !bm_view(&cs->bm, s, bits, &w))
 		return true;
-	_Atomic uint64_t *d = bm_dirty(&cs->bm, s, false);
-	uint32_t end = first + count;
-	for (uint32_t w = first / 64; w <= (end - 1) / 64; w++)
-		if (atomic_load(&d[w]) & word_mask(w, first, end))
+	unit_span(&w, first, count, &lo, &hi);
+	for (uint32_t i = lo / 64; i <= (hi - 1) / 64; i++)
+		if (atomic_load(&w.d[i]) & word_mask(i, lo, hi))
 			return true;
 	return false;
 }
 
 /*
  * Any thread, no lock: are all of [first, first+count) dirty (so valid)?
- * Only a slot with bitmaps answers yes: without them the summary is exact
- * only for whole-extent changes, and one made with no memory for a bitmap
- * leaves it saying more than is true (slot_apply).
+ * Only a slot with bitmaps answers yes: without them the summary says
+ * only whether the whole extent is.
  */
 bool slot_all_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count)
 {
-	uint32_t bits = atomic_load(&cs->slots[s].bits);
-	if (!(bits & SB_DIRTY) || !(bits & SB_HAS_BM))
+	uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_acquire);
+	struct bm_view w;
+	uint32_t lo, hi;
+	if (!(bits & SB_DIRTY) || !(bits & SB_HAS_BM) || !count || !bm_view(&cs->bm, s, bits, &w))
 		return false;
-	_Atomic uint64_t *d = bm_dirty(&cs->bm, s, false);
-	uint32_t end = first + count;
-	for (uint32_t w = first / 64; w <= (end - 1) / 64; w++) {
-		uint64_t m = word_mask(w, first, end);
-		if ((atomic_load(&d[w]) & m) != m)
+	unit_span(&w, first, count, &lo, &hi);
+	for (uint32_t i = lo / 64; i <= (hi - 1) / 64; i++) {
+		uint64_t m = word_mask(i, lo, hi);
+		if ((atomic_load(&w.d[i]) & m) != m)
 			return false;
 	}
 	return true;
@@ -553,24 +719,48 @@ bool slot_next_dirty_run(struct cache_set *cs, uint32_t s, uint32_t *first, uint
 {
 	uint32_t bits = atomic_load(&cs->slots[s].bits);
 	uint32_t bpe = cs->bm.bpe;
+	struct bm_view w;
 	if (!(bits & SB_DIRTY) || *first >= bpe)
 		return false;
-	if (!(bits & SB_HAS_BM)) {
-		if (*first != 0)
-			return false;
-		*count = bpe;
+	if (!(bits & SB_HAS_BM) || !bm_view(&cs->bm, s, bits, &w)) {
+		*count = bpe - *first; /* the whole extent is dirty */
 		return true;
 	}
-	_Atomic uint64_t *d = bm_dirty(&cs->bm, s, false);
-	uint32_t i = *first;
-	while (i < bpe && !((atomic_load(&d[i / 64]) >> (i % 64)) & 1))
-		i++;
-	if (i >= bpe)
+	uint32_t u = *first >> w.shift;
+	while (u < w.units && !unit_bit(w.d, u))
+		u++;
+	if (u >= w.units)
 		return false;
-	uint32_t j = i;
-	while (j < bpe && ((atomic_load(&d[j / 64]) >> (j % 64)) & 1))
-		j++;
-	*first = i;
-	*count = j - i;
+	uint32_t v = u;
+	while (v < w.units && unit_bit(w.d, v))
+		v++;
+	uint32_t a = u << w.shift, z = v << w.shift;
+	if (a < *first)
+		a = *first;
+	*first = a;
+	*count = (z < bpe ? z : bpe) - a;
 	return true;
+}
+
+/* Caller holds slot_lock(s). */
+void slot_encode_bits(struct cache_set *cs, uint32_t s, uint8_t *valid, uint8_t *dirty)
+{
+	uint32_t bits = atomic_load(&cs->slots[s].bits);
+	uint32_t bytes = cs->bm.bpe / 8;
+	struct bm_view w;
+	if (!(bits & SB_HAS_BM) || !bm_view(&cs->bm, s, bits, &w)) {
+		memset(valid, (bits & SB_FULL_VALID) ? 0xff : 0, bytes);
+		memset(dirty, (bits & SB_DIRTY) ? 0xff : 0, bytes);
+		return;
+	}
+	for (uint32_t i = 0; i < bytes; i++) {
+		if (w.shift) { /* a page (8 sectors) per byte */
+			_Static_assert(BM_PAGE_SHIFT == 3, "one byte of sectors per page bit");
+			valid[i] = unit_bit(w.v, i) ? 0xff : 0;
+			dirty[i] = unit_bit(w.d, i) ? 0xff : 0;
+		} else {
+			valid[i] = (uint8_t)(atomic_load(&w.v[i / 8]) >> (8 * (i % 8)));
+			dirty[i] = (uint8_t)(atomic_load(&w.d[i / 8]) >> (8 * (i % 8)));
+		}
+	}
 }

@@ -89,6 +89,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	st->lost_dropped = cs->lost.dropped;
 	pthread_mutex_unlock(&cs->lost.lock);
 	st->mem_bytes = cache_set_mem_bytes(cs);
+	st->sector_grain_slots = atomic_load(&cs->bm.fine_slots);
 	for (int i = 0; i < CACHE_SET_MAX_VOLS && st->nluns < 16; i++) {
 		struct cache_vol *v = cache_vol_of(cs, i);
 		if (!v)

@@ -191,6 +191,7 @@ uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, ui
 		return POLICY_NO_SLOT;
 	}
 	s = free_pop(cs);
+	bm_slot_reuse(&cs->bm, s);
 	struct slot *sl = &cs->slots[s];
 	atomic_store(&sl->users, state == SB_READY ? SU_WRITER : 0);
 	atomic_store(&sl->bits, state);

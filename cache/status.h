@@ -66,6 +66,7 @@ struct cache_set_status {
 	int nlost;
 	uint64_t lost_dropped;
 	uint64_t mem_bytes;
+	uint64_t sector_grain_slots; /* slots whose state is kept per 512-byte sector, not per 4 KiB page */
 	char luns[16][64];
 	enum cache_mode lun_mode[16];
 	int nluns;

@@ -265,6 +265,7 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 	} counters[] = {
 		{ "slots", st->nslots },
 		{ "slots_used", st->slots_used },
+		{ "sector_grain_slots", st->sector_grain_slots },
 		{ "dirty_bytes", st->dirty_bytes },
 		{ "read_hits", st->read_hits },
 		{ "read_misses", st->read_misses },

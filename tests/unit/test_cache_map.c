@@ -21,7 +21,16 @@
  *
  * Bitmaps: partial writes never need a read-fill: blocks become valid and
  * dirty exactly where written; CLEAN, INVALIDATE, whole-extent summaries,
- * dirty-run iteration and the dirty block count follow.
+ * dirty-run iteration and the dirty block count follow. Then a model: random
+ * ops, half of them whole 4 KiB pages, on slots of several extent sizes,
+ * checked sector by sector against a plain array after each op (runs, any
+ * and all dirty, the next dirty run, the table record's bytes, the count);
+ * slots written only in whole pages must stay at page grain (the RAM
+ * figure rests on it), and handing a slot out again frees its per-sector
+ * bitmaps. And lock-free readers across the move to per-sector state: a
+ * page made valid and dirty before a slot splits must read valid and dirty
+ * at every moment of the split (it would not if SB_FINE were published
+ * before the new bitmaps were filled); also under make tsan.
  */
 #include "tests/unit/check.h"
 #include "cache/cache_int.h"
@@ -282,10 +291,230 @@ static void test_bitmaps(void)
 	printf("ok: bitmaps: partial writes, runs, clean, invalidate, summaries, counts\n");
 }
 
+/* ---- bitmaps against a model -------------------------------------------- */
+
+static uint64_t rnd_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(uint32_t n)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return (uint32_t)(rnd_state % n);
+}
+
+#define MODEL_SLOTS 6
+
+static void model_check(struct cache_set *cs, uint32_t s, const uint8_t *val, const uint8_t *dir, const char *when)
+{
+	uint32_t bpe = cs->bm.bpe;
+	for (uint32_t i = 0; i < bpe; i += 1 + rnd(bpe / 64)) { /* about 130 starts at any size */
+		bool v;
+		uint32_t n = slot_valid_run(cs, s, i, bpe - i, &v), k = i;
+		while (k < bpe && val[k] == val[i])
+			k++;
+		REQUIRE(v == val[i] && n == k - i, "%s: slot %u valid run at %u: %u %d, model %u %d", when, s, i, n, v,
+			k - i, val[i]);
+		uint32_t len = 1 + rnd(bpe - i);
+		bool any = false, all = true;
+		for (uint32_t j = i; j < i + len; j++) {
+			any |= dir[j];
+			all &= dir[j];
+		}
+		REQUIRE(slot_any_dirty(cs, s, i, len) == any, "%s: slot %u any_dirty(%u, %u)", when, s, i, len);
+		/* all_dirty may say no for a slot without bitmaps (its contract) */
+		bool has_bm = atomic_load(&cs->slots[s].bits) & SB_HAS_BM;
+		bool ad = slot_all_dirty(cs, s, i, len);
+		REQUIRE(has_bm ? ad == all : !ad, "%s: slot %u all_dirty(%u, %u)", when, s, i, len);
+	}
+	/* dirty runs, from every start */
+	for (uint32_t i = 0; i < bpe; i += 1 + rnd(9)) {
+		uint32_t f = i, c = 0, a = i;
+		while (a < bpe && !dir[a])
+			a++;
+		uint32_t z = a;
+		while (z < bpe && dir[z])
+			z++;
+		bool got = slot_next_dirty_run(cs, s, &f, &c);
+		REQUIRE(got == (a < bpe) && (!got || (f == a && c == z - a)),
+			"%s: slot %u next dirty run from %u: %d %u+%u, model %u+%u", when, s, i, got, f, c, a, z - a);
+	}
+	uint8_t vb[1024], db[1024];
+	slot_encode_bits(cs, s, vb, db);
+	for (uint32_t i = 0; i < bpe; i++)
+		REQUIRE(((vb[i / 8] >> (i % 8)) & 1) == val[i] && ((db[i / 8] >> (i % 8)) & 1) == dir[i],
+			"%s: slot %u record bit %u", when, s, i);
+}
+
+static void test_bitmap_model(uint32_t bpe)
+{
+	static struct cache_set cs;
+	static struct slot sl[MODEL_SLOTS];
+	static uint8_t val[MODEL_SLOTS][8192], dir[MODEL_SLOTS][8192];
+	memset(&cs, 0, sizeof(cs));
+	memset(sl, 0, sizeof(sl));
+	memset(val, 0, sizeof(val));
+	memset(dir, 0, sizeof(dir));
+	cs.slots = sl;
+	cs.name = "model";
+	cs.lay.bpe = bpe;
+	REQUIRE(bm_init(&cs.bm, MODEL_SLOTS, bpe) == 0, "bm init");
+	uint64_t base = atomic_load(&cs.bm.allocated_bytes), ever_fine = 0;
+	/* slots 0..2 are only ever changed in whole pages, 3..5 also in sectors */
+	for (int round = 0; round < 400; round++) {
+		uint32_t s = rnd(MODEL_SLOTS);
+		int op = 1 + (int)rnd(5);
+		uint32_t first, count;
+		if (op == JOP_FREE) {
+			if (rnd(4))
+				continue; /* keep slots populated most of the time */
+			first = 0;
+			count = bpe;
+		} else if (s < 3 || rnd(2)) {
+			uint32_t pages = bpe / 8;
+			first = 8 * rnd(pages);
+			count = 8 * (1 + rnd(rnd(4) ? 4 : pages - first / 8));
+			if (first + count > bpe)
+				count = bpe - first;
+			if (!rnd(8)) {
+				first = 0;
+				count = bpe;
+			}
+		} else {
+			first = rnd(bpe);
+			count = 1 + rnd(bpe - first < 40 ? bpe - first : 40);
+		}
+		slot_lock(&sl[s]);
+		slot_apply(&cs, s, op, first, count);
+		slot_unlock(&sl[s]);
+		for (uint32_t i = first; i < first + count; i++) {
+			switch (op) {
+			case JOP_DIRTY: val[s][i] = dir[s][i] = 1; break;
+			case JOP_VALID: val[s][i] = 1; dir[s][i] = 0; break;
+			case JOP_CLEAN: dir[s][i] = 0; break;
+			case JOP_INVALIDATE: case JOP_FREE: val[s][i] = dir[s][i] = 0; break;
+			}
+		}
+		char when[64];
+		snprintf(when, sizeof(when), "bpe %u op %d %u+%u", bpe, op, first, count);
+		model_check(&cs, s, val[s], dir[s], when);
+		uint64_t ndirty = 0;
+		for (uint32_t t = 0; t < MODEL_SLOTS; t++)
+			for (uint32_t i = 0; i < bpe; i++)
+				ndirty += dir[t][i];
+		REQUIRE(atomic_load(&cs.dirty_blocks) == ndirty, "%s: dirty count %llu, model %llu", when,
+			(unsigned long long)atomic_load(&cs.dirty_blocks), (unsigned long long)ndirty);
+		for (uint32_t t = 0; t < 3; t++)
+			REQUIRE(!(atomic_load(&sl[t].bits) & SB_FINE), "%s: slot %u, written in whole pages, went per sector",
+				when, t);
+		uint64_t nfine = 0;
+		for (uint32_t t = 0; t < MODEL_SLOTS; t++)
+			nfine += !!(atomic_load(&sl[t].bits) & SB_FINE);
+		REQUIRE(atomic_load(&cs.bm.fine_slots) == nfine, "%s: %llu slots counted at sector grain, %llu are", when,
+			(unsigned long long)atomic_load(&cs.bm.fine_slots), (unsigned long long)nfine);
+		ever_fine += nfine;
+	}
+	REQUIRE(ever_fine > 0, "bpe %u: no slot went per sector", bpe);
+	/* freed: none counted; handed out again: the per-sector bitmaps go, their bytes come back (the chunk stays) */
+	for (uint32_t t = 0; t < MODEL_SLOTS; t++) {
+		slot_lock(&sl[t]);
+		slot_apply(&cs, t, JOP_FREE, 0, bpe);
+		slot_unlock(&sl[t]);
+	}
+	REQUIRE(atomic_load(&cs.bm.fine_slots) == 0, "bpe %u: slots counted at sector grain after JOP_FREE", bpe);
+	uint64_t kept = atomic_load(&cs.bm.allocated_bytes) - base;
+	for (uint32_t t = 0; t < MODEL_SLOTS; t++) {
+		atomic_store(&sl[t].bits, SB_FREE);
+		bm_slot_reuse(&cs.bm, t);
+	}
+	uint64_t left = atomic_load(&cs.bm.allocated_bytes) - base;
+	REQUIRE(kept > left, "bpe %u: handing the slots out again freed no per-sector bitmaps", bpe);
+	uint64_t page_chunk = 8 + (uint64_t)BM_GROUP * 2 * ((bpe / 8 + 63) / 64) * 8;
+	REQUIRE(left == page_chunk + BM_GROUP * sizeof(void *), "bpe %u: %llu bytes left, want the page chunk (%llu) and "
+		"the per-sector pointer array", bpe, (unsigned long long)left, (unsigned long long)page_chunk);
+	bm_destroy(&cs.bm);
+	printf("ok: bitmaps at %u sectors per extent: 400 random ops match the model; whole pages stay at page grain\n",
+	       bpe);
+}
+
+/* ---- readers across the split -------------------------------------------- */
+
+#define SPLIT_SLOTS 32768
+static struct cache_set split_cs;
+static struct slot split_sl[SPLIT_SLOTS];
+static _Atomic uint32_t split_ready; /* slots 0..split_ready-1 hold their stable page */
+static _Atomic bool split_done;
+static _Atomic long split_checks, split_seen_fine;
+
+static void split_check(uint32_t s)
+{
+	bool fine = atomic_load(&split_sl[s].bits) & SB_FINE;
+	REQUIRE(slot_all_valid(&split_cs, s, 0, 8) && slot_all_dirty(&split_cs, s, 0, 8) &&
+			slot_any_dirty(&split_cs, s, 3, 2),
+		"slot %u: its first page, dirty before the split, read otherwise (per sector: %d)", s, fine);
+	atomic_fetch_add(&split_checks, 1);
+	if (fine)
+		atomic_fetch_add(&split_seen_fine, 1);
+}
+
+/* mostly the newest slot (the one splitting now), now and then all of them;
+ * the writer splits each slot once the reader has started on it */
+static void *split_reader(void *arg)
+{
+	(void)arg;
+	for (unsigned long k = 0; !atomic_load(&split_done); k++) {
+		uint32_t n = atomic_load(&split_ready);
+		if (!n)
+			continue;
+		split_check(n - 1);
+		if (k % 65536 == 0)
+			for (uint32_t s = 0; s < n; s++)
+				split_check(s);
+	}
+	return NULL;
+}
+
+static void test_bitmap_split_readers(void)
+{
+	split_cs.slots = split_sl;
+	split_cs.name = "split";
+	split_cs.lay.bpe = 512;
+	REQUIRE(bm_init(&split_cs.bm, SPLIT_SLOTS, 512) == 0, "bm init");
+	pthread_t rd;
+	pthread_create(&rd, NULL, split_reader, NULL); /* one: with the writer, both cores busy */
+	for (uint32_t s = 0; s < SPLIT_SLOTS; s++) {
+		slot_lock(&split_sl[s]);
+		slot_apply(&split_cs, s, JOP_DIRTY, 0, 8);
+		slot_apply(&split_cs, s, JOP_VALID, 64, 64);
+		slot_unlock(&split_sl[s]);
+		atomic_store(&split_ready, s + 1);
+		/* split it while the reader is reading it: wait until it has (a bounded wait) */
+		long c0 = atomic_load(&split_checks);
+		for (long k = 0; k < 1000000 && atomic_load(&split_checks) < c0 + 2; k++)
+			caa_cpu_relax();
+		slot_lock(&split_sl[s]);
+		slot_apply(&split_cs, s, JOP_DIRTY, 9 + s % 50, 1 + s % 7);
+		slot_apply(&split_cs, s, JOP_CLEAN, 70, 3);
+		slot_unlock(&split_sl[s]);
+	}
+	atomic_store(&split_done, true);
+	pthread_join(rd, NULL);
+	REQUIRE(atomic_load(&split_cs.bm.fine_slots) == SPLIT_SLOTS, "%llu of %u slots split",
+		(unsigned long long)atomic_load(&split_cs.bm.fine_slots), SPLIT_SLOTS);
+	REQUIRE(atomic_load(&split_checks) > SPLIT_SLOTS, "the readers checked only %ld slots", atomic_load(&split_checks));
+	bm_destroy(&split_cs.bm);
+	printf("ok: %ld lock-free reads (%ld per sector) across %u splits to per-sector state, every stable page "
+	       "intact\n", atomic_load(&split_checks), atomic_load(&split_seen_fine), SPLIT_SLOTS);
+}
+
 int main(void)
 {
 	rcu_register_thread();
 	test_bitmaps();
+	test_bitmap_split_readers();
+	test_bitmap_model(128);
+	test_bitmap_model(512);
+	test_bitmap_model(8192);
 	test_map_full();
 	test_map_concurrent();
 	rcu_unregister_thread();

@@ -146,6 +146,8 @@ uint32_t slot_valid_run(struct cache_set *cs, uint32_t s, uint32_t first, uint32
 bool slot_any_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
 /* Are all of [first, first+count) dirty? (false for a slot without bitmaps) */
 bool slot_all_dirty(struct cache_set *cs, uint32_t s, uint32_t first, uint32_t count);
+/* Dirty sectors of slot s, 0 unless it is READY (no lock: a snapshot). */
+uint64_t slot_dirty_blocks(struct cache_set *cs, uint32_t s);
 /* First dirty run at or after *first within the extent; false if none. */
 bool slot_next_dirty_run(struct cache_set *cs, uint32_t s, uint32_t *first, uint32_t *count);
 /* The slot's valid and dirty bits, one per sector, as the table record
@@ -692,6 +694,13 @@ struct cache_vol *cache_vol_new(struct cache_set *cs, const char *lun, struct bd
 enum cache_mode cache_vol_mode(struct cache_vol *v);
 void cache_vol_store_mode(struct cache_vol *v, enum cache_mode m);
 const char *cache_vol_name(struct cache_vol *v);
+/* Destages to v's backing store (volume.c): a write failed with err, or
+ * one worked (worker 0); may the next wait? (any thread); the state for
+ * status: err 0 when working, failed attempts, ms until the next one. */
+void cache_vol_destage_failed(struct cache_vol *v, int err);
+void cache_vol_destage_works(struct cache_vol *v);
+bool cache_vol_destage_waits(struct cache_vol *v);
+void cache_vol_destage_state(struct cache_vol *v, int *err, uint64_t *failures, uint64_t *retry_in_ms);
 uint32_t cache_vol_bid(struct cache_vol *v);
 
 /* cleaner.c: new/free main thread; tick on worker 0; stats any thread. */

@@ -163,19 +163,22 @@ static void step(struct bdev_req *req, int err)
 	if (--d->pending)
 		return;
 	if (d->err) {
-		if (d->stage == 2)
-			log_err("cache %s: destage to %s failed: %s; the data stays dirty in the cache",
-				cs->name, cache_vol_backing(d->v)->name, strerror(-d->err));
 		/*
-		 * Wait for the next tick before destaging again: retried at once,
-		 * a range the legs cannot read (or a backing store that refuses
-		 * writes) would fail at once again, for ever, and hold worker 0.
+		 * Retried at once, a range the legs cannot read would fail at once
+		 * again, for ever, and hold worker 0: wait for the next tick. A
+		 * backing store that refuses writes (out of space, say) waits
+		 * longer, by itself, while the other LUNs' data keeps going.
 		 */
-		d->c->stalled = true;
+		if (d->stage == 2)
+			cache_vol_destage_failed(d->v, d->err);
+		else
+			d->c->stalled = true;
 		clear_destaging(cs, d->slot);
 		op_end(d);
 		return;
 	}
+	if (d->stage == 2)
+		cache_vol_destage_works(d->v);
 	if (d->stage == 1) {
 		/* read from the legs done: write every run to the backing store */
 		d->stage = 2;
@@ -298,6 +301,10 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s)
 	rcu_read_unlock();
 	if (!v)
 		return false; /* its LUN is not attached this run */
+	if (cache_vol_destage_waits(v)) {
+		cache_vol_release(v); /* its backing store refused the last one: not yet */
+		return false;
+	}
 	if (start_held(c, d, s, key, v))
 		return true;
 	cache_vol_release(v);

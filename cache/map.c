@@ -488,6 +488,13 @@ static uint64_t slot_dirty_count(struct cache_set *cs, uint32_t s, uint32_t bits
 	return count_bits(w.d, w.words) << w.shift;
 }
 
+/* Any thread, no lock: dirty sectors of slot s (a snapshot). */
+uint64_t slot_dirty_blocks(struct cache_set *cs, uint32_t s)
+{
+	uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_acquire);
+	return (bits & SB_STATE_MASK) == SB_READY ? slot_dirty_count(cs, s, bits) : 0;
+}
+
 /*
  * The state in RAM can only be made exact with memory for it, and there
  * is no safe approximation: a partial dirty write is not "the whole

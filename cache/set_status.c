@@ -96,6 +96,15 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 			continue;
 		snprintf(st->luns[st->nluns], sizeof(st->luns[0]), "%s", cache_vol_name(v));
 		st->lun_mode[st->nluns] = cache_vol_mode(v);
+		int k = st->nluns;
+		cache_vol_destage_state(v, &st->lun_destage_err[k], &st->lun_destage_failures[k],
+					&st->lun_destage_retry_ms[k]);
+		if (st->lun_destage_err[k])
+			for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+				uint64_t key = atomic_load(&cs->slots[s].key);
+				if (key != CACHE_KEY_NONE && key_bid(key) == (uint32_t)i)
+					st->lun_dirty_waiting[k] += slot_dirty_blocks(cs, s) * CACHE_SECTOR;
+			}
 		st->nluns++;
 	}
 }

@@ -69,6 +69,11 @@ struct cache_set_status {
 	uint64_t sector_grain_slots; /* slots whose state is kept per 512-byte sector, not per 4 KiB page */
 	char luns[16][64];
 	enum cache_mode lun_mode[16];
+	/* destage to the LUN's backing store: 0 working, else the error of the
+	 * failing writes, how many failed, ms to the next try, dirty bytes of
+	 * the LUN waiting in the cache (counted only while failing) */
+	int lun_destage_err[16];
+	uint64_t lun_destage_failures[16], lun_destage_retry_ms[16], lun_dirty_waiting[16];
 	int nluns;
 };
 

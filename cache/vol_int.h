@@ -40,6 +40,16 @@ struct cache_vol {
 	 * (backing_settle).
 	 */
 	_Atomic uint64_t bw_volatile, bw_flushed;
+	/*
+	 * Destage to this backing store failing (cleaner.c, worker 0 writes;
+	 * status reads): the error (0: working), failed attempts since it
+	 * started, and when the next one may go (the wait doubles, 1 to 30 s);
+	 * successes in a row while failing.
+	 */
+	_Atomic int destage_err;
+	_Atomic uint64_t destage_failures;
+	_Atomic uint64_t destage_since_ms, destage_retry_ms;
+	uint32_t destage_wait_ms, destage_ok_run;
 	/* bdev_set_resize_listener: the backing store's new size, passed up */
 	void (*on_resize)(void *arg, uint64_t size);
 	void *on_resize_arg;

@@ -460,3 +460,71 @@ enum cache_mode cache_vol_mode(struct cache_vol *v) { return (enum cache_mode)at
 void cache_vol_store_mode(struct cache_vol *v, enum cache_mode m) { atomic_store(&v->mode, (int)m); }
 const char *cache_vol_name(struct cache_vol *v) { return v->name; }
 uint32_t cache_vol_bid(struct cache_vol *v) { return v->bid; }
+
+/* ---- destage to the backing store failing (worker 0: the cleaner) ---- */
+
+#define DESTAGE_WAIT_MIN_MS 1000u
+#define DESTAGE_WAIT_MAX_MS 30000u
+#define DESTAGE_OK_RUN 8u
+
+/*
+ * A destage write to v's backing store failed with err. Logged when the
+ * state changes (working to failing, or to another error), not per
+ * attempt: a full filesystem would otherwise log every retry. After a
+ * failure the next attempt on v waits 1 s, then twice as long after each
+ * failure in a row, up to 30 s.
+ */
+void cache_vol_destage_failed(struct cache_vol *v, int err)
+{
+	uint64_t now = now_ms();
+	int was = atomic_exchange(&v->destage_err, err);
+	atomic_fetch_add(&v->destage_failures, 1);
+	v->destage_ok_run = 0;
+	if (was != err) {
+		if (!was)
+			atomic_store(&v->destage_since_ms, now);
+		v->destage_wait_ms = DESTAGE_WAIT_MIN_MS;
+		log_err("cache %s: destage to LUN %s (%s) fails: %s; its dirty data stays in the cache, retried "
+			"every %u to %u s (logged again when this changes)",
+			v->cs->name, v->name, cache_vol_backing(v)->name, strerror(-err),
+			DESTAGE_WAIT_MIN_MS / 1000, DESTAGE_WAIT_MAX_MS / 1000);
+	} else if (v->destage_wait_ms < DESTAGE_WAIT_MAX_MS) {
+		v->destage_wait_ms = v->destage_wait_ms * 2 < DESTAGE_WAIT_MAX_MS ? v->destage_wait_ms * 2
+										: DESTAGE_WAIT_MAX_MS;
+	}
+	atomic_store(&v->destage_retry_ms, now + v->destage_wait_ms);
+}
+
+/*
+ * A destage write to v's backing store worked. On a full filesystem some
+ * still do (blocks the file already owns), so one success does not end
+ * the failing state: the next attempt may go at once, and DESTAGE_OK_RUN
+ * successes in a row say the store works again (logged once).
+ */
+void cache_vol_destage_works(struct cache_vol *v)
+{
+	int was = atomic_load(&v->destage_err);
+	if (!was)
+		return;
+	atomic_store(&v->destage_retry_ms, 0);
+	if (++v->destage_ok_run < DESTAGE_OK_RUN)
+		return;
+	atomic_store(&v->destage_err, 0);
+	uint64_t n = atomic_exchange(&v->destage_failures, 0);
+	log_info("cache %s: destage to LUN %s works again (%s before) after %llu failed attempts in %llu s",
+		 v->cs->name, v->name, strerror(-was), (unsigned long long)n,
+		 (unsigned long long)((now_ms() - atomic_load(&v->destage_since_ms)) / 1000));
+}
+
+bool cache_vol_destage_waits(struct cache_vol *v)
+{
+	return atomic_load(&v->destage_err) && now_ms() < atomic_load(&v->destage_retry_ms);
+}
+
+void cache_vol_destage_state(struct cache_vol *v, int *err, uint64_t *failures, uint64_t *retry_in_ms)
+{
+	uint64_t now = now_ms(), at = atomic_load(&v->destage_retry_ms);
+	*err = atomic_load(&v->destage_err);
+	*failures = atomic_load(&v->destage_failures);
+	*retry_in_ms = *err && at > now ? at - now : 0;
+}

@@ -26,6 +26,7 @@
 #include <json-c/json.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 static uint64_t started_ms;
 
@@ -140,6 +141,16 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 			struct json_object *lo = json_object_new_object();
 			json_object_object_add(lo, "name", json_object_new_string(st.luns[k]));
 			json_object_object_add(lo, "mode", json_object_new_string(cache_mode_name(st.lun_mode[k])));
+			int de = st.lun_destage_err[k];
+			json_object_object_add(lo, "destage", json_object_new_string(de ? strerror(-de) : "ok"));
+			if (de) {
+				json_object_object_add(lo, "destage_failures",
+						       json_object_new_int64((int64_t)st.lun_destage_failures[k]));
+				json_object_object_add(lo, "destage_retry_in_ms",
+						       json_object_new_int64((int64_t)st.lun_destage_retry_ms[k]));
+				json_object_object_add(lo, "dirty_bytes_waiting",
+						       json_object_new_int64((int64_t)st.lun_dirty_waiting[k]));
+			}
 			json_object_array_add(cl, lo);
 		}
 		json_object_object_add(o, "luns", cl);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Write-back over a backing store whose filesystem fills up: the destage
+# that meets ENOSPC keeps the data dirty in the cache, backs off (1 s
+# doubling to 30 s per LUN) instead of retrying in a loop, logs once per
+# state change, and tierctl status names the LUN, the error and the dirty
+# bytes waiting for it. When space comes back the destage resumes by
+# itself and every byte written through iSCSI reaches the backing file.
+# Needs root and a loop device (a 40 MiB ext4 image holds the backing
+# file); skipped where the kernel gives neither.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+command -v qemu-io >/dev/null || skip "qemu-io not installed"
+[ "$(id -u)" = 0 ] || skip "needs root to mount a loop device"
+CTL=$TC_ROOT/build/tierctl
+truncate -s 40M "$T/fs.img" && mkfs.ext4 -q -F "$T/fs.img" || fail "mkfs.ext4 failed"
+mkdir -p "$T/fs"
+mount -o loop "$T/fs.img" "$T/fs" 2>"$T/mount.log" || skip "cannot mount a loop device: $(head -c 200 "$T/mount.log")"
+# the daemon first (it holds the backing file open), then the mount, then lib.sh's cleanup
+trap '[ -n "$TC_PID" ] && kill -KILL "$TC_PID" 2>/dev/null; wait 2>/dev/null; umount "$T/fs" 2>/dev/null; _tc_cleanup' EXIT
+
+port=$(tc_free_port)
+url=iscsi://127.0.0.1:$port/iqn.2026-11.io.tiercache:test/0
+tc_basic_conf "$port" 24M | sed "s|^backing = .*|backing = $T/fs/disk0.img|" >"$T/t.conf"
+cat >>"$T/t.conf" <<CONF
+cache = fast
+
+[cache fast]
+legs = $T/leg0.img $T/leg1.img
+size = 64M
+mode = write-back
+admit_hits = 1
+seq_cutoff = 0
+CONF
+tc_start "$T/t.conf"
+# leave about 4 MiB free on the filesystem: most of the 16 MiB below cannot land
+avail=$(df --output=avail -B1 "$T/fs" | tail -1)
+fallocate -l $((avail - (4 << 20))) "$T/fs/filler" || fail "fallocate of the filler failed"
+
+lun() { # field of the LUN's entry in the cache's status
+	"$CTL" -c "$T/t.conf" --json status | python3 -c '
+import json,sys
+for c in json.load(sys.stdin)["caches"]:
+    for l in c["luns"]:
+        if l["name"] == "disk0": print(l.get(sys.argv[1], ""))' "$1"
+}
+set_dirty() { "$CTL" -c "$T/t.conf" --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["caches"][0]["dirty_bytes"])'; }
+
+out=$(qemu-io -f raw -c 'write -P 0x5a 2M 16M' "$url" 2>&1) || fail "qemu-io write: $out"
+pass "16 MiB written and acknowledged through the cache with 4 MiB free on the backing filesystem"
+tc_wait_for 60 "the destage to report the full filesystem" eval '[ "$(lun destage)" = "No space left on device" ]'
+waiting=$(lun dirty_bytes_waiting)
+[ "$waiting" -gt 0 ] || fail "status says the destage fails but counts $waiting dirty bytes waiting"
+pass "status: destage to disk0 fails with ENOSPC, $waiting dirty bytes waiting for it"
+
+# back off: over 8 s, a handful of attempts, one log line, little CPU
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$TC_PID/stat"; }
+f0=$(lun destage_failures) c0=$(cpu) l0=$(grep -c "destage to LUN disk0" "$T/daemon.log")
+sleep 8
+f1=$(lun destage_failures) c1=$(cpu) l1=$(grep -c "destage to LUN disk0" "$T/daemon.log")
+tries=$((f1 - f0))
+[ "$tries" -le 20 ] || fail "$tries failed destage attempts in 8 s: the cleaner does not back off"
+[ "$((l1 - l0))" = 0 ] || fail "$((l1 - l0)) more log lines about the failing destage in 8 s (want none: once per state change)"
+[ "$l1" = 1 ] || fail "the failing destage was logged $l1 times (want once)"
+busy=$(python3 -c "print('%.2f' % ($c1 - $c0))")
+python3 -c "import sys; sys.exit(0 if $busy < 0.8 else 1)" || fail "the daemon used $busy s of CPU in 8 s while the destage fails"
+[ "$(set_dirty)" -gt 0 ] || fail "the dirty data is gone while the backing store is full"
+pass "backing off: $tries attempts and no log line in 8 s, $busy s of CPU; the data stays dirty"
+
+# space comes back: the destage resumes by itself, everything lands
+rm -f "$T/fs/filler"
+tc_wait_for 120 "the destage to work again" eval '[ "$(lun destage)" = ok ]'
+tc_wait_for 120 "the dirty data to reach the backing store" eval '[ "$(set_dirty)" = 0 ]'
+grep -q "destage to LUN disk0 works again" "$T/daemon.log" || fail "the recovery is not logged"
+tc_stop
+python3 - "$T/fs/disk0.img" <<'PY' || fail "the backing file does not hold what was written"
+import sys
+with open(sys.argv[1], "rb") as f:
+    f.seek(2 << 20)
+    d = f.read(16 << 20)
+bad = len(d) - d.count(b"\x5a")
+sys.exit(0 if len(d) == 16 << 20 and bad == 0 else print(f"{bad} of {len(d)} bytes differ") or 1)
+PY
+pass "space back: destage resumed by itself, logged once, all 16 MiB on the backing file"

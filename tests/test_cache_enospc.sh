@@ -16,7 +16,8 @@ truncate -s 40M "$T/fs.img" && mkfs.ext4 -q -F "$T/fs.img" || fail "mkfs.ext4 fa
 mkdir -p "$T/fs"
 mount -o loop "$T/fs.img" "$T/fs" 2>"$T/mount.log" || skip "cannot mount a loop device: $(head -c 200 "$T/mount.log")"
 # the daemon first (it holds the backing file open), then the mount, then lib.sh's cleanup
-trap '[ -n "$TC_PID" ] && kill -KILL "$TC_PID" 2>/dev/null; wait 2>/dev/null; umount "$T/fs" 2>/dev/null; _tc_cleanup' EXIT
+trap '[ -n "$TC_PID" ] && kill -KILL "$TC_PID" 2>/dev/null && wait "$TC_PID" 2>/dev/null
+	umount "$T/fs" 2>/dev/null || umount -l "$T/fs" 2>/dev/null; _tc_cleanup' EXIT
 
 port=$(tc_free_port)
 url=iscsi://127.0.0.1:$port/iqn.2026-11.io.tiercache:test/0

@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static const struct config *g_cfg;
@@ -45,6 +46,26 @@ static uint64_t total_dirty(void)
 		sum += st.dirty_bytes;
 	}
 	return sum;
+}
+
+/* What a flush waits for, if a LUN's destage fails (buf empty if none). */
+static void flush_blocker(char *buf, size_t n)
+{
+	buf[0] = 0;
+	for (int i = 0; i < g_cfg->ncaches && !buf[0]; i++) {
+		struct cache_set_status st;
+		if (!g_sets[i])
+			continue;
+		cache_set_status(g_sets[i], &st);
+		for (int k = 0; k < st.nluns; k++)
+			if (st.lun_destage_err[k]) {
+				snprintf(buf, n, "destage to LUN %s fails: %s (%llu MiB wait; next try in %llu s)",
+					 st.luns[k], strerror(-st.lun_destage_err[k]),
+					 (unsigned long long)(st.lun_dirty_waiting[k] >> 20),
+					 (unsigned long long)((st.lun_destage_retry_ms[k] + 999) / 1000));
+				break;
+			}
+	}
 }
 
 static void *flush_main(void *arg)
@@ -101,6 +122,9 @@ static int ctl_flush_progress(struct json_object *req, struct json_object *resp,
 	json_object_object_add(resp, "dirty_bytes", json_object_new_int64(running ? (int64_t)(dirty ? dirty : 1) : 0));
 	json_object_object_add(resp, "start_dirty_bytes", json_object_new_int64((int64_t)flush_start_dirty));
 	json_object_object_add(resp, "flushing", json_object_new_boolean(running));
+	char why[256];
+	if (running && (flush_blocker(why, sizeof(why)), why[0]))
+		json_object_object_add(resp, "waiting_for", json_object_new_string(why));
 	return 0;
 }
 

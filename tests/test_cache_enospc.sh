@@ -3,8 +3,9 @@
 # that meets ENOSPC keeps the data dirty in the cache, backs off (1 s
 # doubling to 30 s per LUN) instead of retrying in a loop, logs once per
 # state change, and tierctl status names the LUN, the error and the dirty
-# bytes waiting for it. When space comes back the destage resumes by
-# itself and every byte written through iSCSI reaches the backing file.
+# bytes waiting for it, and flush --wait names what it waits for. When
+# space comes back the destage resumes by itself, the flush ends, and
+# every byte written through iSCSI reaches the backing file.
 # Needs root and a loop device (a 40 MiB ext4 image holds the backing
 # file); skipped where the kernel gives neither.
 . "$(dirname "$0")/lib.sh"
@@ -67,11 +68,22 @@ python3 -c "import sys; sys.exit(0 if $busy < 0.8 else 1)" || fail "the daemon u
 [ "$(set_dirty)" -gt 0 ] || fail "the dirty data is gone while the backing store is full"
 pass "backing off: $tries attempts and no log line in 8 s, $busy s of CPU; the data stays dirty"
 
-# space comes back: the destage resumes by itself, everything lands
+# a flush says what it waits for
+"$CTL" -c "$T/t.conf" flush --wait 2>"$T/flush.err" >/dev/null &
+flush_pid=$!
+tc_wait_for 30 "flush --wait to name the failing destage" \
+	grep -q "waiting: destage to LUN disk0 fails: No space left on device" "$T/flush.err"
+kill -0 "$flush_pid" 2>/dev/null || fail "flush --wait ended while the backing store is full: $(tr '\r' '\n' <"$T/flush.err" | tail -2)"
+pass "flush --wait shows what it waits for: $(tr '\r' '\n' <"$T/flush.err" | grep -m1 -o 'waiting: .*')"
+
+# space comes back: the destage resumes by itself, everything lands, the flush ends
 rm -f "$T/fs/filler"
 tc_wait_for 120 "the destage to work again" eval '[ "$(lun destage)" = ok ]'
 tc_wait_for 120 "the dirty data to reach the backing store" eval '[ "$(set_dirty)" = 0 ]'
 grep -q "destage to LUN disk0 works again" "$T/daemon.log" || fail "the recovery is not logged"
+tc_wait_for 60 "flush --wait to end" tc_gone "$flush_pid"
+wait "$flush_pid" || fail "flush --wait failed after space came back: $(tr '\r' '\n' <"$T/flush.err" | tail -2)"
+grep -q "flush complete" "$T/flush.err" || fail "flush --wait did not report completion"
 tc_stop
 python3 - "$T/fs/disk0.img" <<'PY' || fail "the backing file does not hold what was written"
 import sys

@@ -279,15 +279,20 @@ int main(int argc, char **argv)
 			resp = call(path, preq, &rc);
 			if (!resp)
 				return rc;
-			struct json_object *d, *t;
+			struct json_object *d, *t, *why;
 			int64_t dirty = json_object_object_get_ex(resp, "dirty_bytes", &d) ? json_object_get_int64(d) : 0;
 			int64_t total = json_object_object_get_ex(resp, "start_dirty_bytes", &t) ? json_object_get_int64(t) : 0;
+			char blocked[300] = "";
+			if (json_object_object_get_ex(resp, "waiting_for", &why))
+				snprintf(blocked, sizeof(blocked), "  waiting: %s", json_object_get_string(why));
 			json_object_put(resp);
 			if (!json && total > 0) {
 				int pct = (int)(100 - (dirty * 100) / total);
 				int bar = pct / 4;
-				fprintf(stderr, "\rflushing [%-25.*s] %3d%%  %lld MiB dirty ", bar,
-					"#########################", pct, (long long)(dirty >> 20));
+				/* on a terminal, \033[K: a shorter line than the last leaves no tail */
+				fprintf(stderr, "\rflushing [%-25.*s] %3d%%  %lld MiB dirty%s%s", bar,
+					"#########################", pct, (long long)(dirty >> 20), blocked,
+					isatty(2) ? "\033[K" : "");
 			}
 			if (dirty <= 0)
 				break;

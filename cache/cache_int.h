@@ -695,10 +695,12 @@ enum cache_mode cache_vol_mode(struct cache_vol *v);
 void cache_vol_store_mode(struct cache_vol *v, enum cache_mode m);
 const char *cache_vol_name(struct cache_vol *v);
 /* Destages to v's backing store (volume.c): a write failed with err, or
- * one worked (worker 0); may the next wait? (any thread); the state for
- * status: err 0 when working, failed attempts, ms until the next one. */
+ * one worked, or v has nothing dirty left (worker 0); may the next wait?
+ * (any thread); the state for status: err 0 when working, failed
+ * attempts, ms until the next one. */
 void cache_vol_destage_failed(struct cache_vol *v, int err);
 void cache_vol_destage_works(struct cache_vol *v);
+void cache_vol_destage_idle(struct cache_vol *v);
 bool cache_vol_destage_waits(struct cache_vol *v);
 void cache_vol_destage_state(struct cache_vol *v, int *err, uint64_t *failures, uint64_t *retry_in_ms);
 uint32_t cache_vol_bid(struct cache_vol *v);

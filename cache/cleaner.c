@@ -75,6 +75,7 @@ struct cleaner {
 	int64_t budget;
 	bool unlimited;
 	bool stalled;           /* a destage failed: no new one before the next tick */
+	uint64_t settle_at;     /* next look for failing LUNs with nothing dirty (settle) */
 	struct dirty_ent *order;
 	uint32_t norder, pos, scan;
 	struct destage ops[CLEAN_OPS];
@@ -374,6 +375,59 @@ static void pump(struct cleaner *c)
 	}
 }
 
+/*
+ * A LUN whose destage fails ends that state after DESTAGE_OK_RUN good
+ * destages in a row; one left with fewer dirty extents than that (the
+ * host overwrote or unmapped them, or the last ones landed) would stay
+ * "failing" for ever, and in write-back keep sending new writes around
+ * the cache (mode_wb.c). Every 5 s while some LUN fails, look for dirty
+ * slots of each; a failing LUN with none is settled.
+ */
+static void settle(struct cleaner *c)
+{
+	struct cache_set *cs = c->cs;
+	uint64_t now = now_ms();
+	if (now < c->settle_at)
+		return;
+	c->settle_at = now + 5000;
+	bool failing[CACHE_SET_MAX_VOLS] = { 0 }, dirty[CACHE_SET_MAX_VOLS] = { 0 }, any = false;
+	rcu_read_lock();
+	for (uint32_t b = 0; b < CACHE_SET_MAX_VOLS; b++) {
+		struct cache_vol *v = cache_vol_of(cs, b);
+		int err;
+		uint64_t n, in;
+		if (!v)
+			continue;
+		cache_vol_destage_state(v, &err, &n, &in);
+		failing[b] = err != 0;
+		any |= failing[b];
+	}
+	rcu_read_unlock();
+	if (!any)
+		return;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_relaxed);
+		if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY))
+			continue;
+		uint64_t key = atomic_load_explicit(&cs->slots[s].key, memory_order_relaxed);
+		if (key != CACHE_KEY_NONE && key_bid(key) < CACHE_SET_MAX_VOLS)
+			dirty[key_bid(key)] = true;
+	}
+	for (uint32_t b = 0; b < CACHE_SET_MAX_VOLS; b++) {
+		if (!failing[b] || dirty[b])
+			continue;
+		rcu_read_lock();
+		struct cache_vol *v = cache_vol_of(cs, b);
+		if (v)
+			cache_vol_hold(v);
+		rcu_read_unlock();
+		if (v) {
+			cache_vol_destage_idle(v);
+			cache_vol_release(v);
+		}
+	}
+}
+
 /* Worker 0, once a second: new rate, new budget, start destaging. */
 void cleaner_tick(struct cleaner *c)
 {
@@ -400,6 +454,7 @@ void cleaner_tick(struct cleaner *c)
 	atomic_store(&c->rate, dirty ? (uint64_t)rate : 0);
 	c->budget = dirty ? (int64_t)(rate > 1e12 ? 1e12 : rate) : 0;
 	c->stalled = false;
+	settle(c);
 	pump(c);
 }
 

@@ -6,6 +6,15 @@
  * one it does not, or that finds no free slot, goes to the backing store
  * (bypass). With no healthy leg the backing store takes the write.
  *
+ * While the LUN's backing store is out of space (its last destage failed
+ * with ENOSPC or EDQUOT: cache_vol_destage_failed), the cache takes only
+ * overwrites of blocks it holds already: anything else would pile up dirty
+ * data that cannot be destaged. A write over blocks it does not hold goes
+ * to the backing store instead, as in write-through, so that one needing
+ * new space there fails now (SPACE ALLOCATION FAILED WRITE PROTECT) and
+ * one over space the file already owns still works; cached blocks it
+ * covers are invalidated after it.
+ *
  * Threading: on the submitting worker.
  */
 #include "cache/cache_int.h"
@@ -20,6 +29,19 @@ static void wb_write(struct piece *p, uint32_t st)
 		/* no leg to hold it: the backing store takes it; dirty blocks lost stay unreadable */
 		vol_slot_unpin(cs, p);
 		to_backing(p);
+		return;
+	}
+	if (vol_space_blocked(v)) {
+		if (st == SB_READY && slot_all_valid(cs, p->slot, p->first, p->count)) {
+			atomic_fetch_add(&cs->st.write_hits, 1);
+			vol_bypass_put(cs, p);
+			to_cache(p);
+		} else if (st == SB_READY) {
+			backing_then_invalidate(p);
+		} else {
+			atomic_fetch_add(&cs->st.write_misses, 1);
+			to_backing(p);
+		}
 		return;
 	}
 	if (st == SB_READY) {

@@ -202,6 +202,13 @@ static inline void vol_intent_drop(struct cache_set *cs, struct piece *p)
 	}
 }
 
+/* The backing store refuses destages for want of space (mode_wb.c): any thread. */
+static inline bool vol_space_blocked(struct cache_vol *v)
+{
+	int e = atomic_load_explicit(&v->destage_err, memory_order_relaxed);
+	return e == -ENOSPC || e == -EDQUOT;
+}
+
 static inline void vol_counter_max(_Atomic uint64_t *c, uint64_t v)
 {
 	uint64_t cur = atomic_load(c);

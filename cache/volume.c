@@ -516,6 +516,23 @@ void cache_vol_destage_works(struct cache_vol *v)
 		 (unsigned long long)((now_ms() - atomic_load(&v->destage_since_ms)) / 1000));
 }
 
+/*
+ * v's destage was failing and v has no dirty data left (the cleaner looked):
+ * no destage will come to prove the store works, so the state ends here.
+ */
+void cache_vol_destage_idle(struct cache_vol *v)
+{
+	int was = atomic_exchange(&v->destage_err, 0);
+	if (!was)
+		return;
+	atomic_store(&v->destage_retry_ms, 0);
+	v->destage_ok_run = 0;
+	uint64_t n = atomic_exchange(&v->destage_failures, 0);
+	log_info("cache %s: LUN %s has no dirty data left to destage (%s before, %llu failed attempts in %llu s)",
+		 v->cs->name, v->name, strerror(-was), (unsigned long long)n,
+		 (unsigned long long)((now_ms() - atomic_load(&v->destage_since_ms)) / 1000));
+}
+
 bool cache_vol_destage_waits(struct cache_vol *v)
 {
 	return atomic_load(&v->destage_err) && now_ms() < atomic_load(&v->destage_retry_ms);

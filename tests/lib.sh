@@ -165,6 +165,28 @@ tc_stop() {
 	[ "$rc" = 0 ] || fail "daemon exited with status $rc after SIGTERM"
 }
 
+# A small ext4 filesystem of SIZE on a loop device, mounted at $T/fs, for
+# backing stores that fill up; skips without root or a loop device. At
+# exit the daemon is killed first (it holds files there open), then the
+# filesystem is unmounted (lazily if it is still busy), then the rest.
+# usage: tc_loop_fs SIZE
+tc_loop_fs() {
+	[ "$(id -u)" = 0 ] || skip "needs root to mount a loop device"
+	truncate -s "$1" "$T/fs.img" && mkfs.ext4 -q -F "$T/fs.img" || fail "mkfs.ext4 failed"
+	mkdir -p "$T/fs"
+	mount -o loop "$T/fs.img" "$T/fs" 2>"$T/mount.log" ||
+		skip "cannot mount a loop device: $(head -c 200 "$T/mount.log")"
+	trap '[ -n "$TC_PID" ] && kill -KILL "$TC_PID" 2>/dev/null && wait "$TC_PID" 2>/dev/null
+		umount "$T/fs" 2>/dev/null || umount -l "$T/fs" 2>/dev/null; _tc_cleanup' EXIT
+}
+
+# Build a test client of tests/tools against libiscsi into $T.
+# usage: tc_build_tool NAME   (tests/tools/NAME.c -> $T/NAME)
+tc_build_tool() {
+	cc -std=gnu11 -O2 -Wall -Wextra -o "$T/$1" "$TC_ROOT/tests/tools/$1.c" -liscsi 2>"$T/cc-$1.log" ||
+		fail "cannot build tests/tools/$1.c against libiscsi: $(head -5 "$T/cc-$1.log")"
+}
+
 # The [daemon] and [portal] sections of a test's config: state in $T/state,
 # the portal on 127.0.0.1:PORT.   usage: tc_conf_head PORT
 tc_conf_head() {

@@ -3,22 +3,18 @@
 # that meets ENOSPC keeps the data dirty in the cache, backs off (1 s
 # doubling to 30 s per LUN) instead of retrying in a loop, logs once per
 # state change, and tierctl status names the LUN, the error and the dirty
-# bytes waiting for it, and flush --wait names what it waits for. When
-# space comes back the destage resumes by itself, the flush ends, and
-# every byte written through iSCSI reaches the backing file.
+# bytes waiting for it, and flush --wait names what it waits for. A write
+# that needs new space is refused (07/27/07) while overwrites and reads of
+# cached blocks work. When space comes back the destage resumes by itself,
+# the flush ends, and every byte written through iSCSI reaches the backing
+# file.
 # Needs root and a loop device (a 40 MiB ext4 image holds the backing
 # file); skipped where the kernel gives neither.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 command -v qemu-io >/dev/null || skip "qemu-io not installed"
-[ "$(id -u)" = 0 ] || skip "needs root to mount a loop device"
 CTL=$TC_ROOT/build/tierctl
-truncate -s 40M "$T/fs.img" && mkfs.ext4 -q -F "$T/fs.img" || fail "mkfs.ext4 failed"
-mkdir -p "$T/fs"
-mount -o loop "$T/fs.img" "$T/fs" 2>"$T/mount.log" || skip "cannot mount a loop device: $(head -c 200 "$T/mount.log")"
-# the daemon first (it holds the backing file open), then the mount, then lib.sh's cleanup
-trap '[ -n "$TC_PID" ] && kill -KILL "$TC_PID" 2>/dev/null && wait "$TC_PID" 2>/dev/null
-	umount "$T/fs" 2>/dev/null || umount -l "$T/fs" 2>/dev/null; _tc_cleanup' EXIT
+tc_loop_fs 40M
 
 port=$(tc_free_port)
 url=iscsi://127.0.0.1:$port/iqn.2026-11.io.tiercache:test/0
@@ -68,6 +64,36 @@ python3 -c "import sys; sys.exit(0 if $busy < 0.8 else 1)" || fail "the daemon u
 [ "$(set_dirty)" -gt 0 ] || fail "the dirty data is gone while the backing store is full"
 pass "backing off: $tries attempts and no log line in 8 s, $busy s of CPU; the data stays dirty"
 
+# while the store is full the cache takes only overwrites of what it holds:
+# a write that needs new backing space gets SPACE ALLOCATION FAILED WRITE
+# PROTECT at once (not absorbed as dirty data that cannot land), while
+# overwrites and reads of cached blocks keep working
+tc_build_tool scsi_probe
+coproc PROBE { exec "$T/scsi_probe" "$url" 2>&1; }
+probe() {
+	echo "$*" >&"${PROBE[1]}"
+	IFS= read -r -t 60 reply <&"${PROBE[0]}" || fail "scsi_probe did not answer: $*"
+}
+IFS= read -r -t 60 reply <&"${PROBE[0]}" && [ "$reply" = ready ] || fail "scsi_probe did not log in: $reply"
+probe write 40960 256 33 # 128 KiB at 20 MiB, never written: needs new space
+case "$reply" in
+"check 7 27 07 "*) ;;
+*) fail "a write needing new space on the full store got '$reply' (want check 7 27 07: SPACE ALLOCATION FAILED WRITE PROTECT)" ;;
+esac
+sense=${reply##*sense=}
+[[ "$sense" =~ ^[7f]0..07 ]] && [ "${sense:24:4}" = 2707 ] ||
+	fail "sense bytes $sense: want fixed format, key 7 at byte 2, 27/07 at bytes 12-13"
+pass "a write needing new backing space: 07/27/07 at once ($sense)"
+probe write 4096 128 77 # 64 KiB at 2 MiB: cached
+[ "$reply" = good ] || fail "an overwrite of cached blocks while the store is full got '$reply'"
+probe read 4096 128 77
+[ "$reply" = good ] || fail "reading back the overwrite: $reply"
+probe read 4224 128 5a
+[ "$reply" = good ] || fail "reading cached data next to it: $reply"
+pass "overwrites and reads of cached blocks work while the store is full"
+exec {PROBE[1]}>&-
+wait "$PROBE_PID" 2>/dev/null
+
 # a flush says what it waits for
 "$CTL" -c "$T/t.conf" flush --wait 2>"$T/flush.err" >/dev/null &
 flush_pid=$!
@@ -90,7 +116,8 @@ import sys
 with open(sys.argv[1], "rb") as f:
     f.seek(2 << 20)
     d = f.read(16 << 20)
-bad = len(d) - d.count(b"\x5a")
-sys.exit(0 if len(d) == 16 << 20 and bad == 0 else print(f"{bad} of {len(d)} bytes differ") or 1)
+want = b"\x77" * (64 << 10) + b"\x5a" * ((16 << 20) - (64 << 10))
+bad = sum(1 for a, b in zip(d, want) if a != b)
+sys.exit(0 if d == want else print(f"{bad} of {len(d)} bytes differ") or 1)
 PY
-pass "space back: destage resumed by itself, logged once, all 16 MiB on the backing file"
+pass "space back: destage resumed by itself, logged once, all 16 MiB (and the overwrite) on the backing file"

@@ -15,6 +15,12 @@ int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 	return dev->ops->lba_status(dev, offset, mapped);
 }
 
+int bdev_space(struct bdev *dev, struct bdev_space *out)
+{
+	*out = (struct bdev_space){ 0 };
+	return dev->ops->space ? dev->ops->space(dev, out) : -ENOTSUP;
+}
+
 /* Requests waiting for memory on this worker, in order, through req->link. */
 static __thread struct bdev_req *later_head, *later_tail;
 static __thread struct worker_batch_end later_run_at;

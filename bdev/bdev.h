@@ -16,6 +16,7 @@
  *    is called later on the same worker thread, never from inside
  *    bdev_submit (so callers may submit while holding their own state).
  *  - bdev_close: main thread, with no request in flight.
+ *  - bdev_space: any thread but a worker's; may block (the space monitor).
  *  - bdev_lba_status: any thread; may block (it is for GET LBA STATUS and
  *    tools, not the I/O path).
  *
@@ -47,6 +48,19 @@ enum bdev_op {
 
 struct bdev;
 struct bdev_owner_ops;
+
+/*
+ * Where a thin device's blocks come from (bdev_space), for thin
+ * provisioning thresholds and LOG SENSE: the pool it allocates from (a
+ * file's filesystem, an RBD image's pool or its quota), shared with
+ * whatever else lives there, and what the device itself has allocated.
+ */
+struct bdev_space {
+	uint64_t pool_bytes; /* the pool's size as far as the device may use it */
+	uint64_t pool_free;  /* what the device could still allocate from it */
+	uint64_t alloc;      /* bytes the device has allocated */
+	bool alloc_known;    /* alloc is filled in */
+};
 
 struct bdev_req {
 	enum bdev_op op;
@@ -95,6 +109,11 @@ struct bdev_ops {
 	 * -errno. NULL when the device cannot tell (everything mapped).
 	 */
 	int64_t (*lba_status)(struct bdev *dev, uint64_t offset, bool *mapped);
+	/*
+	 * The space the device draws on (bdev_space): may block, never on a
+	 * worker. NULL when the device cannot tell.
+	 */
+	int (*space)(struct bdev *dev, struct bdev_space *out);
 	/*
 	 * Shared devices only (NULL otherwise): an image several gateways
 	 * export, of which one at a time owns (serves) it. See "Ownership".
@@ -247,6 +266,8 @@ static inline void bdev_close(struct bdev *dev)
 }
 
 int64_t bdev_lba_status(struct bdev *dev, uint64_t offset, bool *mapped);
+/* The device's space (struct bdev_space): 0, or -ENOTSUP, or -errno. */
+int bdev_space(struct bdev *dev, struct bdev_space *out);
 /*
  * For a device's submit that cannot take req now (no memory for its
  * context): req goes to dev's submit again at the end of this worker's

@@ -180,11 +180,17 @@ static int64_t fault_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 	return bdev_lba_status(f->inner, offset, mapped);
 }
 
+static int fault_space(struct bdev *dev, struct bdev_space *out)
+{
+	return bdev_space(((struct fault_bdev *)dev)->inner, out);
+}
+
 static const struct bdev_ops fault_ops = {
 	.submit = fault_submit,
 	.close = fault_close,
 	.abandon = fault_abandon,
 	.lba_status = fault_lba_status,
+	.space = fault_space,
 };
 
 struct bdev *bdev_fault_wrap(struct bdev *inner)

@@ -27,6 +27,7 @@
 #include <sys/ioctl.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -279,10 +280,35 @@ static int file_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint6
 	return fb->fd;
 }
 
+/*
+ * A file's pool is its filesystem, counted as df does: used plus what is
+ * available to unprivileged users (ext4 keeps a reserve that only root may
+ * fill). A block device is not thin: no answer.
+ */
+static int file_space(struct bdev *dev, struct bdev_space *out)
+{
+	struct file_bdev *fb = (struct file_bdev *)dev;
+	struct statvfs sv;
+	struct stat st;
+
+	if (fb->is_blockdev)
+		return -ENOTSUP;
+	if (fstatvfs(fb->fd, &sv) < 0 || fstat(fb->fd, &st) < 0)
+		return -errno;
+	uint64_t fr = sv.f_frsize ? sv.f_frsize : sv.f_bsize;
+	uint64_t used = sv.f_blocks >= sv.f_bfree ? (uint64_t)(sv.f_blocks - sv.f_bfree) : 0;
+	out->pool_free = (uint64_t)sv.f_bavail * fr;
+	out->pool_bytes = used * fr + out->pool_free;
+	out->alloc = (uint64_t)st.st_blocks * 512;
+	out->alloc_known = true;
+	return 0;
+}
+
 static const struct bdev_ops file_ops = {
 	.submit = file_submit,
 	.close = file_close,
 	.lba_status = file_lba_status,
+	.space = file_space,
 	.cached_fd = file_cached_fd,
 };
 

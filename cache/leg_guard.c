@@ -229,10 +229,16 @@ static int64_t guard_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 	return bdev_lba_status(((struct guard *)dev)->inner, offset, mapped);
 }
 
+static int guard_space(struct bdev *dev, struct bdev_space *out)
+{
+	return bdev_space(((struct guard *)dev)->inner, out);
+}
+
 static const struct bdev_ops guard_ops = {
 	.submit = guard_submit,
 	.close = guard_close,
 	.lba_status = guard_lba_status,
+	.space = guard_space,
 };
 
 struct bdev *leg_guard_wrap(struct bdev *inner, uint32_t timeout_ms, bool (*timed_out)(void *arg, struct bdev *dev),

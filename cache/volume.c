@@ -420,10 +420,21 @@ bool cache_vol_guard_torn(struct bdev *dev, bool on)
 	return ok;
 }
 
+/*
+ * The backing store's space. Dirty data not destaged yet is not in its
+ * allocation: a threshold on the LUN's own allocation sees it once it
+ * lands (the filesystem's free space is what runs out first anyway).
+ */
+static int vol_space(struct bdev *dev, struct bdev_space *out)
+{
+	return bdev_space(((struct cache_vol *)dev)->backing, out);
+}
+
 static const struct bdev_ops vol_ops = {
 	.submit = vol_submit,
 	.close = vol_close,
 	.lba_status = vol_lba_status,
+	.space = vol_space,
 	.set_resize_listener = vol_set_resize_listener,
 };
 

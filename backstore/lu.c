@@ -24,6 +24,14 @@
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct scsi_lu *registry;
 
+void lu_registry_each(void (*fn)(struct scsi_lu *lu, void *arg), void *arg)
+{
+	pthread_mutex_lock(&registry_lock);
+	for (struct scsi_lu *lu = registry; lu; lu = lu->next_open)
+		fn(lu, arg);
+	pthread_mutex_unlock(&registry_lock);
+}
+
 struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len)
 {
 	struct scsi_lu *found = NULL;
@@ -141,6 +149,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	}
 	if (pr_load(lu, err, errlen) < 0)
 		goto fail;
+	lu_space_init(lu, cfg->space_warn);
 
 	pthread_mutex_lock(&registry_lock);
 	lu->next_open = registry;
@@ -577,6 +586,7 @@ static uint16_t ua_asc(unsigned bit)
 	case UA_MODE_CHANGED: return ASC_MODE_PARAMETERS_CHANGED;
 	case UA_CAPACITY_CHANGED: return ASC_CAPACITY_DATA_CHANGED;
 	case UA_ALUA_CHANGED: return ASC_ASYMMETRIC_ACCESS_STATE_CHANGED;
+	case UA_SPACE_SOFT: return ASC_THIN_PROV_SOFT_THRESHOLD;
 	default: return ASC_REPORTED_LUNS_CHANGED;
 	}
 }
@@ -589,7 +599,7 @@ static uint16_t ua_asc(unsigned bit)
 unsigned lu_mode_state(const struct scsi_lu *lu)
 {
 	return (atomic_load(&lu->wce) ? 1u : 0) | (atomic_load(&lu->d_sense) ? 2u : 0) |
-	       (atomic_load(&lu->swp) ? 4u : 0);
+	       (atomic_load(&lu->swp) ? 4u : 0) | (atomic_load(&lu->lbpere) ? 8u : 0);
 }
 
 uint16_t lu_ua_take(struct nexus_lu *nl)

@@ -118,6 +118,7 @@ enum {
 	UA_CAPACITY_CHANGED = 1u << 8,
 	UA_LUNS_CHANGED = 1u << 9,
 	UA_ALUA_CHANGED = 1u << 10, /* ASYMMETRIC ACCESS STATE CHANGED */
+	UA_SPACE_SOFT = 1u << 11,   /* THIN PROVISIONING SOFT THRESHOLD REACHED */
 };
 
 /* ------------------------------------------------------------------ */
@@ -218,6 +219,21 @@ struct scsi_lu {
 
 	/* sanitize in progress: everything else answers NOT READY */
 	atomic_bool sanitizing;
+
+	/*
+	 * Thin provisioning threshold (lu_space.c). Counts are in threshold
+	 * sets of 2^thr_exp blocks, as the last look found them; the monitor
+	 * thread writes them, LOG SENSE and MODE SENSE read them.
+	 */
+	uint8_t space_warn;          /* percent used; 0: no threshold */
+	uint8_t thr_exp;             /* VPD B2 THRESHOLD EXPONENT */
+	atomic_bool lbpere;          /* read-write error recovery page: notify */
+	atomic_bool space_known;
+	_Atomic uint64_t space_pool, space_free, space_alloc; /* bytes */
+	atomic_bool space_alloc_known;
+	atomic_bool space_tripped;
+	_Atomic uint32_t space_ua_info; /* INFORMATION of the UA: its descriptor's offset */
+	bool space_err_logged;       /* monitor thread only */
 
 	/* commands submitted to this LU and not yet completed (plus EXTENDED
 	 * COPY segments that use it as source or destination): a LUN removed
@@ -450,6 +466,18 @@ uint16_t lu_ua_take(struct nexus_lu *nl);
  * whose NAA designator is desig, or NULL. Any thread (takes the registry
  * lock); the LU stays valid while any target maps it. */
 struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len);
+/* fn(lu, arg) for every open LU, under the registry lock (an LU is not
+ * closed meanwhile). Not on a worker: fn may block. */
+void lu_registry_each(void (*fn)(struct scsi_lu *lu, void *arg), void *arg);
+
+/* Thin provisioning threshold (lu_space.c). */
+#define LU_LBP_DESC_AVAIL 16 /* offset in the LBP mode page: available resources, armed decreasing */
+#define LU_LBP_DESC_USED 24  /* used resources, armed increasing */
+void lu_space_init(struct scsi_lu *lu, unsigned warn_pct);
+/* The mode page 1Ch/02h for pc (MP_PC_*) into b: its length, 0 when lu has no threshold. */
+size_t lu_space_mode_page(struct scsi_lu *lu, int pc, uint8_t *b);
+/* The Logical Block Provisioning log page (0Ch) into b (at least 64 bytes): its length. */
+size_t lu_space_log_page(struct scsi_lu *lu, uint8_t *b);
 
 /* ------------------------------------------------------------------ */
 /* Handlers, by file. Each is called by scsi_cmd_submit() on the       */
@@ -481,6 +509,7 @@ enum scsi_rc spc_inquiry_unmapped(struct scsi_cmd *cmd);
 /* spc_mode.c */
 enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd);
 enum scsi_rc spc_mode_select(struct scsi_cmd *cmd);
+enum scsi_rc spc_log_sense(struct scsi_cmd *cmd);
 
 /* sbc.c */
 enum scsi_rc sbc_read_capacity_10(struct scsi_cmd *cmd);

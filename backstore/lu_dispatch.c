@@ -79,6 +79,8 @@ static const struct cmd_desc cmd_table[] = {
 	  { OP_SANITIZE, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
 	{ OP_SANITIZE, SANITIZE_EXIT_FAILURE_MODE, 10, 0, WR | CMDF_SA, sbc_sanitize,
 	  "SANITIZE EXIT FAILURE MODE", { OP_SANITIZE, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
+	{ OP_LOG_SENSE, 0, 10, R, CMDF_PR_ALLOWED, spc_log_sense, "LOG SENSE",
+	  { OP_LOG_SENSE, 0x01, 0xff, 0xff, 0, 0xff, 0xff, 0xff, 0xff, CTL } },
 	{ OP_MODE_SELECT_10, 0, 10, W, 0, spc_mode_select, "MODE SELECT(10)",
 	  { OP_MODE_SELECT_10, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, CTL } },
 	{ OP_RESERVE_10, 0, 10, 0, 0, pr_reserve, "RESERVE(10)",
@@ -334,6 +336,8 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 	struct scsi_lu *lu = cmd->lu;
 	if (!(d->flags & CMDF_NO_UA) && atomic_load_explicit(&nl->ua, memory_order_relaxed)) {
 		uint16_t asc = lu_ua_take(nl);
+		if (asc == ASC_THIN_PROV_SOFT_THRESHOLD) /* INFORMATION: the threshold's descriptor */
+			return scsi_fail_info(cmd, SK_UNIT_ATTENTION, asc, atomic_load(&nl->lu->space_ua_info));
 		if (asc)
 			return scsi_fail(cmd, SK_UNIT_ATTENTION, asc);
 	}

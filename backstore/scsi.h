@@ -96,6 +96,7 @@ struct scsi_nexus;
 #define ASC_SAVING_PARAMS_NOT_SUPPORTED 0x3900
 #define ASC_MEDIUM_REMOVAL_PREVENTED 0x5302
 #define ASC_REPORTED_LUNS_CHANGED 0x3f0e
+#define ASC_THIN_PROV_SOFT_THRESHOLD 0x3807
 #define ASC_INTERNAL_TARGET_FAILURE 0x4400
 #define ASC_INSUFFICIENT_REGISTRATION_RESOURCES 0x5504
 #define ASC_COPY_TARGET_DEVICE_NOT_REACHABLE 0x0d02
@@ -215,6 +216,10 @@ struct scsi_lu_config {
 	 * gateway's N). 0 or 1 with a shared bdev: this gateway's group only.
 	 */
 	uint16_t alua_groups;
+	/* thin provisioning soft threshold: percent of space used (the
+	 * backing store's pool, or the LU's own allocation) at which hosts
+	 * get THIN PROVISIONING SOFT THRESHOLD REACHED; 0 = none */
+	unsigned space_warn;
 };
 
 /*
@@ -240,6 +245,30 @@ struct scsi_lu_ownership {
 	unsigned gateways;
 };
 bool scsi_lu_ownership(const struct scsi_lu *lu, struct scsi_lu_ownership *out);
+
+/*
+ * The space under an LU as last looked at (lu_space.c): the pool its
+ * backing store allocates from and the LU's own allocation, in percent
+ * (-1 when unknown), the threshold (0 = none) and whether it is passed.
+ * false when nobody has looked yet or the device cannot tell. Any thread.
+ */
+struct scsi_lu_space {
+	uint64_t pool_bytes, pool_free, alloc;
+	int pool_used_pct, alloc_pct;
+	unsigned warn_pct;
+	bool warning;
+};
+bool scsi_lu_space(const struct scsi_lu *lu, struct scsi_lu_space *out);
+/*
+ * Look at every open LU's space every interval_s seconds on a thread of
+ * its own (statvfs and the like may block on a sick filesystem, which
+ * must not stall a worker), and raise the soft threshold's unit attention
+ * when one passes it. Main thread; stop joins the thread.
+ */
+int scsi_space_monitor_start(unsigned interval_s);
+void scsi_space_monitor_stop(void);
+/* One look at lu now (the monitor's step; tests). Not on a worker. */
+void scsi_lu_space_poll(struct scsi_lu *lu);
 
 /* ---- targets: LUN maps ---- */
 

@@ -107,8 +107,12 @@ enum scsi_rc spc_request_sense(struct scsi_cmd *cmd)
 		len = scsi_sense_format(b, sizeof(b), desc, SK_NOT_READY, ASC_LU_NOT_READY_SANITIZE, &x);
 	} else {
 		uint16_t asc = nl ? lu_ua_take(nl) : 0;
+		struct sense_extra ux = { .info_valid = true };
+		if (asc == ASC_THIN_PROV_SOFT_THRESHOLD)
+			ux.info = atomic_load(&nl->lu->space_ua_info);
 		if (asc)
-			len = scsi_sense_format(b, sizeof(b), desc, SK_UNIT_ATTENTION, asc, NULL);
+			len = scsi_sense_format(b, sizeof(b), desc, SK_UNIT_ATTENTION, asc,
+						asc == ASC_THIN_PROV_SOFT_THRESHOLD ? &ux : NULL);
 		else
 			len = scsi_sense_format(b, sizeof(b), desc, SK_NO_SENSE, ASC_NO_ADDITIONAL_SENSE, NULL);
 	}

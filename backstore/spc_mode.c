@@ -2,8 +2,10 @@
  * spc_mode.c - MODE SENSE and MODE SELECT (6 and 10): the mode pages.
  *
  * Pages: read-write error recovery (01h), caching (08h), control (0Ah)
- * and informational exceptions (1Ch). WCE, D_SENSE and SWP are changeable
- * and honoured (the LU's atomics the data path reads); nothing is savable.
+ * and informational exceptions (1Ch), and with a thin provisioning
+ * threshold the logical block provisioning subpage (1Ch/02h, lu_space.c).
+ * WCE, D_SENSE, SWP and (with a threshold) LBPERE are changeable and
+ * honoured (the LU's atomics the data path reads); nothing is savable.
  * A MODE SELECT that changes a parameter gives every other I_T nexus of
  * the LU the MODE PARAMETERS CHANGED unit attention.
  *
@@ -25,6 +27,9 @@
 #define MP_PC_DEFAULT 2
 #define MP_PC_SAVED 3
 
+#define MP_SUB_LBP 0x02
+#define MP_SUB_ALL 0xff
+#define RWER_LBPERE 0x80
 #define CACHING_WCE 0x04
 #define CONTROL_D_SENSE 0x04
 #define CONTROL_SWP 0x08
@@ -47,6 +52,9 @@ static size_t mode_page(struct scsi_lu *lu, uint8_t page, int pc, uint8_t *b)
 		memset(b, 0, len);
 		if (!changeable)
 			b[2] = 0xc0; /* AWRE, ARRE */
+		/* LBPERE: threshold notification on (lu_space.c) */
+		if (lu->space_warn && (changeable || dflt || atomic_load(&lu->lbpere)))
+			b[7] = RWER_LBPERE;
 		break;
 	case MP_CACHING:
 		len = 20;
@@ -101,7 +109,10 @@ enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd)
 
 	if (pc == MP_PC_SAVED)
 		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_SAVING_PARAMS_NOT_SUPPORTED);
-	if (subpage != 0 && !(page == MP_ALL && subpage == 0xff))
+	bool lbp_only = page == MP_INFO_EXCEPTIONS && subpage == MP_SUB_LBP;
+	if (subpage != 0 && !lbp_only && subpage != MP_SUB_ALL)
+		return scsi_fail_cdb(cmd, 3, 7);
+	if (subpage == MP_SUB_ALL && page != MP_ALL && page != MP_INFO_EXCEPTIONS)
 		return scsi_fail_cdb(cmd, 3, 7);
 	memset(b, 0, sizeof(b));
 	off = hdr;
@@ -123,9 +134,19 @@ enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd)
 		off += bdl;
 	}
 	pthread_mutex_lock(&lu->mutex);
-	if (page == MP_ALL) {
-		for (size_t i = 0; i < sizeof(mode_pages); i++)
+	if (lbp_only) {
+		size_t l = lu_space_mode_page(lu, pc, b + off);
+		if (!l) {
+			pthread_mutex_unlock(&lu->mutex);
+			return scsi_fail_cdb(cmd, 3, 7); /* no threshold: no such subpage */
+		}
+		off += l;
+	} else if (page == MP_ALL) {
+		for (size_t i = 0; i < sizeof(mode_pages); i++) {
 			off += mode_page(lu, mode_pages[i], pc, b + off);
+			if (subpage == MP_SUB_ALL && mode_pages[i] == MP_INFO_EXCEPTIONS)
+				off += lu_space_mode_page(lu, pc, b + off);
+		}
 	} else {
 		size_t l = mode_page(lu, page, pc, b + off);
 		if (!l) {
@@ -133,6 +154,8 @@ enum scsi_rc spc_mode_sense(struct scsi_cmd *cmd)
 			return scsi_fail_cdb(cmd, 2, 5);
 		}
 		off += l;
+		if (subpage == MP_SUB_ALL)
+			off += lu_space_mode_page(lu, pc, b + off);
 	}
 	pthread_mutex_unlock(&lu->mutex);
 	uint8_t devspec = DEVSPEC_DPOFUA;
@@ -157,12 +180,31 @@ static bool mode_select_page(struct scsi_cmd *cmd, const uint8_t *p, size_t plen
 	struct scsi_lu *lu = cmd->lu;
 	uint8_t cur[64], chg[64];
 	uint8_t page = p[0] & 0x3f;
+	size_t len;
 
-	if (p[0] & 0x40) { /* SPF: no subpages here */
-		scsi_fail_param(cmd, (unsigned)po, 6);
-		return false;
+	if (p[0] & 0x40) {
+		/* the one subpage: the threshold, which nothing here changes */
+		len = page == MP_INFO_EXCEPTIONS && p[1] == MP_SUB_LBP ? lu_space_mode_page(lu, MP_PC_CURRENT, cur)
+								       : 0;
+		if (!len) {
+			if (page == MP_INFO_EXCEPTIONS)
+				scsi_fail_param(cmd, (unsigned)po + 1, -1); /* no such subpage */
+			else
+				scsi_fail_param(cmd, (unsigned)po, 5);
+			return false;
+		}
+		if (plen != len) {
+			scsi_fail_param(cmd, (unsigned)po + 2, -1);
+			return false;
+		}
+		for (size_t i = 4; i < len; i++)
+			if (p[i] != cur[i]) {
+				scsi_fail_param(cmd, (unsigned)(po + i), -1);
+				return false;
+			}
+		return true;
 	}
-	size_t len = mode_page(lu, page, MP_PC_CURRENT, cur);
+	len = mode_page(lu, page, MP_PC_CURRENT, cur);
 	if (!len) {
 		scsi_fail_param(cmd, (unsigned)po, 5);
 		return false;
@@ -180,6 +222,14 @@ static bool mode_select_page(struct scsi_cmd *cmd, const uint8_t *p, size_t plen
 		}
 	}
 	switch (page) {
+	case MP_RW_ERROR_RECOVERY: {
+		bool on = p[7] & RWER_LBPERE;
+		if (on != atomic_load(&lu->lbpere)) {
+			atomic_store(&lu->lbpere, on);
+			*changed |= 1;
+		}
+		break;
+	}
 	case MP_CACHING: {
 		bool wce = p[2] & CACHING_WCE;
 		if (wce != atomic_load(&lu->wce)) {
@@ -241,6 +291,13 @@ enum scsi_rc spc_mode_select(struct scsi_cmd *cmd)
 			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
 		}
 		size_t pl = (size_t)buf[off + 1] + 2;
+		if (buf[off] & 0x40) { /* SPF: a two-byte page length at 2 */
+			if (off + 4 > plen) {
+				pthread_mutex_unlock(&lu->mutex);
+				return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);
+			}
+			pl = (size_t)be16_get(buf + off + 2) + 4;
+		}
 		if (off + pl > plen) {
 			pthread_mutex_unlock(&lu->mutex);
 			return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_PARAM_LIST_LENGTH_ERROR);

@@ -192,6 +192,7 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 		break;
 	case VPD_LBP:
 		len = 8;
+		b[4] = lu->space_warn ? lu->thr_exp : 0; /* THRESHOLD EXPONENT: 0 = no thresholds */
 		if (lu->dev->can_unmap)
 			b[5] = 0x80 | 0x40 | 0x20 | 0x04; /* LBPU LBPWS LBPWS10 LBPRZ */
 		b[6] = lu->dev->can_unmap ? 0x02 : 0x00; /* thin : full */

@@ -8,14 +8,15 @@
  *
  * Sections:
  *   [daemon]        state_dir, control_socket, workers, poll_us, log_level,
- *                   nop_interval, nop_timeout
+ *                   nop_interval, nop_timeout, space_interval
  *   [portal]        listen (repeatable; host:port, [v6]:port), port_group
  *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
  *                   mutual_user/mutual_secret
  *   [lun NAME]      backing, size, block_size, serial, write_cache, read_only,
  *                   cache (the [cache NAME] set in front of the backing store),
  *                   ceph_conf, ceph_user, ceph_timeout (backing = rbd:POOL/IMAGE),
- *                   gateways (how many gateways export the image: implicit ALUA)
+ *                   gateways (how many gateways export the image: implicit ALUA),
+ *                   space_warn (thin provisioning soft threshold)
  *   [cache NAME]    legs = A [B], allow_single_leg, size, extent, mode,
  *                   admit_hits, seq_cutoff, dirty_target (cache/cache.h)
  *   [tcmu]          enable (serve LIO's user:tiercache backstores through
@@ -59,6 +60,8 @@ struct cfg_lun {
 	 * 1 = this one only (default) */
 	unsigned gateways;
 	int gateways_line;
+	/* thin provisioning soft threshold, percent used (1..99); 0 = off */
+	unsigned space_warn;
 	int line;             /* where the section starts */
 };
 
@@ -114,6 +117,7 @@ struct config {
 	unsigned nop_interval;   /* seconds between NOP-In pings on idle links; 0 = off */
 	unsigned nop_timeout;    /* seconds to wait for the ping's answer */
 	bool nop_interval_set;   /* given in the file (0 there means off; absent means 30) */
+	unsigned space_interval; /* seconds between looks at the backing stores' space (default 10) */
 	/* [portal] */
 	struct cfg_listen listen[CFG_MAX_LISTEN];
 	int nlisten;

@@ -158,10 +158,16 @@ int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 		}
 		else
 			cfg->nop_timeout = (unsigned)u;
+	} else if (!strcmp(key, "space_interval")) {
+		if (cfg_parse_uint(val, 3600, &u) || u == 0) {
+			cfg_fail_at(ps, ps->line, "[daemon] space_interval = %s: give seconds from 1 to 3600", val);
+			return 0;
+		}
+		cfg->space_interval = (unsigned)u;
 	} else {
 		cfg_fail_at(ps, ps->line,
 			"[daemon] has no key \"%s\"; known keys: state_dir, control_socket, workers, poll_us, "
-			"log_level, nop_interval, nop_timeout",
+			"log_level, nop_interval, nop_timeout, space_interval",
 			key);
 		return 0;
 	}

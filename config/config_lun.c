@@ -112,10 +112,28 @@ int cfg_handle_lun(struct parse_state *ps, const char *key, const char *val)
 		}
 		l->gateways = (unsigned)u;
 		l->gateways_line = ps->line;
+	} else if (!strcmp(key, "space_warn")) {
+		unsigned long u = 0;
+		char num[16];
+		size_t n = strlen(val);
+		bool ok = !strcmp(val, "off");
+		if (!ok && n && n < sizeof(num)) {
+			memcpy(num, val, n + 1);
+			if (num[n - 1] == '%')
+				num[n - 1] = 0;
+			ok = !cfg_parse_uint(num, 99, &u) && u > 0;
+		}
+		if (!ok) {
+			cfg_fail_at(ps, ps->line, "[lun %s] space_warn = %s: give the percentage of space used at "
+				"which hosts are warned, 1%% to 99%% (e.g. 90%%), or off", l->name, val);
+			return 0;
+		}
+		l->space_warn = (unsigned)u;
 	} else {
 		cfg_fail_at(ps, ps->line,
 			"[lun %s] has no key \"%s\"; known keys: backing, size, block_size, serial, write_cache, "
-			"read_only, backing_io, cache, ceph_conf, ceph_user, ceph_timeout, gateways", l->name, key);
+			"read_only, backing_io, cache, ceph_conf, ceph_user, ceph_timeout, gateways, space_warn",
+			l->name, key);
 		return 0;
 	}
 	return 1;

@@ -201,6 +201,8 @@ int cfg_validate(struct parse_state *ps)
 	/* nop_interval = 0 turns the pings off; without the key they go every 30 s */
 	if (!cfg->nop_interval_set)
 		cfg->nop_interval = 30;
+	if (!cfg->space_interval)
+		cfg->space_interval = 10;
 	if (cfg->nop_timeout == 0)
 		cfg->nop_timeout = 30;
 	return ps->failed ? -1 : 0;

@@ -325,6 +325,8 @@ int main(int argc, char **argv)
 	ctl_cache_register(d.cfg, d.sets, d.vols);
 	if (d.cfg->ncaches && leg_health_start(d.sets, d.cfg->ncaches, 60) < 0)
 		log_warn("cannot start the NVMe health monitor; legs are still failed on I/O errors");
+	if (scsi_space_monitor_start(d.cfg->space_interval) < 0)
+		log_warn("cannot start the space monitor; thin provisioning thresholds are not watched");
 	if (mkdir_parent(d.cfg->control_socket) < 0 ||
 	    control_start(d.cfg->control_socket, err, sizeof(err)) < 0) {
 		log_err("%s", err[0] ? err : "cannot create the control socket directory");
@@ -364,6 +366,7 @@ int main(int argc, char **argv)
 	control_stop();
 	ctl_cache_stop();
 	leg_health_stop();
+	scsi_space_monitor_stop();
 	iscsi_portal_drain();
 	tcmu_stop();
 	shutdown_caches(&d);

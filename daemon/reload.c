@@ -147,6 +147,11 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		n->nop_timeout = o->nop_timeout;
 		count++;
 	}
+	if (o->space_interval != n->space_interval) {
+		needs_restart(n, 0, "[daemon] space_interval");
+		n->space_interval = o->space_interval;
+		count++;
+	}
 	if (o->port_group != n->port_group) {
 		needs_restart(n, n->port_group_line, "[portal] port_group");
 		n->port_group = o->port_group;
@@ -240,6 +245,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		LUN_FIELD(!str_eq(ol->ceph_user, nl->ceph_user), "ceph_user")
 		LUN_FIELD(ol->ceph_timeout != nl->ceph_timeout, "ceph_timeout")
 		LUN_FIELD(ol->gateways != nl->gateways, "gateways")
+		LUN_FIELD(ol->space_warn != nl->space_warn, "space_warn")
 #undef LUN_FIELD
 		if (count != before) {
 			if (!dup_into(&nl->backing, ol->backing) || !dup_into(&nl->serial, ol->serial) ||
@@ -249,6 +255,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 			nl->ceph_timeout = ol->ceph_timeout;
 			nl->backing_buffered = ol->backing_buffered;
 			nl->gateways = ol->gateways;
+			nl->space_warn = ol->space_warn;
 			nl->size = ol->size;
 			nl->block_size = ol->block_size;
 			nl->write_cache = ol->write_cache;

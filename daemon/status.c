@@ -82,6 +82,22 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 		struct scsi_lu_ownership ow;
 		if (lu && scsi_lu_ownership(lu, &ow))
 			owner_json(o, &ow);
+		struct scsi_lu_space sp;
+		if (lu && scsi_lu_space(lu, &sp)) {
+			struct json_object *s = json_object_new_object();
+			json_object_object_add(s, "pool_bytes", json_object_new_int64((int64_t)sp.pool_bytes));
+			json_object_object_add(s, "pool_free", json_object_new_int64((int64_t)sp.pool_free));
+			json_object_object_add(s, "pool_used_pct", json_object_new_int(sp.pool_used_pct));
+			if (sp.alloc_pct >= 0) {
+				json_object_object_add(s, "allocated", json_object_new_int64((int64_t)sp.alloc));
+				json_object_object_add(s, "allocated_pct", json_object_new_int(sp.alloc_pct));
+			}
+			if (sp.warn_pct) {
+				json_object_object_add(s, "warn_pct", json_object_new_int((int)sp.warn_pct));
+				json_object_object_add(s, "warning", json_object_new_boolean(sp.warning));
+			}
+			json_object_object_add(o, "space", s);
+		}
 		json_object_array_add(luns, o);
 	}
 	for (int i = 0; i < cfg->ntargets; i++) {

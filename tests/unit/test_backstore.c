@@ -983,6 +983,207 @@ static void fixture_close(void)
 	free(buf);
 }
 
+/* ---- thin provisioning soft threshold (lu_space.c) ---- */
+
+struct space_dev {
+	struct bdev dev;
+	struct bdev *inner;
+	struct bdev_ops ops;
+	_Atomic uint64_t pool, free_b, alloc;
+};
+
+static void sp_submit(struct bdev *dev, struct bdev_req *req) { bdev_submit(((struct space_dev *)dev)->inner, req); }
+static void sp_close(struct bdev *dev)
+{
+	struct space_dev *d = (struct space_dev *)dev;
+	bdev_close(d->inner);
+	free(d);
+}
+static int sp_space(struct bdev *dev, struct bdev_space *out)
+{
+	struct space_dev *d = (struct space_dev *)dev;
+	out->pool_bytes = atomic_load(&d->pool);
+	out->pool_free = atomic_load(&d->free_b);
+	out->alloc = atomic_load(&d->alloc);
+	out->alloc_known = true;
+	return 0;
+}
+
+/* INFORMATION of fixed-format sense (VALID set), or -1 */
+static long long sense_info(const struct scsi_cmd *c)
+{
+	if (c->sense_len < 8 || (c->sense[0] & 0x7f) != 0x70 || !(c->sense[0] & 0x80))
+		return -1;
+	return rd32(c->sense + 3);
+}
+
+static void thin_threshold_warns_every_nexus_once(const char *dir)
+{
+	char path[600], err[256];
+	const uint32_t bs = 512, nblocks = 8192; /* 4 MiB: 4 threshold sets of 1 MiB */
+	const uint64_t gib = 1ull << 30, set = 1ull << 20;
+
+	snprintf(path, sizeof(path), "%s/thin.img", dir);
+	struct space_dev *d = calloc(1, sizeof(*d));
+	d->inner = bdev_file_open(path, (uint64_t)nblocks * bs, bs, true, err, sizeof(err));
+	if (!d->inner) {
+		check(false, err);
+		free(d);
+		return;
+	}
+	d->ops = (struct bdev_ops){ .submit = sp_submit, .close = sp_close, .space = sp_space };
+	d->dev = *d->inner;
+	d->dev.ops = &d->ops;
+	atomic_init(&d->pool, 10 * gib);
+	atomic_init(&d->free_b, 5 * gib);
+	atomic_init(&d->alloc, set);
+	struct scsi_lu_config cfg = {
+		.name = "thin", .serial = "TC-THIN-1", .block_size = bs, .vendor = "TIERCACH",
+		.product = "unit-test", .revision = "0001", .space_warn = 90,
+	};
+	struct scsi_lu *lu = scsi_lu_open(&cfg, &d->dev, err, sizeof(err));
+	check(lu != NULL, "an LU with space_warn = 90 opens");
+	if (!lu)
+		return;
+	struct scsi_target *t = scsi_target_new("iqn.2026-11.test:thin");
+	scsi_target_map(t, 0, lu);
+	struct scsi_nexus *n1 = open_nexus(t, "iqn.2026-11.test:thin-a");
+	struct scsi_nexus *n2 = open_nexus(t, "iqn.2026-11.test:thin-b");
+	clear_ua(n1);
+	clear_ua(n2);
+	struct scsi_cmd c;
+
+	static const uint8_t vpd_b2[6] = { 0x12, 1, 0xb2, 0, 64, 0 };
+	c = run(n1, 0, vpd_b2, 6, 0, 64);
+	check(c.status == SAM_STAT_GOOD && buf[4] == 11, "VPD B2: THRESHOLD EXPONENT 11 (1 MiB sets of 512-byte blocks)");
+
+	static const uint8_t ms_lbp[10] = { 0x5a, 0x08, 0x1c, 0x02, 0, 0, 0, 0, 255, 0 };
+	c = run(n1, 0, ms_lbp, 10, 0, 255);
+	const uint8_t *pg = buf + 8;
+	check(c.status == SAM_STAT_GOOD && pg[0] == 0x5c && pg[1] == 0x02 && pg[2] == 0 && pg[3] == 28 &&
+		      !(pg[4] & 1),
+	      "MODE SENSE 1Ch/02h: the logical block provisioning page, SITUA 0");
+	check(pg[16] == 0x80 && pg[17] == 0x01 && rd32(pg + 20) == 10 * 1024 / 10,
+	      "descriptor at 16: enabled soft threshold, available resources armed decreasing, at 10% of the pool");
+	check(pg[24] == 0x81 && pg[25] == 0x02 && rd32(pg + 28) == 4 * 90 / 100,
+	      "descriptor at 24: used resources armed increasing, at 90% of the capacity");
+	static const uint8_t ms_rwer[10] = { 0x5a, 0x08, 0x01, 0, 0, 0, 0, 0, 255, 0 };
+	c = run(n1, 0, ms_rwer, 10, 0, 255);
+	check(c.status == SAM_STAT_GOOD && (buf[8 + 7] & 0x80), "read-write error recovery page: LBPERE set");
+	static const uint8_t ms_all[10] = { 0x5a, 0x08, 0x3f, 0xff, 0, 0, 0, 0x10, 0, 0 };
+	c = run(n1, 0, ms_all, 10, 0, 4096);
+	bool found = false;
+	for (uint32_t off = 8; off + 4 <= c.read_len && off < (uint32_t)((buf[0] << 8 | buf[1]) + 2);) {
+		if ((buf[off] & 0x40) && (buf[off] & 0x3f) == 0x1c && buf[off + 1] == 2)
+			found = true;
+		off += (buf[off] & 0x40) ? 4u + (buf[off + 2] << 8 | buf[off + 3]) : 2u + buf[off + 1];
+	}
+	check(c.status == SAM_STAT_GOOD && found, "MODE SENSE 3Fh/FFh includes the 1Ch/02h subpage");
+
+	static const uint8_t ls_sup[10] = { 0x4d, 0, 0x40, 0, 0, 0, 0, 0, 255, 0 };
+	c = run(n1, 0, ls_sup, 10, 0, 255);
+	check(c.status == SAM_STAT_GOOD && buf[0] == 0 && buf[3] == 2 && buf[4] == 0x00 && buf[5] == 0x0c,
+	      "LOG SENSE 00h lists pages 00h and 0Ch");
+	static const uint8_t ls_lbp[10] = { 0x4d, 0, 0x4c, 0, 0, 0, 0, 0, 255, 0 };
+	c = run(n1, 0, ls_lbp, 10, 0, 255);
+	check(c.status == SAM_STAT_GOOD && buf[0] == 0x8c && buf[3] == 24, "LOG SENSE 0Ch: two parameters");
+	check(buf[4] == 0 && buf[5] == 1 && buf[6] == 0x03 && buf[7] == 8 && rd32(buf + 8) == 5 * 1024 &&
+		      (buf[12] & 3) == 2,
+	      "parameter 0001h: 5 GiB available, as 5120 sets, scope not dedicated");
+	check(buf[16] == 0 && buf[17] == 2 && buf[18] == 0x03 && buf[19] == 8 && rd32(buf + 20) == 1 &&
+		      (buf[24] & 3) == 1,
+	      "parameter 0002h: 1 set used by the LU, scope dedicated");
+	static const uint8_t ls_ptr[10] = { 0x4d, 0, 0x4c, 0, 0, 0, 2, 0, 255, 0 };
+	c = run(n1, 0, ls_ptr, 10, 0, 255);
+	check(c.status == SAM_STAT_GOOD && buf[3] == 12 && buf[5] == 2, "PARAMETER POINTER 2: only parameter 0002h");
+	static const uint8_t ls_sp[10] = { 0x4d, 1, 0x4c, 0, 0, 0, 0, 0, 255, 0 };
+	c = run(n1, 0, ls_sp, 10, 0, 255);
+	check(sense_is(&c, 5, 0x24, 0), "LOG SENSE with SP: INVALID FIELD IN CDB");
+	static const uint8_t ls_bad[10] = { 0x4d, 0, 0x4d, 0, 0, 0, 0, 0, 255, 0 };
+	c = run(n1, 0, ls_bad, 10, 0, 255);
+	check(sense_is(&c, 5, 0x24, 0), "LOG SENSE of a page we do not have: INVALID FIELD IN CDB");
+
+	/* 95% of the pool used: every nexus told once, INFORMATION 16 */
+	atomic_store(&d->free_b, gib / 2);
+	scsi_lu_space_poll(lu);
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(sense_is(&c, 6, 0x38, 0x07) && sense_info(&c) == LU_LBP_DESC_AVAIL,
+	      "pool 95% used: UNIT ATTENTION 6/38/07, INFORMATION 16 (the available-resources descriptor)");
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "told once: the next command is GOOD");
+	static const uint8_t rs[6] = { 0x03, 0, 0, 0, 252, 0 };
+	c = run(n2, 0, rs, 6, 0, 252);
+	check(c.status == SAM_STAT_GOOD && (buf[2] & 0xf) == 6 && buf[12] == 0x38 && buf[13] == 0x07 &&
+		      (buf[0] & 0x80) && rd32(buf + 3) == 16,
+	      "the other nexus gets it too (REQUEST SENSE), with the same INFORMATION");
+	scsi_lu_space_poll(lu);
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "still past it: not told again");
+	/* 89% used: not re-armed (2 points below 90 is 88) */
+	atomic_store(&d->free_b, gib + gib / 10);
+	scsi_lu_space_poll(lu);
+	atomic_store(&d->free_b, gib / 2);
+	scsi_lu_space_poll(lu);
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "89% used then 95% again: not re-armed, not told");
+	/* 50% used re-arms; 95% tells again */
+	atomic_store(&d->free_b, 5 * gib);
+	scsi_lu_space_poll(lu);
+	atomic_store(&d->free_b, gib / 2);
+	scsi_lu_space_poll(lu);
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(sense_is(&c, 6, 0x38, 0x07), "re-armed at 50% used: 95% tells again");
+	clear_ua(n2);
+
+	/* the LU's own allocation: INFORMATION 24 */
+	atomic_store(&d->free_b, 5 * gib);
+	scsi_lu_space_poll(lu);
+	atomic_store(&d->alloc, (uint64_t)nblocks * bs * 95 / 100);
+	scsi_lu_space_poll(lu);
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(sense_is(&c, 6, 0x38, 0x07) && sense_info(&c) == LU_LBP_DESC_USED,
+	      "the LU 95% allocated: 6/38/07 with INFORMATION 24 (the used-resources descriptor)");
+	clear_ua(n2);
+	atomic_store(&d->alloc, set);
+	scsi_lu_space_poll(lu);
+
+	/* LBPERE off: not told */
+	c = run(n1, 0, ms_rwer, 10, 0, 255);
+	uint8_t sel[20] = { 0 };
+	memcpy(sel + 8, buf + 8, 12);
+	sel[8] &= 0x3f;
+	sel[8 + 7] &= (uint8_t)~0x80;
+	memcpy(buf, sel, 20);
+	static const uint8_t msel10[10] = { 0x55, 0x10, 0, 0, 0, 0, 0, 0, 20, 0 };
+	c = run(n1, 0, msel10, 10, 20, 0);
+	check(c.status == SAM_STAT_GOOD, "MODE SELECT clears LBPERE");
+	clear_ua(n2);
+	atomic_store(&d->free_b, gib / 2);
+	scsi_lu_space_poll(lu);
+	c = run(n1, 0, cdb_tur, 6, 0, 0);
+	check(c.status == SAM_STAT_GOOD, "with LBPERE off, passing the threshold tells nobody");
+
+	/* the threshold page can be selected unchanged, not changed */
+	c = run(n1, 0, ms_lbp, 10, 0, 255);
+	uint8_t lsel[40] = { 0 };
+	memcpy(lsel + 8, buf + 8, 32);
+	lsel[8] &= 0x7f;
+	memcpy(buf, lsel, 40);
+	uint8_t msel_lbp[10] = { 0x55, 0x10, 0, 0, 0, 0, 0, 0, 40, 0 };
+	c = run(n1, 0, msel_lbp, 10, 40, 0);
+	check(c.status == SAM_STAT_GOOD, "MODE SELECT of 1Ch/02h as it is: GOOD");
+	lsel[8 + 28] ^= 1;
+	memcpy(buf, lsel, 40);
+	c = run(n1, 0, msel_lbp, 10, 40, 0);
+	check(sense_is(&c, 5, 0x26, 0), "MODE SELECT changing a threshold: INVALID FIELD IN PARAMETER LIST");
+
+	close_nexus(n1);
+	close_nexus(n2);
+	scsi_target_free(t);
+	scsi_lu_close(lu);
+	unlink(path);
+}
+
 int main(void)
 {
 	fixture_open();
@@ -1007,6 +1208,7 @@ int main(void)
 	d_sense_gives_descriptor_sense();
 	local_lu_has_one_active_optimized_group();
 	shared_lu_reports_implicit_alua(tmp_dir);
+	thin_threshold_warns_every_nexus_once(tmp_dir);
 	fixture_close();
 	printf("%d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;

@@ -272,6 +272,40 @@ static void test_nop(void)
 	}
 }
 
+static void test_space_warn(void)
+{
+	static const struct {
+		const char *val;
+		int want; /* -1: refused */
+	} cases[] = {
+		{ "90%", 90 }, { "90", 90 }, { "1%", 1 }, { "99%", 99 }, { "off", 0 },
+		{ "0", -1 },   { "100%", -1 }, { "%", -1 }, { "", -1 }, { "90%%", -1 }, { "-5%", -1 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[256];
+		snprintf(text, sizeof(text),
+			 "[daemon]\nspace_interval = 2\n[target iqn.2026-11.test:t]\nlun0 = d\n"
+			 "[lun d]\nbacking = /tmp/x.img\nsize = 1M\nspace_warn = %s\n",
+			 cases[i].val);
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(text, "space.conf", &cfg, err, sizeof(err));
+		if (cases[i].want < 0) {
+			CHECK(r != 0 && strstr(err, "space_warn"), "space_warn = %s refused (%s)", cases[i].val, err);
+		} else {
+			CHECK(r == 0 && cfg->luns[0].space_warn == (unsigned)cases[i].want && cfg->space_interval == 2,
+			      "space_warn = %s parses to %d (%s)", cases[i].val, cases[i].want, err);
+		}
+		config_free(cfg);
+	}
+	struct config *cfg = NULL;
+	char err[512] = "";
+	CHECK(config_parse_string("[daemon]\nworkers = 1\n", "d.conf", &cfg, err, sizeof(err)) == 0 &&
+		      cfg->space_interval == 10,
+	      "space_interval defaults to 10 s");
+	config_free(cfg);
+}
+
 static void test_poll(void)
 {
 	static const struct {
@@ -328,6 +362,7 @@ int main(void)
 {
 	test_backing_io();
 	test_nop();
+	test_space_warn();
 	test_poll();
 	test_rbd_lun();
 	test_good();

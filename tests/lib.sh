@@ -119,9 +119,9 @@ tc_gone() { ! kill -0 "$1" 2>/dev/null; }
 
 # wait until host:port accepts a TCP connection (up to $2 seconds)
 tc_wait_port() {
-	local port=$1 secs=${2:-60} i
+	local port=$1 secs=${2:-60} host=${3:-127.0.0.1} i
 	for ((i = 0; i < secs * 10; i++)); do
-		if (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then
+		if (exec 3<>/dev/tcp/"$host"/"$port") 2>/dev/null; then
 			return 0
 		fi
 		kill -0 "$TC_PID" 2>/dev/null || return 1
@@ -135,10 +135,12 @@ tc_start() {
 	shift
 	"$TC_BIN" -c "$conf" "$@" >>"$T/daemon.log" 2>&1 &
 	TC_PID=$!
-	local port
-	for port in $(sed -n 's/^[[:space:]]*listen[[:space:]]*=.*:\([0-9][0-9]*\).*/\1/p' "$conf"); do
-		tc_wait_port "$port" 60 || fail "daemon did not start listening on port $port"
-	done
+	local port host
+	# listen = HOST:PORT: an IPv4 literal is waited on where it is, anything else on 127.0.0.1
+	while read -r host port; do
+		[[ "$host" =~ ^[0-9.]+$ ]] && [ "$host" != 0.0.0.0 ] || host=127.0.0.1
+		tc_wait_port "$port" 60 "$host" || fail "daemon did not start listening on $host:$port"
+	done < <(sed -n 's/^[[:space:]]*listen[[:space:]]*=[[:space:]]*\(.*\):\([0-9][0-9]*\).*/\1 \2/p' "$conf")
 }
 
 tc_stop() {

@@ -27,6 +27,7 @@ tc_tmpdir
 command -v python3 >/dev/null || skip "python3 not installed"
 
 port=$(tc_free_port)
+port2=$(tc_free_port)
 cat >"$T/t.conf" <<CONF
 [daemon]
 state_dir = $T/state
@@ -35,6 +36,7 @@ log_level = debug
 
 [portal]
 listen = 127.0.0.1:$port
+listen = 127.0.0.2:$port2
 
 [target iqn.2026-11.io.tiercache:open]
 lun0 = disk0
@@ -252,6 +254,7 @@ sys.path.insert(0, os.environ["T"])
 from iscsi_raw import *
 
 port = int(os.environ["PORT"])
+port2 = int(os.environ["PORT2"])
 OPEN = "iqn.2026-11.io.tiercache:open"
 ACL = "iqn.2026-11.io.tiercache:acl"
 CHAP = "iqn.2026-11.io.tiercache:chap"
@@ -481,7 +484,12 @@ f.send(bhs, text({"SendTargets": "All"}))
 r = f.recv()
 names = [p.split(b"=", 1)[1].decode() for p in r[1].split(b"\0") if p.startswith(b"TargetName=")]
 check(OPEN in names and ACL not in names, "SendTargets hides targets the initiator may not reach")
-check(b"TargetAddress=127.0.0.1:%d,1" % port in r[1], "SendTargets gives the portal address")
+keys = [p for p in r[1].split(b"\0") if p]
+i = keys.index(b"TargetName=" + OPEN.encode())
+after = keys[i + 3:i + 4]
+check(keys[i + 1:i + 3] == [b"TargetAddress=127.0.0.1:%d,1" % port, b"TargetAddress=127.0.0.2:%d,1" % port2] and
+      (not after or after[0].startswith(b"TargetName=")),
+      "SendTargets names every portal, the one connected to first: %r" % keys[i:i + 4])
 
 # --- LOGICAL UNIT RESET from one session aborts another session's task ---
 x = Conn(port); y = Conn(port)
@@ -561,7 +569,7 @@ check(p and p[1] == b"ping-3", "the new session works")
 sys.exit(1 if failures else 0)
 PY
 
-T=$T PORT=$port python3 "$T/checks.py" || fail "raw protocol checks failed (see above)"
+T=$T PORT=$port PORT2=$port2 python3 "$T/checks.py" || fail "raw protocol checks failed (see above)"
 kill -0 "$TC_PID" 2>/dev/null || fail "tiercached died"
 timeout 20 iscsi-inq "iscsi://127.0.0.1:$port/iqn.2026-11.io.tiercache:open/0" >/dev/null ||
 	fail "libiscsi cannot use the target after the malformed traffic"
@@ -574,7 +582,7 @@ tc_stop
 
 # --- target pings: a second daemon with nop_interval = 1, nop_timeout = 2 ---
 port=$(tc_free_port)
-sed -e "s/^listen = .*/listen = 127.0.0.1:$port/" -e "s/^log_level = debug/&\nnop_interval = 1\nnop_timeout = 2/" \
+sed -e "/^listen = 127.0.0.2:/d" -e "s/^listen = .*/listen = 127.0.0.1:$port/" -e "s/^log_level = debug/&\nnop_interval = 1\nnop_timeout = 2/" \
 	"$T/t.conf" >"$T/nop.conf"
 tc_start "$T/nop.conf"
 T=$T PORT=$port python3 - <<'PY' || fail "NOP-In ping checks failed"

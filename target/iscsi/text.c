@@ -4,9 +4,12 @@
  *
  * SendTargets=All lists every target this initiator's IQN may reach (the
  * same ACL as login, so a target is invisible to an initiator outside its
- * allow list), each with a TargetAddress naming the address the initiator
- * is connected to. SendTargets=<iqn> lists that one target; an empty value
- * in a normal session lists the session's own target.
+ * allow list), each with a TargetAddress for every portal it can be
+ * reached on: the address the initiator is connected to first, then every
+ * other listen address (a wildcard one stands for the connection's own),
+ * so that a multipath host that discovers through one portal learns of
+ * all. SendTargets=<iqn> lists that one target; an empty value in a normal
+ * session lists the session's own target.
  *
  * Long text crosses PDUs with the C bit in both directions: a request with
  * C=1 is accumulated and answered with an empty response carrying a Target
@@ -106,15 +109,43 @@ static void local_address(struct iscsi_conn *c, char *out, size_t outlen)
 		snprintf(out, outlen, "127.0.0.1:3260,%u", tpgt);
 }
 
+static bool wildcard(const char *a)
+{
+	return !*a || !strcmp(a, "0.0.0.0") || !strcmp(a, "::") || !strcmp(a, "[::]");
+}
+
+#define MAX_ADDRS 32
+
+/* Every portal's TargetAddress value, the connection's own first, no repeats. */
+static int portal_addresses(struct iscsi_conn *c, const struct iscsi_portal_cfg *cfg, char addrs[][128])
+{
+	unsigned tpgt = cfg && cfg->tpgt ? cfg->tpgt : 1;
+	int n = 0;
+	local_address(c, addrs[n++], 128);
+	for (int i = 0; cfg && i < cfg->nlisten && n < MAX_ADDRS; i++) {
+		const struct iscsi_listen_cfg *l = &cfg->listen[i];
+		if (wildcard(l->addr))
+			continue; /* the connection's own address stands for it */
+		bool v6 = strchr(l->addr, ':') && l->addr[0] != '[';
+		snprintf(addrs[n], 128, "%s%s%s:%u,%u", v6 ? "[" : "", l->addr, v6 ? "]" : "", l->port, tpgt);
+		bool dup = false;
+		for (int k = 0; k < n && !dup; k++)
+			dup = !strcmp(addrs[k], addrs[n]);
+		if (!dup)
+			n++;
+	}
+	return n;
+}
+
 static void send_targets(struct iscsi_conn *c, const char *which, struct iscsi_text_out *out)
 {
 	const struct iscsi_portal_cfg *cfg = iscsi_portal_cfg();
 	struct iscsi_sess *s = c->sess;
-	char addr[128];
+	char addrs[MAX_ADDRS][128];
 
-	local_address(c, addr, sizeof(addr));
 	if (!cfg)
 		return;
+	int naddrs = portal_addresses(c, cfg, addrs);
 	for (int i = 0; i < cfg->ntargets; i++) {
 		const struct iscsi_target_cfg *t = &cfg->targets[i];
 		if (!iscsi_acl_allows(t, s->initiator))
@@ -128,7 +159,8 @@ static void send_targets(struct iscsi_conn *c, const char *which, struct iscsi_t
 			continue;
 		}
 		iscsi_text_add(out, "TargetName", t->iqn);
-		iscsi_text_add(out, "TargetAddress", addr);
+		for (int k = 0; k < naddrs; k++)
+			iscsi_text_add(out, "TargetAddress", addrs[k]);
 	}
 }
 

@@ -246,6 +246,12 @@ class Conn:
 
 def chap_md5(ident, secret, challenge):
     return hashlib.md5(bytes([ident]) + secret + challenge).digest()
+
+# CHAP_A code -> digest (RFC 1994 framing: H(id | secret | challenge))
+CHAP_HASH = {"5": hashlib.md5, "7": hashlib.sha256, "8": hashlib.sha3_256}
+
+def chap_digest(alg, ident, secret, challenge):
+    return CHAP_HASH[alg](bytes([ident]) + secret + challenge).digest()
 PY
 
 cat >"$T/checks.py" <<'PY'
@@ -294,16 +300,16 @@ check(status_of({"InitiatorName": GOOD, "TargetName": OPEN, "MaxBurstLength": "4
                  "MaxBurstLength ": "x"}) in (0, 0x0200), "odd keys do not crash login")
 
 # --- CHAP by hand: good exchange with mutual answer, reflection, unknown user ---
-def chap_login(user, secret, mutual_challenge=None, reflect=False):
+def chap_login(user, secret, mutual_challenge=None, reflect=False, offer="5", want_alg="5"):
     c = Conn(port)
     r = c.login_pdu(0, {"InitiatorName": GOOD, "SessionType": "Normal", "TargetName": CHAP,
                         "AuthMethod": "CHAP,None"})
     assert r["status"] == 0 and r["keys"]["AuthMethod"] == "CHAP", r
-    r = c.login_pdu(0, {"CHAP_A": "5"})
-    assert r["status"] == 0 and r["keys"]["CHAP_A"] == "5", r
+    r = c.login_pdu(0, {"CHAP_A": offer})
+    assert r["status"] == 0 and r["keys"]["CHAP_A"] == want_alg, (offer, r)
     ident = int(r["keys"]["CHAP_I"])
     chal = bytes.fromhex(r["keys"]["CHAP_C"][2:])
-    kv = {"CHAP_N": user, "CHAP_R": "0x" + chap_md5(ident, secret, chal).hex()}
+    kv = {"CHAP_N": user, "CHAP_R": "0x" + chap_digest(want_alg, ident, secret, chal).hex()}
     my_id = 77
     if reflect:
         mutual_challenge = chal
@@ -329,6 +335,26 @@ check(r["status"] == 0x0201, "unknown CHAP user: 0201")
 c, r, _, _ = chap_login("alice", b"wrongsecret")
 check(r["status"] == 0x0201, "wrong CHAP secret: 0201")
 check(c.closed(), "connection closes after a refused login")
+
+# SHA-256 (7) and SHA3-256 (8), as open-iscsi and LIO offer them: the
+# strongest offered is chosen, the challenge is as long as the digest,
+# one-way and mutual work, a wrong secret fails
+for offer, alg, name in (("7,5", "7", "SHA-256"), ("8,7,5", "8", "SHA3-256"), ("5,8", "8", "SHA3-256"),
+                         ("6,7", "7", "SHA-256")):
+    c, r, _, chal = chap_login("alice", b"alicesecret123", offer=offer, want_alg=alg)
+    check(r["status"] == 0 and r["flags"] & 0x80 and len(chal) == 32,
+          "CHAP_A=%s: %s chosen, 32-byte challenge, the right secret passes" % (offer, name))
+    mine = os.urandom(32)
+    c, r, my_id, _ = chap_login("alice", b"alicesecret123", mutual_challenge=mine, offer=offer, want_alg=alg)
+    want = "0x" + chap_digest(alg, my_id, b"targetsecret99", mine).hex()
+    check(r["status"] == 0 and r["keys"].get("CHAP_N") == "tgtuser" and r["keys"].get("CHAP_R") == want,
+          "CHAP_A=%s: mutual %s answer proves the mutual secret" % (offer, name))
+    c, r, _, _ = chap_login("alice", b"wrongsecret", offer=offer, want_alg=alg)
+    check(r["status"] == 0x0201, "CHAP_A=%s: a wrong secret fails (0201)" % offer)
+c = Conn(port)
+r = c.login_pdu(0, {"InitiatorName": GOOD, "SessionType": "Normal", "TargetName": CHAP, "AuthMethod": "CHAP"})
+r = c.login_pdu(0, {"CHAP_A": "6,15"})
+check(r["status"] == 0x0201, "CHAP_A offering only algorithms we do not know (SHA-1, 15): 0201")
 
 # --- a session that must survive everything below ---
 a = Conn(port)

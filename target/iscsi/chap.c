@@ -1,5 +1,6 @@
 /*
- * chap.c - CHAP encodings, challenge generation and MD5 responses.
+ * chap.c - CHAP encodings, challenge generation and responses (MD5,
+ * SHA-256, SHA3-256).
  *
  * Hashing goes through OpenSSL's EVP interface, comparisons through
  * CRYPTO_memcmp (constant time), randomness through getrandom(2). Base64
@@ -100,66 +101,88 @@ void chap_encode_hex(const uint8_t *in, size_t len, char *out)
 	*out = '\0';
 }
 
-bool chap_algorithm_ok(const char *list)
+enum chap_alg chap_pick_algorithm(const char *list)
 {
+	enum chap_alg best = CHAP_ALG_NONE;
 	const char *p = list;
 	while (*p) {
 		size_t n = strcspn(p, ",");
-		if (n == 1 && p[0] == '5')
-			return true;
+		if (n == 1 && (p[0] == '5' || p[0] == '7' || p[0] == '8') && p[0] - '0' > (int)best)
+			best = (enum chap_alg)(p[0] - '0');
 		p += n;
 		if (*p == ',')
 			p++;
 	}
-	return false;
+	return best;
 }
 
-int chap_new_challenge(struct iscsi_chap *c)
+static const EVP_MD *chap_md(enum chap_alg alg)
 {
-	uint8_t buf[CHAP_CHALLENGE_LEN + 1];
-	size_t got = 0;
+	switch (alg) {
+	case CHAP_ALG_MD5: return EVP_md5();
+	case CHAP_ALG_SHA256: return EVP_sha256();
+	case CHAP_ALG_SHA3_256: return EVP_sha3_256();
+	default: return NULL;
+	}
+}
 
-	while (got < sizeof(buf)) {
-		ssize_t r = getrandom(buf + got, sizeof(buf) - got, 0);
+size_t chap_digest_len(enum chap_alg alg)
+{
+	return alg == CHAP_ALG_MD5 ? CHAP_MD5_LEN : alg == CHAP_ALG_NONE ? 0 : CHAP_DIGEST_MAX;
+}
+
+int chap_new_challenge(struct iscsi_chap *c, enum chap_alg alg)
+{
+	uint8_t buf[CHAP_CHALLENGE_MAX + 1];
+	size_t want = chap_digest_len(alg) + 1, got = 0;
+
+	if (want < 2)
+		return -1;
+	while (got < want) {
+		ssize_t r = getrandom(buf + got, want - got, 0);
 		if (r <= 0)
 			return -1;
 		got += (size_t)r;
 	}
+	c->alg = alg;
 	c->id = buf[0];
-	memcpy(c->challenge, buf + 1, CHAP_CHALLENGE_LEN);
+	c->challenge_len = want - 1;
+	memcpy(c->challenge, buf + 1, c->challenge_len);
 	return 0;
 }
 
-int chap_md5(uint8_t id, const char *secret, const uint8_t *chal, size_t chal_len,
-	     uint8_t out[CHAP_MD5_LEN])
+int chap_digest(enum chap_alg alg, uint8_t id, const char *secret, const uint8_t *chal, size_t chal_len,
+		uint8_t *out)
 {
-	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	const EVP_MD *md = chap_md(alg);
+	EVP_MD_CTX *ctx = md ? EVP_MD_CTX_new() : NULL;
 	unsigned int len = 0;
 	int ok;
 
 	if (!ctx)
 		return -1;
-	ok = EVP_DigestInit_ex(ctx, EVP_md5(), NULL) &&
+	ok = EVP_DigestInit_ex(ctx, md, NULL) &&
 	     EVP_DigestUpdate(ctx, &id, 1) &&
 	     EVP_DigestUpdate(ctx, secret, strlen(secret)) &&
 	     EVP_DigestUpdate(ctx, chal, chal_len) &&
 	     EVP_DigestFinal_ex(ctx, out, &len);
 	EVP_MD_CTX_free(ctx);
-	return ok && len == CHAP_MD5_LEN ? 0 : -1;
+	return ok && len == chap_digest_len(alg) ? 0 : -1;
 }
 
 bool chap_verify(const struct iscsi_chap *c, const char *secret, const char *chap_r)
 {
 	uint8_t got[CHAP_BIN_MAX];
-	uint8_t want[CHAP_MD5_LEN];
+	uint8_t want[CHAP_DIGEST_MAX];
+	size_t dl = chap_digest_len(c->alg);
 	bool ok;
 
 	int n = chap_decode(chap_r, got, sizeof(got));
-	if (n != CHAP_MD5_LEN)
+	if (!dl || n != (int)dl)
 		return false;
-	if (chap_md5(c->id, secret, c->challenge, CHAP_CHALLENGE_LEN, want) < 0)
+	if (chap_digest(c->alg, c->id, secret, c->challenge, c->challenge_len, want) < 0)
 		return false;
-	ok = CRYPTO_memcmp(got, want, CHAP_MD5_LEN) == 0;
+	ok = CRYPTO_memcmp(got, want, dl) == 0;
 	OPENSSL_cleanse(want, sizeof(want));
 	return ok;
 }
@@ -168,7 +191,7 @@ int chap_mutual_response(const struct iscsi_chap *ours, const char *secret,
 			 const char *chap_i, const char *chap_c, char *out)
 {
 	uint8_t chal[CHAP_BIN_MAX];
-	uint8_t rsp[CHAP_MD5_LEN];
+	uint8_t rsp[CHAP_DIGEST_MAX];
 	char *end;
 
 	if (!*chap_i)
@@ -180,10 +203,10 @@ int chap_mutual_response(const struct iscsi_chap *ours, const char *secret,
 	if (n < 1)
 		return -1;
 	/* A reflected challenge: refuse to answer it. */
-	if (n == CHAP_CHALLENGE_LEN && CRYPTO_memcmp(chal, ours->challenge, CHAP_CHALLENGE_LEN) == 0)
+	if ((size_t)n == ours->challenge_len && CRYPTO_memcmp(chal, ours->challenge, ours->challenge_len) == 0)
 		return -1;
-	if (chap_md5((uint8_t)id, secret, chal, (size_t)n, rsp) < 0)
+	if (chap_digest(ours->alg, (uint8_t)id, secret, chal, (size_t)n, rsp) < 0)
 		return -1;
-	chap_encode_hex(rsp, CHAP_MD5_LEN, out);
+	chap_encode_hex(rsp, chap_digest_len(ours->alg), out);
 	return 0;
 }

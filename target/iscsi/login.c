@@ -233,7 +233,7 @@ static uint16_t check_chap_response(struct iscsi_conn *c, const struct iscsi_kv 
 	const char *resp = iscsi_kv_get(kv, n, "CHAP_R");
 	const char *mi = iscsi_kv_get(kv, n, "CHAP_I");
 	const char *mc = iscsi_kv_get(kv, n, "CHAP_C");
-	char mutual[2 * CHAP_MD5_LEN + 3];
+	char mutual[2 * CHAP_DIGEST_MAX + 3];
 
 	if (L->chap != CHAP_WAIT_R) {
 		*why = "CHAP response without a challenge";
@@ -443,18 +443,20 @@ void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint3
 				login_fail(c, bhs, ISCSI_LOGIN_AUTH_FAILED, "CHAP_A out of sequence");
 				return;
 			}
-			if (!chap_algorithm_ok(val)) {
+			enum chap_alg alg = chap_pick_algorithm(val);
+			if (alg == CHAP_ALG_NONE) {
 				login_fail(c, bhs, ISCSI_LOGIN_AUTH_FAILED,
-					   "initiator offers no CHAP algorithm we support (MD5 = 5)");
+					   "initiator offers no CHAP algorithm we support (SHA3-256 = 8, SHA-256 = 7, "
+					   "MD5 = 5)");
 				return;
 			}
-			if (chap_new_challenge(&L->chal) < 0) {
+			if (chap_new_challenge(&L->chal, alg) < 0) {
 				login_fail(c, bhs, ISCSI_LOGIN_TARGET_ERROR, "getrandom failed");
 				return;
 			}
-			char hex[2 * CHAP_CHALLENGE_LEN + 3];
-			chap_encode_hex(L->chal.challenge, CHAP_CHALLENGE_LEN, hex);
-			iscsi_text_add(&out, "CHAP_A", "5");
+			char hex[2 * CHAP_CHALLENGE_MAX + 3];
+			chap_encode_hex(L->chal.challenge, L->chal.challenge_len, hex);
+			iscsi_text_addf(&out, "CHAP_A", "%d", (int)alg);
 			iscsi_text_addf(&out, "CHAP_I", "%u", L->chal.id);
 			iscsi_text_add(&out, "CHAP_C", hex);
 			L->chap = CHAP_WAIT_R;

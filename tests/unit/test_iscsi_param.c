@@ -197,11 +197,16 @@ static void test_chap(void)
 	chap_encode_hex(chal, 3, hex);
 	CHECK(strcmp(hex, "0x000102") == 0);
 
-	CHECK(chap_algorithm_ok("5"));
-	CHECK(chap_algorithm_ok("7,5"));
-	CHECK(!chap_algorithm_ok("7,15,55"));
+	/* the strongest offered wins; unknown codes are skipped */
+	CHECK(chap_pick_algorithm("5") == CHAP_ALG_MD5);
+	CHECK(chap_pick_algorithm("7,5") == CHAP_ALG_SHA256);
+	CHECK(chap_pick_algorithm("5,7,8") == CHAP_ALG_SHA3_256);
+	CHECK(chap_pick_algorithm("8,6,5") == CHAP_ALG_SHA3_256);
+	CHECK(chap_pick_algorithm("6,5") == CHAP_ALG_MD5);
+	CHECK(chap_pick_algorithm("6,15,55,77") == CHAP_ALG_NONE);
+	CHECK(chap_pick_algorithm("") == CHAP_ALG_NONE);
 
-	struct iscsi_chap c = { .id = 7 };
+	struct iscsi_chap c = { .alg = CHAP_ALG_MD5, .id = 7, .challenge_len = 16 };
 	memcpy(c.challenge, chal, 16);
 	/* MD5(0x07 | "topsecret123" | 00..0f), computed independently. */
 	CHECK(chap_verify(&c, "topsecret123", "0xa3cbca2536ef3478b4ed8540649ca5bb"));
@@ -212,8 +217,8 @@ static void test_chap(void)
 	CHECK(!chap_verify(&c, "topsecret123", "garbage"));
 
 	/* Mutual: our answer to the initiator's challenge... */
-	char rsp[40];
-	struct iscsi_chap other = { .id = 1 };
+	char rsp[2 * CHAP_DIGEST_MAX + 3];
+	struct iscsi_chap other = { .alg = CHAP_ALG_MD5, .id = 1, .challenge_len = 16 };
 	memset(other.challenge, 0xee, 16);
 	CHECK(chap_mutual_response(&other, "topsecret123", "7", "0x000102030405060708090a0b0c0d0e0f",
 				   rsp) == 0);
@@ -225,9 +230,31 @@ static void test_chap(void)
 	CHECK(chap_mutual_response(&other, "topsecret123", "256", "0x00", rsp) == -1);
 	CHECK(chap_mutual_response(&other, "topsecret123", "x", "0x00", rsp) == -1);
 
+	/* SHA-256 and SHA3-256 over a 32-byte challenge, computed independently (hashlib) */
+	uint8_t chal32[32];
+	for (int i = 0; i < 32; i++)
+		chal32[i] = (uint8_t)i;
+	struct iscsi_chap s2 = { .alg = CHAP_ALG_SHA256, .id = 7, .challenge_len = 32 };
+	memcpy(s2.challenge, chal32, 32);
+	CHECK(chap_verify(&s2, "topsecret123", "0x4e9c144229fb1a5ad6a09f5f660d1cef0d4b0a8bf9300f9473fadccc0976e080"));
+	CHECK(!chap_verify(&s2, "topsecret124", "0x4e9c144229fb1a5ad6a09f5f660d1cef0d4b0a8bf9300f9473fadccc0976e080"));
+	/* an MD5-length answer to a SHA-256 challenge is refused */
+	CHECK(!chap_verify(&s2, "topsecret123", "0xa3cbca2536ef3478b4ed8540649ca5bb"));
+	struct iscsi_chap s3 = s2;
+	s3.alg = CHAP_ALG_SHA3_256;
+	CHECK(chap_verify(&s3, "topsecret123", "0xaf4765c5c03f3b26ccf0be9dd45744245cd49fa4a803e1c60cf6af12acdbc371"));
+	CHECK(!chap_verify(&s3, "topsecret123", "0x4e9c144229fb1a5ad6a09f5f660d1cef0d4b0a8bf9300f9473fadccc0976e080"));
+	/* mutual with SHA-256: the digest of the initiator's 16-byte challenge */
+	struct iscsi_chap o2 = { .alg = CHAP_ALG_SHA256, .id = 1, .challenge_len = 32 };
+	memset(o2.challenge, 0xee, 32);
+	CHECK(chap_mutual_response(&o2, "topsecret123", "7", "0x000102030405060708090a0b0c0d0e0f", rsp) == 0);
+	CHECK(strcmp(rsp, "0x3312fea9ffe9d9dfd633a7afffa6679689e8e8c376d4c6decf1e96814b738a9d") == 0);
+
 	struct iscsi_chap a, b;
-	CHECK(chap_new_challenge(&a) == 0 && chap_new_challenge(&b) == 0);
-	CHECK(memcmp(a.challenge, b.challenge, CHAP_CHALLENGE_LEN) != 0);
+	CHECK(chap_new_challenge(&a, CHAP_ALG_MD5) == 0 && chap_new_challenge(&b, CHAP_ALG_MD5) == 0);
+	CHECK(a.challenge_len == 16 && memcmp(a.challenge, b.challenge, 16) != 0);
+	CHECK(chap_new_challenge(&a, CHAP_ALG_SHA3_256) == 0 && a.challenge_len == 32 && a.alg == CHAP_ALG_SHA3_256);
+	CHECK(chap_new_challenge(&a, CHAP_ALG_NONE) == -1);
 }
 
 static void test_crc32c(void)

@@ -54,8 +54,12 @@ inq "$(url mallory%alicesecret123)" && fail "unknown CHAP user logged in"
 pass "unknown CHAP user refused"
 timeout 20 iscsi-inq "iscsi://127.0.0.1:$port/$iqn/0" >/dev/null 2>&1 && fail "login without credentials accepted"
 pass "login without credentials refused"
-n=$(grep -c "status 0x0201" "$T/daemon.log")
-[ "$n" -ge 3 ] || fail "expected 3 refusals with status 0201 in the log, found $n"
+# failed CHAP proofs log one line per address a minute (the unknown user's
+# falls in the wrong secret's minute); the skipped authentication has its own
+grep -q "refused: CHAP response does not match the secret (status 0x0201)" "$T/daemon.log" ||
+	fail "the wrong secret's refusal is not logged as 0201"
+grep -q "refused: .*without authenticating (status 0x0201)\|refused: .*skipped authentication (status 0x0201)" \
+	"$T/daemon.log" || fail "the login without credentials is not logged as 0201"
 pass "refusals logged as authentication failure (0201)"
 
 timeout 20 iscsi-ls "iscsi://alice%alicesecret123@127.0.0.1:$port" >"$T/ls.out" 2>&1 ||

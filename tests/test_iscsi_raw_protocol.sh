@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_iscsi_raw_protocol.sh - the portal's answers to hand-built PDUs.
 #
-# A small Python initiator (written to $T/iscsi_raw.py below) speaks iSCSI
+# A small Python initiator (tests/tools/iscsi_raw.py) speaks iSCSI
 # byte by byte, so this test can send what real initiators never send and
 # check the exact answer:
 #  - login refusals with their status class/detail (0200, 0201, 0202,
@@ -61,198 +61,7 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 tc_start "$T/t.conf"
 
-cat >"$T/iscsi_raw.py" <<'PY'
-# Minimal iSCSI initiator for raw-protocol tests: builds PDUs byte by byte.
-import socket, struct, hashlib, os
-
-def _crc_table():
-    t = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        t.append(c)
-    return t
-_T = _crc_table()
-
-def crc32c(b):
-    c = 0xFFFFFFFF
-    for x in b:
-        c = _T[(c ^ x) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-def text(d):
-    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in d.items())
-
-def parse_text(b):
-    out = {}
-    for p in b.split(b"\0"):
-        if b"=" in p:
-            k, v = p.split(b"=", 1)
-            out[k.decode()] = v.decode()
-    return out
-
-# Timeouts bound a wait for an answer (or a close) that comes at once on an
-# idle machine: generous, for two busy cores; only a broken run waits them out.
-class Conn:
-    def __init__(self, port, timeout=30):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.hd = self.dd = False
-        self.cmdsn = 1
-        self.statsn = 0
-        self.itt = 0x100
-        self.answer_pings = True
-        self.pings = 0
-
-    def send_raw(self, b):
-        self.s.sendall(b)
-
-    def send(self, bhs, data=b"", bad_hd=False, bad_dd=False, ahs=b""):
-        bhs = bytearray(bhs)
-        bhs[4] = len(ahs) // 4
-        bhs[5:8] = len(data).to_bytes(3, "big")
-        out = bytes(bhs) + ahs
-        if self.hd:
-            c = crc32c(out) ^ (1 if bad_hd else 0)
-            out += struct.pack("<I", c)
-        if data:
-            pad = b"\0" * ((4 - len(data) % 4) % 4)
-            out += data + pad
-            if self.dd:
-                c = crc32c(data + pad) ^ (1 if bad_dd else 0)
-                out += struct.pack("<I", c)
-        self.s.sendall(out)
-
-    def _recvn(self, n):
-        b = b""
-        while len(b) < n:
-            chunk = self.s.recv(n - len(b))
-            if not chunk:
-                return None
-            b += chunk
-        return b
-
-    def recv(self):
-        """(bhs, data) or None when the target closed the connection.
-        Target pings (NOP-In, ITT 0xffffffff) are answered and skipped
-        unless answer_pings is False."""
-        while True:
-            r = self._recv_one()
-            if (r is None or not self.answer_pings or r[0][0] & 0x3f != 0x20
-                    or r[0][16:20] != b"\xff\xff\xff\xff"):
-                return r
-            self.pings += 1
-            self.pong(r[0])
-
-    def pong(self, ping):
-        bhs = bytearray(48)
-        bhs[0] = 0x40
-        bhs[1] = 0x80
-        bhs[16:20] = b"\xff\xff\xff\xff"
-        bhs[20:24] = ping[20:24]
-        bhs[24:28] = self.cmdsn.to_bytes(4, "big")
-        self.send(bhs)
-
-    def _recv_one(self):
-        try:
-            bhs = self._recvn(48)
-            if bhs is None:
-                return None
-            ahs = bhs[4] * 4
-            if ahs and self._recvn(ahs) is None:
-                return None
-            if self.hd:
-                d = self._recvn(4)
-                if d is None or struct.unpack("<I", d)[0] != crc32c(bhs):
-                    raise AssertionError("bad header digest from target")
-            dsl = int.from_bytes(bhs[5:8], "big")
-            data = b""
-            if dsl:
-                padded = dsl + (4 - dsl % 4) % 4
-                raw = self._recvn(padded)
-                if raw is None:
-                    return None
-                if self.dd:
-                    d = self._recvn(4)
-                    if struct.unpack("<I", d)[0] != crc32c(raw):
-                        raise AssertionError("bad data digest from target")
-                data = raw[:dsl]
-            return bhs, data
-        except (ConnectionResetError, socket.timeout):
-            return None
-
-    def closed(self, timeout=30):
-        """True if the target closes the connection (after any PDUs)."""
-        self.s.settimeout(timeout)
-        try:
-            while True:
-                if not self.s.recv(65536):
-                    return True
-        except ConnectionResetError:
-            return True
-        except socket.timeout:
-            return False
-
-    def login_pdu(self, flags, kv, isid=b"\x80\0\0\0\0\x01", tsih=0, vmin=0, cid=0):
-        bhs = bytearray(48)
-        bhs[0] = 0x43
-        bhs[1] = flags
-        bhs[3] = vmin
-        bhs[8:14] = isid
-        bhs[14:16] = tsih.to_bytes(2, "big")
-        bhs[16:20] = (0x1).to_bytes(4, "big")
-        bhs[20:22] = cid.to_bytes(2, "big")
-        bhs[24:28] = self.cmdsn.to_bytes(4, "big")
-        bhs[28:32] = self.statsn.to_bytes(4, "big")
-        self.send(bhs, text(kv) if isinstance(kv, dict) else kv)
-        r = self.recv()
-        if r is None:
-            return None
-        bhs_r, data = r
-        self.statsn = int.from_bytes(bhs_r[24:28], "big") + 1
-        return {"status": bhs_r[36] << 8 | bhs_r[37], "flags": bhs_r[1],
-                "tsih": int.from_bytes(bhs_r[14:16], "big"),
-                "expcmdsn": int.from_bytes(bhs_r[28:32], "big"),
-                "maxcmdsn": int.from_bytes(bhs_r[32:36], "big"),
-                "keys": parse_text(data)}
-
-    def login(self, initiator, target=None, extra=None, isid=b"\x80\0\0\0\0\x01"):
-        """Operational-stage-only login straight to full feature phase."""
-        kv = {"InitiatorName": initiator}
-        if target:
-            kv["TargetName"] = target
-            kv["SessionType"] = "Normal"
-        else:
-            kv["SessionType"] = "Discovery"
-        kv.update(extra or {})
-        r = self.login_pdu(0x80 | (1 << 2) | 3, kv, isid=isid)
-        if r and r["status"] == 0:
-            self.hd = r["keys"].get("HeaderDigest") == "CRC32C"
-            self.dd = r["keys"].get("DataDigest") == "CRC32C"
-            self.cmdsn = r["expcmdsn"]
-        return r
-
-    def nop(self, data=b"", bad_dd=False):
-        bhs = bytearray(48)
-        bhs[0] = 0x40          # NOP-Out, immediate
-        bhs[1] = 0x80
-        self.itt += 1
-        bhs[16:20] = self.itt.to_bytes(4, "big")
-        bhs[20:24] = b"\xff\xff\xff\xff"
-        bhs[24:28] = self.cmdsn.to_bytes(4, "big")
-        bhs[28:32] = self.statsn.to_bytes(4, "big")
-        self.send(bhs, data, bad_dd=bad_dd)
-        return self.recv()
-
-def chap_md5(ident, secret, challenge):
-    return hashlib.md5(bytes([ident]) + secret + challenge).digest()
-
-# CHAP_A code -> digest (RFC 1994 framing: H(id | secret | challenge))
-CHAP_HASH = {"5": hashlib.md5, "7": hashlib.sha256, "8": hashlib.sha3_256}
-
-def chap_digest(alg, ident, secret, challenge):
-    return CHAP_HASH[alg](bytes([ident]) + secret + challenge).digest()
-PY
+cp "$TC_ROOT/tests/tools/iscsi_raw.py" "$T/"
 
 cat >"$T/checks.py" <<'PY'
 import sys, os, time, struct
@@ -300,24 +109,8 @@ check(status_of({"InitiatorName": GOOD, "TargetName": OPEN, "MaxBurstLength": "4
                  "MaxBurstLength ": "x"}) in (0, 0x0200), "odd keys do not crash login")
 
 # --- CHAP by hand: good exchange with mutual answer, reflection, unknown user ---
-def chap_login(user, secret, mutual_challenge=None, reflect=False, offer="5", want_alg="5"):
-    c = Conn(port)
-    r = c.login_pdu(0, {"InitiatorName": GOOD, "SessionType": "Normal", "TargetName": CHAP,
-                        "AuthMethod": "CHAP,None"})
-    assert r["status"] == 0 and r["keys"]["AuthMethod"] == "CHAP", r
-    r = c.login_pdu(0, {"CHAP_A": offer})
-    assert r["status"] == 0 and r["keys"]["CHAP_A"] == want_alg, (offer, r)
-    ident = int(r["keys"]["CHAP_I"])
-    chal = bytes.fromhex(r["keys"]["CHAP_C"][2:])
-    kv = {"CHAP_N": user, "CHAP_R": "0x" + chap_digest(want_alg, ident, secret, chal).hex()}
-    my_id = 77
-    if reflect:
-        mutual_challenge = chal
-    if mutual_challenge is not None:
-        kv["CHAP_I"] = str(my_id)
-        kv["CHAP_C"] = "0x" + mutual_challenge.hex()
-    r = c.login_pdu(0x80 | 1, kv)
-    return c, r, my_id, chal
+def chap_login(user, secret, **kw):
+    return chap_exchange(port, GOOD, CHAP, user, secret, **kw)
 
 c, r, _, chal = chap_login("alice", b"alicesecret123")
 check(r["status"] == 0 and r["flags"] & 0x80, "CHAP with the right secret passes the security stage")
@@ -338,18 +131,22 @@ check(c.closed(), "connection closes after a refused login")
 
 # SHA-256 (7) and SHA3-256 (8), as open-iscsi and LIO offer them: the
 # strongest offered is chosen, the challenge is as long as the digest,
-# one-way and mutual work, a wrong secret fails
-for offer, alg, name in (("7,5", "7", "SHA-256"), ("8,7,5", "8", "SHA3-256"), ("5,8", "8", "SHA3-256"),
-                         ("6,7", "7", "SHA-256")):
-    c, r, _, chal = chap_login("alice", b"alicesecret123", offer=offer, want_alg=alg)
+# one-way and mutual work, a wrong secret fails (each offer from its own
+# address, so that the failures before it do not make its proofs wait:
+# test_iscsi_login_guard.sh)
+for i, (offer, alg, name) in enumerate((("7,5", "7", "SHA-256"), ("8,7,5", "8", "SHA3-256"),
+                                        ("5,8", "8", "SHA3-256"), ("6,7", "7", "SHA-256"))):
+    src = "127.0.1.%d" % (i + 1)
+    c, r, _, chal = chap_login("alice", b"alicesecret123", offer=offer, want_alg=alg, src=src)
     check(r["status"] == 0 and r["flags"] & 0x80 and len(chal) == 32,
           "CHAP_A=%s: %s chosen, 32-byte challenge, the right secret passes" % (offer, name))
     mine = os.urandom(32)
-    c, r, my_id, _ = chap_login("alice", b"alicesecret123", mutual_challenge=mine, offer=offer, want_alg=alg)
+    c, r, my_id, _ = chap_login("alice", b"alicesecret123", mutual_challenge=mine, offer=offer, want_alg=alg,
+                                src=src)
     want = "0x" + chap_digest(alg, my_id, b"targetsecret99", mine).hex()
     check(r["status"] == 0 and r["keys"].get("CHAP_N") == "tgtuser" and r["keys"].get("CHAP_R") == want,
           "CHAP_A=%s: mutual %s answer proves the mutual secret" % (offer, name))
-    c, r, _, _ = chap_login("alice", b"wrongsecret", offer=offer, want_alg=alg)
+    c, r, _, _ = chap_login("alice", b"wrongsecret", offer=offer, want_alg=alg, src=src)
     check(r["status"] == 0x0201, "CHAP_A=%s: a wrong secret fails (0201)" % offer)
 c = Conn(port)
 r = c.login_pdu(0, {"InitiatorName": GOOD, "SessionType": "Normal", "TargetName": CHAP, "AuthMethod": "CHAP"})

@@ -127,6 +127,8 @@ static void on_tick(struct worker_tick *t)
 	struct iscsi_conn *c = (struct iscsi_conn *)((char *)t - offsetof(struct iscsi_conn, tick));
 
 	conn_enter(c);
+	if (c->state == CONN_LOGIN)
+		iscsi_login_tick(c);
 	if (c->state == CONN_LOGIN && now_ms() - c->last_rx_ms > LOGIN_TIMEOUT_MS)
 		iscsi_conn_close(c, "login timed out");
 	else if (c->state == CONN_FULL_FEATURE)

@@ -296,6 +296,15 @@ const struct iscsi_target_cfg *iscsi_find_target(const char *iqn);
 int iscsi_login_init(struct iscsi_conn *c);
 void iscsi_login_free(struct iscsi_conn *c);
 void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint32_t dlen);
+/* The connection's 1 s tick during login: judges a waiting CHAP proof when
+ * its turn comes. */
+void iscsi_login_tick(struct iscsi_conn *c);
+/* auth_guard.c: before judging a CHAP proof from peer, how long it waits for
+ * its turn (*wait_ms, 0: now); -1: too many are waiting, turn the login away. */
+int iscsi_auth_guard_admit(const char *peer, uint32_t *wait_ms);
+/* A CHAP proof from peer failed: whether to log it now, and how many failed
+ * or were turned away unlogged since the last line. */
+void iscsi_auth_guard_fail(const char *peer, bool *log_now, uint32_t *unlogged);
 
 /* ---- session.c ---- */
 struct iscsi_sess *iscsi_sess_new(struct iscsi_conn *c, const uint8_t isid[6],

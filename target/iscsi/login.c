@@ -63,6 +63,11 @@ struct iscsi_login {
 	bool first_response_sent;
 	char *acc;
 	size_t acc_len;
+	/* a CHAP proof waiting for its turn to be judged (auth_guard.c):
+	 * iscsi_login_tick processes its PDU at hold_until; PDUs that come
+	 * meanwhile are dropped */
+	uint64_t hold_until;
+	uint8_t hold_req[48];
 };
 
 bool iscsi_acl_allows(const struct iscsi_target_cfg *t, const char *initiator)
@@ -151,6 +156,53 @@ static void login_fail(struct iscsi_conn *c, const uint8_t *req, uint16_t status
 		log_warn("iSCSI %s: login of %s refused: %s (status 0x%04x)", c->peer, who, why, status);
 	uint8_t flags = (uint8_t)((L->stage < 0 ? 0 : L->stage) << 2);
 	send_login_rsp(c, req, flags, status, 0, NULL, 0, true);
+}
+
+/*
+ * A CHAP proof failed (wrong secret or user, a bad mutual challenge): one
+ * log line per address per minute (auth_guard.c), which also makes the
+ * next proofs from this address wait for their turn.
+ */
+static void chap_refused(struct iscsi_conn *c, const uint8_t *req, uint16_t status, const char *why)
+{
+	struct iscsi_login *L = c->login;
+	bool log_now;
+	uint32_t unlogged;
+	iscsi_auth_guard_fail(c->peer, &log_now, &unlogged);
+	const char *who = L->initiator[0] ? L->initiator : "an initiator";
+	if (log_now && unlogged)
+		log_warn("iSCSI %s: login of %s refused: %s (status 0x%04x); %u more failed or were turned away "
+			 "from this address since the last line", c->peer, who, why, status, unlogged);
+	else if (log_now)
+		log_warn("iSCSI %s: login of %s refused: %s (status 0x%04x)", c->peer, who, why, status);
+	uint8_t flags = (uint8_t)((L->stage < 0 ? 0 : L->stage) << 2);
+	send_login_rsp(c, req, flags, status, 0, NULL, 0, true);
+}
+
+/* Whether the collected login text holds a CHAP proof (CHAP_N or CHAP_R),
+ * read without parsing (parsing writes into the text). */
+static bool acc_has_chap_proof(const struct iscsi_login *L)
+{
+	size_t i = 0;
+	while (i < L->acc_len) {
+		const char *pair = L->acc + i;
+		size_t left = L->acc_len - i, plen = strnlen(pair, left);
+		if (plen >= 7 && (!memcmp(pair, "CHAP_N=", 7) || !memcmp(pair, "CHAP_R=", 7)))
+			return true;
+		i += plen + 1;
+	}
+	return false;
+}
+
+static void login_process(struct iscsi_conn *c, const uint8_t *bhs);
+
+void iscsi_login_tick(struct iscsi_conn *c)
+{
+	struct iscsi_login *L = c->login;
+	if (!L || !L->hold_until || now_ms() < L->hold_until)
+		return;
+	L->hold_until = 0;
+	login_process(c, L->hold_req);
 }
 
 static bool list_has(const char *list, const char *item)
@@ -244,8 +296,6 @@ static uint16_t check_chap_response(struct iscsi_conn *c, const struct iscsi_kv 
 		return ISCSI_LOGIN_AUTH_FAILED;
 	}
 	if (strcmp(name, t->chap_user) != 0) {
-		log_warn("iSCSI %s: %s: CHAP user \"%.64s\" is not the one configured for %s",
-			 c->peer, L->initiator, name, t->iqn);
 		*why = "unknown CHAP user";
 		return ISCSI_LOGIN_AUTH_FAILED;
 	}
@@ -310,12 +360,10 @@ void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint3
 	const struct iscsi_login_req_hdr *h = (const struct iscsi_login_req_hdr *)bhs;
 	uint8_t flags = h->flags;
 	bool transit = flags & ISCSI_LOGIN_TRANSIT;
-	int csg = ISCSI_LOGIN_CSG(flags), nsg = ISCSI_LOGIN_NSG(flags);
-	const char *why = NULL;
-	uint16_t st;
+	int csg = ISCSI_LOGIN_CSG(flags);
 
-	if (!L)
-		return;
+	if (!L || L->hold_until)
+		return; /* a proof waits for its turn: nothing else until it is judged */
 	if (!L->first_seen) {
 		L->first_seen = true;
 		memcpy(L->isid, h->isid, 6);
@@ -357,6 +405,32 @@ void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint3
 		send_login_rsp(c, bhs, (uint8_t)(csg << 2), ISCSI_LOGIN_OK, 0, NULL, 0, false);
 		return;
 	}
+	if (acc_has_chap_proof(L)) {
+		uint32_t wait;
+		if (iscsi_auth_guard_admit(c->peer, &wait) < 0) {
+			/* counted and logged with the failures (auth_guard.c) */
+			send_login_rsp(c, bhs, (uint8_t)(csg << 2), ISCSI_LOGIN_SERVICE_UNAVAILABLE, 0, NULL, 0,
+				       true);
+			return;
+		}
+		if (wait) {
+			L->hold_until = now_ms() + wait;
+			memcpy(L->hold_req, bhs, sizeof(L->hold_req));
+			return;
+		}
+	}
+	login_process(c, bhs);
+}
+
+/* The rest of a login request whose text is all in L->acc. */
+static void login_process(struct iscsi_conn *c, const uint8_t *bhs)
+{
+	struct iscsi_login *L = c->login;
+	uint8_t flags = bhs[1];
+	bool transit = flags & ISCSI_LOGIN_TRANSIT;
+	int csg = ISCSI_LOGIN_CSG(flags), nsg = ISCSI_LOGIN_NSG(flags);
+	const char *why = NULL;
+	uint16_t st;
 
 	struct iscsi_kv kv[LOGIN_MAX_KEYS];
 	int n = L->acc_len ? iscsi_text_parse(L->acc, L->acc_len, kv, LOGIN_MAX_KEYS) : 0;
@@ -474,7 +548,7 @@ void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint3
 	if (iscsi_kv_get(kv, n, "CHAP_N") || iscsi_kv_get(kv, n, "CHAP_R")) {
 		st = check_chap_response(c, kv, n, &out, &why);
 		if (st) {
-			login_fail(c, bhs, st, why);
+			chap_refused(c, bhs, st, why);
 			return;
 		}
 	} else if (iscsi_kv_get(kv, n, "CHAP_I") || iscsi_kv_get(kv, n, "CHAP_C")) {

@@ -13,6 +13,7 @@
  */
 #include "backstore/lu.h"
 #include "backstore/sbc_io.h"
+#include "common/offload.h"
 
 #define CHUNK_BYTES (1u << 20)
 
@@ -270,24 +271,29 @@ enum scsi_rc sbc_unmap(struct scsi_cmd *cmd)
 #define LBA_STATUS_DEALLOCATED 1
 #define LBA_STATUS_MAX_DESC 64
 
-enum scsi_rc sbc_get_lba_status(struct scsi_cmd *cmd)
-{
-	struct scsi_lu *lu = cmd->lu;
-	uint64_t lba = be64_get(cmd->cdb + 2);
-	uint32_t alloc = be32_get(cmd->cdb + 10);
+/*
+ * The descriptors come from bdev_lba_status, which may block (lseek on a
+ * file): they are built on an offload thread (common/offload.h) into a
+ * pooled buffer, and the command completes back on its worker.
+ */
+struct lba_status_job {
+	struct offload_job job;
+	struct sbc_io *io;
+	uint64_t lba;
+	size_t maxd, off;
 	uint8_t b[8 + 16 * LBA_STATUS_MAX_DESC];
-	size_t off = 8;
+};
 
-	if (lba >= lu->nblocks)
-		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LBA_OUT_OF_RANGE);
-	memset(b, 0, sizeof(b));
-	size_t maxd = alloc > 8 ? (alloc - 8 + 15) / 16 : 1;
-	if (maxd > LBA_STATUS_MAX_DESC)
-		maxd = LBA_STATUS_MAX_DESC;
-	if (maxd == 0)
-		maxd = 1;
-	uint64_t cur = lba;
-	while (cur < lu->nblocks && (off - 8) / 16 < maxd) {
+static void lba_status_build(void *arg)
+{
+	struct lba_status_job *j = arg;
+	struct scsi_lu *lu = j->io->cmd->lu;
+	uint8_t *b = j->b;
+	size_t off = 8;
+	uint64_t cur = j->lba;
+
+	memset(b, 0, sizeof(j->b));
+	while (cur < lu->nblocks && (off - 8) / 16 < j->maxd) {
 		bool mapped = true;
 		int64_t len = bdev_lba_status(lu->dev, cur << lu->block_shift, &mapped);
 		uint64_t nb;
@@ -316,8 +322,36 @@ enum scsi_rc sbc_get_lba_status(struct scsi_cmd *cmd)
 		cur += nb;
 	}
 	be32_put(b, (uint32_t)(off - 4));
-	scsi_data_in(cmd, b, off, alloc);
-	return SCSI_RC_DONE;
+	j->off = off;
+}
+
+static void lba_status_done(void *arg)
+{
+	struct lba_status_job *j = arg;
+	struct sbc_io *io = j->io;
+	scsi_data_in(io->cmd, j->b, j->off, be32_get(io->cmd->cdb + 10));
+	sbc_io_finish(io);
+}
+
+enum scsi_rc sbc_get_lba_status(struct scsi_cmd *cmd)
+{
+	struct scsi_lu *lu = cmd->lu;
+	uint64_t lba = be64_get(cmd->cdb + 2);
+	uint32_t alloc = be32_get(cmd->cdb + 10);
+
+	if (lba >= lu->nblocks)
+		return scsi_fail(cmd, SK_ILLEGAL_REQUEST, ASC_LBA_OUT_OF_RANGE);
+	struct sbc_io *io = sbc_io_of(cmd);
+	if (!sbc_io_alloc(io, sizeof(struct lba_status_job)))
+		return SCSI_RC_DONE;
+	struct lba_status_job *j = (struct lba_status_job *)io->buf;
+	j->io = io;
+	j->lba = lba;
+	j->maxd = alloc > 8 ? (alloc - 8 + 15) / 16 : 1;
+	if (j->maxd > LBA_STATUS_MAX_DESC)
+		j->maxd = LBA_STATUS_MAX_DESC;
+	offload_run(&j->job, lba_status_build, lba_status_done, j);
+	return SCSI_RC_PENDING;
 }
 
 /* ---------------------------------------------------------------- */

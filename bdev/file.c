@@ -27,6 +27,7 @@
 #include <sys/ioctl.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ struct file_bdev {
 	int fd;
 	bool is_blockdev;
 	bool buffered;        /* BDEV_FILE_BUFFERED: no O_DIRECT */
+	bool via_io_wq;       /* a filesystem that may block io_uring_enter: see below */
 	char path[];
 };
 
@@ -68,7 +70,7 @@ static void inline_complete(struct worker_batch_end *b)
 
 static bool file_write_inline(struct file_bdev *fb, struct bdev_req *req)
 {
-	if (!fb->buffered || req->op != BDEV_WRITE || (req->flags & BDEV_F_FUA) || req->len > INLINE_MAX ||
+	if (!fb->buffered || fb->via_io_wq || req->op != BDEV_WRITE || (req->flags & BDEV_F_FUA) || req->len > INLINE_MAX ||
 	    !worker_self())
 		return false;
 	ssize_t r = pwritev(fb->fd, req->iov, req->iovcnt, (off_t)req->offset);
@@ -89,6 +91,34 @@ static bool file_write_inline(struct file_bdev *fb, struct bdev_req *req)
 }
 
 static void file_issue(struct file_bdev *fb, struct bdev_req *req);
+
+/*
+ * Filesystems served by another process or host (FUSE, NFS, SMB, CephFS,
+ * 9p) can keep a request inside io_uring_enter when they stop answering:
+ * the kernel issues it inline and it sleeps there (an O_DIRECT write to a
+ * FUSE file waits for the file's lock held by a stuck fsync), and with it
+ * the worker and every session on it. On those, every request carries
+ * IOSQE_ASYNC, so that it waits on an io-wq thread instead, and no write
+ * is made inline. A few microseconds per request, on what is the slow
+ * tier anyway; local filesystems and block devices keep the inline path.
+ */
+static bool fs_may_block_submit(int fd)
+{
+	struct statfs sf;
+	if (fstatfs(fd, &sf) < 0)
+		return false;
+	switch ((unsigned long)sf.f_type) {
+	case 0x65735546UL: /* FUSE */
+	case 0x6969UL:     /* NFS */
+	case 0xFF534D42UL: /* CIFS */
+	case 0xFE534D42UL: /* SMB2 */
+	case 0x00C36400UL: /* CephFS */
+	case 0x01021997UL: /* 9p */
+		return true;
+	default:
+		return false;
+	}
+}
 
 /* Advance an iovec array past n bytes into a scratch copy. */
 static int iov_skip(const struct iovec *iov, int iovcnt, uint64_t n, struct iovec *out)
@@ -172,9 +202,11 @@ static void file_issue(struct file_bdev *fb, struct bdev_req *req)
 			io_uring_prep_writev(sqe, fb->fd, iov, iovcnt, off);
 		if (req->op == BDEV_WRITE && (req->flags & BDEV_F_FUA))
 			sqe->rw_flags = RWF_DSYNC;
+		if (fb->via_io_wq)
+			sqe->flags |= IOSQE_ASYNC;
 		if (req->done_bytes)
 			worker_flush(); /* rest[] lives on this stack frame */
-		break;
+		return;
 	}
 	case BDEV_FLUSH:
 		io_uring_prep_fsync(sqe, fb->fd, IORING_FSYNC_DATASYNC);
@@ -188,6 +220,8 @@ static void file_issue(struct file_bdev *fb, struct bdev_req *req)
 					off, req->len);
 		break;
 	}
+	if (fb->via_io_wq)
+		sqe->flags |= IOSQE_ASYNC; /* reads and writes set it above, before a flush */
 }
 
 static void file_submit(struct bdev *dev, struct bdev_req *req)
@@ -261,7 +295,7 @@ static _Atomic bool no_cachestat;
 static int file_cached_fd(struct bdev *dev, uint64_t offset, uint64_t len, uint64_t *fd_off)
 {
 	struct file_bdev *fb = (struct file_bdev *)dev;
-	if (!fb->buffered || !len || atomic_load_explicit(&no_cachestat, memory_order_relaxed))
+	if (!fb->buffered || fb->via_io_wq || !len || atomic_load_explicit(&no_cachestat, memory_order_relaxed))
 		return -1;
 	struct tc_cachestat_range r = { offset, len };
 	struct tc_cachestat cs;
@@ -404,6 +438,10 @@ struct bdev *bdev_file_open_flags(const char *path, uint64_t size, uint32_t bloc
 	fb->fd = fd;
 	fb->is_blockdev = is_blk;
 	fb->buffered = (flags_in & BDEV_FILE_BUFFERED) != 0;
+	fb->via_io_wq = !is_blk && fs_may_block_submit(fd);
+	if (fb->via_io_wq)
+		log_info("%s: on a network or FUSE filesystem: its I/O waits on io_uring's threads, never a worker",
+			 path);
 	fb->dev.ops = &file_ops;
 	fb->dev.name = fb->path;
 	fb->dev.size = size;

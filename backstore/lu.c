@@ -111,6 +111,12 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
 		return NULL;
 	}
+	lu->scan_call = calloc(LU_SCAN_WORDS * 64, sizeof(*lu->scan_call));
+	if (!lu->scan_call) {
+		free(lu);
+		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
+		return NULL;
+	}
 	lu->name = strdup(cfg->name ? cfg->name : "lun");
 	lu->state_dir = cfg->state_dir ? strdup(cfg->state_dir) : NULL;
 	copy_padded(lu->serial, sizeof(lu->serial), cfg->serial, lu->name);
@@ -132,7 +138,6 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	atomic_init(&lu->d_sense, false);
 	atomic_init(&lu->resv_held, false);
 	atomic_init(&lu->caw_active, 0);
-	atomic_init(&lu->fast_writes, 0);
 	atomic_init(&lu->sanitizing, false);
 	atomic_init(&lu->swp, false);
 	for (int i = 0; i < LU_INFLIGHT_SLOTS; i++)
@@ -161,6 +166,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 fail:
 	pr_free(lu);
 	pthread_mutex_destroy(&lu->mutex);
+	free(lu->scan_call);
 	free(lu->name);
 	free(lu->state_dir);
 	free(lu);
@@ -190,6 +196,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 	pr_free(lu);
 	bdev_close(lu->dev);
 	pthread_mutex_destroy(&lu->mutex);
+	free(lu->scan_call);
 	free(lu->name);
 	free(lu->state_dir);
 	free(lu);

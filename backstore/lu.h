@@ -152,15 +152,30 @@ struct pr_state {
 	struct pr_reg *holder;   /* NULL for all-registrants types */
 };
 
-/* A COMPARE AND WRITE or a write waiting for one (the slow path). */
+/*
+ * A writer's or a COMPARE AND WRITE's place in the interlock (sbc.c): a
+ * fast write in its worker's list of writes in flight, or an entry of
+ * lu->ranges (a CAW, or a write that came while one was active).
+ */
+#define LU_SCAN_WORDS 4 /* bits for 256 workers, config's limit */
 struct range_lock {
 	struct range_lock *next;
+	struct scsi_lu *lu;
 	uint64_t lba, nblocks;
 	bool is_caw;
 	bool granted;
 	bool fast;                  /* took the lock-free path */
+	bool awaited;               /* fast write a CAW counted (sbc.c) */
 	struct worker *worker;      /* where to resume a deferred command */
 	void (*resume)(struct range_lock *rl);
+	union {
+		struct range_lock *prev; /* fast write: in its worker's list */
+		struct {                /* CAW, under lu->mutex */
+			uint32_t blockers;   /* overlapping fast writes counted, still in flight */
+			uint32_t scans_left; /* workers whose list is still to be looked at */
+			uint64_t scanned[LU_SCAN_WORDS]; /* workers whose list was */
+		} caw;
+	};
 };
 
 /* One worker's count of commands in flight on an LU, alone on its 64 bytes. */
@@ -214,8 +229,11 @@ struct scsi_lu {
 
 	/* COMPARE AND WRITE vs. writers, see sbc.c */
 	atomic_uint caw_active;      /* CAWs queued or running */
-	atomic_uint fast_writes;     /* lock-free writes in flight */
 	struct range_lock *ranges;   /* granted + waiting, under mutex */
+	/* one call per worker that looks at its fast writes for waiting
+	 * CAWs; scan_posted: those in flight (under mutex) */
+	struct worker_call *scan_call;
+	uint64_t scan_posted[LU_SCAN_WORDS];
 
 	/* sanitize in progress: everything else answers NOT READY */
 	atomic_bool sanitizing;

@@ -10,25 +10,35 @@
  * DEFECT DATA.
  *
  * COMPARE AND WRITE (VMware ATS) must be atomic against every other writer
- * of the same LBAs. Plain writes stay lock-free while no CAW is active:
+ * of the same LBAs, and must wait for nothing else: ESXi drops a datastore
+ * whose heartbeat takes seconds, and a write elsewhere may be stuck on the
+ * backing store for that long. Plain writes stay lock-free while no CAW is
+ * active:
  *
- *   writer:  fast_writes++ ; if caw_active == 0 -> go (lock-free)
- *                            else fast_writes-- and take the slow path
- *   CAW:     caw_active++  ; then, under lu->mutex, wait until
- *                            fast_writes == 0 and no overlapping entry is
- *                            ahead of it in lu->ranges
+ *   writer: caw_active == 0 -> go, in its worker's list of fast writes
+ *           (a thread-local list: no atomic, no lock), else the slow path
+ *   CAW:    caw_active++, join lu->ranges, then have every worker look at
+ *           its list (a posted call, one per LU and worker, serving every
+ *           CAW waiting at the time) and count the fast writes in flight
+ *           that overlap it; it runs when that count is back to zero and
+ *           no overlapping entry is ahead of it in lu->ranges
  *
- * Both counters are sequentially consistent, so at least one side sees the
- * other (Dekker). On the slow path every writer appends a range_lock to
+ * No write is missed: a worker runs its commands and its posted calls one
+ * at a time, so a fast write it began before its look is in its list (if
+ * still in flight), and one it begins after sees caw_active (the post
+ * orders the increment before the look) and takes the slow path. A
+ * counted write marks itself awaited; when it ends it takes lu->mutex and
+ * uncounts itself from every waiting CAW that overlaps it and whose look
+ * at this worker is done (those are exactly the ones that counted it: a
+ * look after its end cannot see it, one before its start sees caw_active
+ * up already). On the slow path every writer appends a range_lock to
  * lu->ranges; an entry may run when no entry ahead of it overlaps it with
  * a CAW on either side (writes never wait for writes). A deferred command
- * is resumed on its own worker through worker_post. The last fast writer
- * to finish while a CAW waits, and every slow-path release, re-evaluate
- * the queue.
+ * is resumed on its own worker through worker_post.
  *
  * Threading: handlers run on the submitting worker; bdev completions come
- * back on the same worker. lu->mutex is taken only on the CAW slow path
- * and is never held across bdev_submit.
+ * back on the same worker, so a fast write begins and ends on one. lu->mutex
+ * is taken only on the CAW slow path and is never held across bdev_submit.
  */
 #include "backstore/lu.h"
 #include "backstore/sbc_io.h"
@@ -44,10 +54,25 @@ static bool ranges_overlap(const struct range_lock *a, const struct range_lock *
 	return a->lba < b->lba + b->nblocks && b->lba < a->lba + a->nblocks;
 }
 
+static __thread struct range_lock *fast_head; /* this worker's fast writes in flight */
+
+static bool scan_bit(const uint64_t *set, unsigned i)
+{
+	return set[i / 64] >> (i % 64) & 1;
+}
+
+static void scan_set(uint64_t *set, unsigned i, bool on)
+{
+	if (on)
+		set[i / 64] |= 1ull << (i % 64);
+	else
+		set[i / 64] &= ~(1ull << (i % 64));
+}
+
 /* May e run now? Caller holds lu->mutex. */
 static bool range_eligible(struct scsi_lu *lu, struct range_lock *e)
 {
-	if (e->is_caw && atomic_load(&lu->fast_writes) != 0)
+	if (e->is_caw && (e->caw.scans_left || e->caw.blockers))
 		return false;
 	for (struct range_lock *a = lu->ranges; a && a != e; a = a->next)
 		if ((a->is_caw || e->is_caw) && ranges_overlap(a, e))
@@ -91,36 +116,93 @@ static void range_remove_locked(struct scsi_lu *lu, struct range_lock *rl)
 		}
 }
 
-static void fast_write_done(struct scsi_lu *lu)
+/*
+ * On worker `self`, with lu->mutex held: every CAW of lu that has not yet
+ * looked at this worker's fast writes counts the ones overlapping it.
+ */
+static void scan_locked(struct scsi_lu *lu, unsigned self)
 {
-	if (atomic_fetch_sub(&lu->fast_writes, 1) == 1 && atomic_load(&lu->caw_active)) {
-		pthread_mutex_lock(&lu->mutex);
-		ranges_wake_locked(lu);
-		pthread_mutex_unlock(&lu->mutex);
+	for (struct range_lock *e = lu->ranges; e; e = e->next) {
+		if (!e->is_caw || scan_bit(e->caw.scanned, self))
+			continue;
+		for (struct range_lock *w = fast_head; w; w = w->next)
+			if (w->lu == lu && ranges_overlap(w, e)) {
+				w->awaited = true;
+				e->caw.blockers++;
+			}
+		scan_set(e->caw.scanned, self, true);
+		e->caw.scans_left--;
 	}
+}
+
+static void scan_posted(void *arg)
+{
+	struct scsi_lu *lu = arg;
+	unsigned self = worker_index(worker_self());
+	pthread_mutex_lock(&lu->mutex);
+	scan_set(lu->scan_posted, self, false); /* a later CAW posts it again */
+	scan_locked(lu, self);
+	ranges_wake_locked(lu);
+	pthread_mutex_unlock(&lu->mutex);
+}
+
+static void fast_write_done(struct scsi_lu *lu, struct range_lock *rl)
+{
+	if (rl->prev)
+		rl->prev->next = rl->next;
+	else
+		fast_head = rl->next;
+	if (rl->next)
+		rl->next->prev = rl->prev;
+	if (!rl->awaited)
+		return;
+	unsigned self = worker_index(worker_self());
+	pthread_mutex_lock(&lu->mutex);
+	for (struct range_lock *e = lu->ranges; e; e = e->next)
+		if (e->is_caw && !e->granted && scan_bit(e->caw.scanned, self) && ranges_overlap(e, rl))
+			e->caw.blockers--;
+	ranges_wake_locked(lu);
+	pthread_mutex_unlock(&lu->mutex);
 }
 
 static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks,
 			bool is_caw)
 {
+	rl->lu = lu;
 	rl->lba = lba;
 	rl->nblocks = nblocks ? nblocks : 1;
 	rl->is_caw = is_caw;
 	rl->granted = false;
 	rl->fast = false;
+	rl->awaited = false;
 	rl->worker = worker_self();
 	if (!is_caw) {
-		atomic_fetch_add(&lu->fast_writes, 1);
 		if (atomic_load(&lu->caw_active) == 0) {
 			rl->fast = true;
+			rl->prev = NULL;
+			rl->next = fast_head;
+			if (fast_head)
+				fast_head->prev = rl;
+			fast_head = rl;
 			return true;
 		}
-		fast_write_done(lu);
 	} else {
 		atomic_fetch_add(&lu->caw_active, 1);
+		memset(&rl->caw, 0, sizeof(rl->caw));
+		rl->caw.scans_left = workers_count();
 	}
+	unsigned self = worker_index(rl->worker);
 	pthread_mutex_lock(&lu->mutex);
 	range_append_locked(lu, rl);
+	if (is_caw) {
+		scan_locked(lu, self);
+		for (unsigned i = 0; i < workers_count(); i++) {
+			if (i == self || scan_bit(lu->scan_posted, i))
+				continue;
+			scan_set(lu->scan_posted, i, true);
+			worker_post_call(worker_get(i), &lu->scan_call[i], scan_posted, lu);
+		}
+	}
 	bool go = range_eligible(lu, rl);
 	rl->granted = go;
 	pthread_mutex_unlock(&lu->mutex);
@@ -130,7 +212,7 @@ static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba,
 static void range_end(struct scsi_lu *lu, struct range_lock *rl)
 {
 	if (rl->fast) {
-		fast_write_done(lu);
+		fast_write_done(lu, rl);
 		return;
 	}
 	pthread_mutex_lock(&lu->mutex);

@@ -182,6 +182,34 @@ tc_loop_fs() {
 		umount "$T/fs" 2>/dev/null || umount -l "$T/fs" 2>/dev/null; _tc_cleanup' EXIT
 }
 
+# A backing file that can stop answering: tests/tools/freeze_fs (FUSE)
+# serves $T/ff.img, SIZE bytes, as $T/ff/disk. tc_freeze holds every read,
+# write, fsync and fallocate of it unanswered until tc_thaw; tc_held prints
+# how many are held now. Skips without FUSE (the fuse3 library, /dev/fuse,
+# a mount). At exit the file is thawed and the daemon killed, then the file
+# system unmounted.
+# usage: tc_freeze_fs SIZE
+tc_freeze_fs() {
+	[ -c /dev/fuse ] || skip "no /dev/fuse"
+	pkg-config --exists fuse3 || skip "the fuse3 library is not installed (libfuse3-dev)"
+	# shellcheck disable=SC2046
+	cc -std=gnu11 -O2 -Wall -Wextra -o "$T/freeze_fs" "$TC_ROOT/tests/tools/freeze_fs.c" \
+		$(pkg-config --cflags --libs fuse3) 2>"$T/cc-freeze_fs.log" ||
+		fail "cannot build tests/tools/freeze_fs.c: $(head -5 "$T/cc-freeze_fs.log")"
+	truncate -s "$1" "$T/ff.img" && mkdir -p "$T/ff" || fail "cannot make $T/ff.img"
+	"$T/freeze_fs" "$T/ff.img" "$T/ff" -f -o max_threads=256 >"$T/freeze_fs.log" 2>&1 &
+	TC_FF_PID=$!
+	trap 'kill -USR2 "$TC_FF_PID" 2>/dev/null
+		[ -n "$TC_PID" ] && kill -KILL "$TC_PID" 2>/dev/null && wait "$TC_PID" 2>/dev/null
+		fusermount3 -u "$T/ff" 2>/dev/null || fusermount -u "$T/ff" 2>/dev/null || umount -l "$T/ff" 2>/dev/null
+		kill "$TC_FF_PID" 2>/dev/null; wait "$TC_FF_PID" 2>/dev/null; _tc_cleanup' EXIT
+	tc_until 10 test -e "$T/ff/held" ||
+		skip "cannot mount the FUSE file system: $(head -c 200 "$T/freeze_fs.log")"
+}
+tc_freeze() { kill -USR1 "$TC_FF_PID"; }
+tc_thaw() { kill -USR2 "$TC_FF_PID"; }
+tc_held() { awk '{ print $2 }' "$T/ff/held"; }
+
 # Build a test client of tests/tools against libiscsi into $T.
 # usage: tc_build_tool NAME   (tests/tools/NAME.c -> $T/NAME)
 tc_build_tool() {

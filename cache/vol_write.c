@@ -337,7 +337,16 @@ void backing_then_invalidate(struct piece *p)
 	if (!piece_intent(p, backing_then_invalidate_cont))
 		return; /* parked: comes back here, destage check included */
 	p->stage = ST_BACKING_INVAL;
-	submit_sub(p, p->parent->v->backing, p->parent->up->op, p->parent->up->flags & BDEV_F_FUA, p->off);
+	unsigned fl = p->parent->up->flags & BDEV_F_FUA;
+	/*
+	 * Dirty blocks in the range are the only copy of data the host may
+	 * have synced: once the INVALIDATE record is durable they are gone, so
+	 * the backing store must hold the new data durably before it is
+	 * written, or a power cut could bring back data older than a sync.
+	 */
+	if (p->parent->up->op == BDEV_WRITE && slot_any_dirty(p->parent->v->cs, p->slot, p->first, p->count))
+		fl |= BDEV_F_FUA;
+	submit_sub(p, p->parent->v->backing, p->parent->up->op, fl, p->off);
 }
 
 static void backing_then_invalidate_cont(void *arg) { backing_then_invalidate(arg); }

@@ -21,15 +21,24 @@
 /* ------------------------------------------------------------------ */
 /* Registry of open LUs                                                */
 
+/*
+ * The list changes under both locks (open and close, main thread), so
+ * either keeps it still. lu_registry_each holds walk_lock only: its fn may
+ * block (the space monitor's statvfs on a hung NFS mount), and
+ * lu_registry_find_naa, which EXTENDED COPY calls on a worker, takes
+ * registry_lock only, so that no worker waits behind it. An LU that opens
+ * or closes waits for a walk in progress.
+ */
+static pthread_mutex_t walk_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct scsi_lu *registry;
 
 void lu_registry_each(void (*fn)(struct scsi_lu *lu, void *arg), void *arg)
 {
-	pthread_mutex_lock(&registry_lock);
+	pthread_mutex_lock(&walk_lock);
 	for (struct scsi_lu *lu = registry; lu; lu = lu->next_open)
 		fn(lu, arg);
-	pthread_mutex_unlock(&registry_lock);
+	pthread_mutex_unlock(&walk_lock);
 }
 
 struct scsi_lu *lu_registry_find_naa(const uint8_t *desig, size_t len)
@@ -156,10 +165,12 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 		goto fail;
 	lu_space_init(lu, cfg->space_warn);
 
+	pthread_mutex_lock(&walk_lock);
 	pthread_mutex_lock(&registry_lock);
 	lu->next_open = registry;
 	registry = lu;
 	pthread_mutex_unlock(&registry_lock);
+	pthread_mutex_unlock(&walk_lock);
 	if (lu->owner)
 		lu->owner->listen(dev, lu_owner_changed, lu);
 	return lu;
@@ -185,6 +196,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 	if (scsi_lu_inflight(lu))
 		log_err("lun \"%s\": closed with %u command(s) not completed", lu->name, scsi_lu_inflight(lu));
 #endif
+	pthread_mutex_lock(&walk_lock);
 	pthread_mutex_lock(&registry_lock);
 	for (struct scsi_lu **pp = &registry; *pp; pp = &(*pp)->next_open)
 		if (*pp == lu) {
@@ -192,6 +204,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 			break;
 		}
 	pthread_mutex_unlock(&registry_lock);
+	pthread_mutex_unlock(&walk_lock);
 	xcopy_forget(NULL, lu);
 	pr_free(lu);
 	bdev_close(lu->dev);
@@ -346,6 +359,12 @@ static struct nexus_lu *nexus_lu_attach(struct scsi_nexus *nx, uint64_t lun, str
 	pthread_mutex_lock(&lu->mutex);
 	nl->next_in_lu = lu->attached;
 	lu->attached = nl;
+	/* a threshold passed before this nexus came (a host logging in to a
+	 * LUN that is already short of space): it is told too. Read under
+	 * the mutex: the monitor sets space_tripped before taking it to tell
+	 * the attached nexuses, so one of the two reaches this one. */
+	if (atomic_load(&lu->space_tripped) && atomic_load(&lu->lbpere))
+		atomic_fetch_or(&nl->ua, UA_SPACE_SOFT);
 	pthread_mutex_unlock(&lu->mutex);
 	return nl;
 }

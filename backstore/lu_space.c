@@ -127,7 +127,7 @@ void scsi_lu_space_poll(struct scsi_lu *lu)
 			lu_ua_all_locked(lu, UA_SPACE_SOFT, NULL);
 			pthread_mutex_unlock(&lu->mutex);
 		}
-	} else if (tripped && pool <= warn - 2 && own <= warn - 2) {
+	} else if (tripped && pool <= (warn > 2 ? warn - 2 : 0) && own <= (warn > 2 ? warn - 2 : 0)) {
 		atomic_store(&lu->space_tripped, false);
 		log_info("lun %s: space back under space_warn = %d%% (pool %d%% used, the LUN %d%% allocated); "
 			 "the warning is armed again", lu->name, warn, pool, own);

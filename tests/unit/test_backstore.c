@@ -1096,6 +1096,9 @@ static void thin_threshold_warns_every_nexus_once(const char *dir)
 	static const uint8_t ls_ptr[10] = { 0x4d, 0, 0x4c, 0, 0, 0, 2, 0, 255, 0 };
 	c = run(n1, 0, ls_ptr, 10, 0, 255);
 	check(c.status == SAM_STAT_GOOD && buf[3] == 12 && buf[5] == 2, "PARAMETER POINTER 2: only parameter 0002h");
+	static const uint8_t ls_ptr3[10] = { 0x4d, 0, 0x4c, 0, 0, 0, 3, 0, 255, 0 };
+	c = run(n1, 0, ls_ptr3, 10, 0, 255);
+	check(sense_is(&c, 5, 0x24, 0), "PARAMETER POINTER 3, past the last parameter: INVALID FIELD IN CDB");
 	static const uint8_t ls_sp[10] = { 0x4d, 1, 0x4c, 0, 0, 0, 0, 0, 255, 0 };
 	c = run(n1, 0, ls_sp, 10, 0, 255);
 	check(sense_is(&c, 5, 0x24, 0), "LOG SENSE with SP: INVALID FIELD IN CDB");
@@ -1119,6 +1122,14 @@ static void thin_threshold_warns_every_nexus_once(const char *dir)
 	scsi_lu_space_poll(lu);
 	c = run(n1, 0, cdb_tur, 6, 0, 0);
 	check(c.status == SAM_STAT_GOOD, "still past it: not told again");
+	/* a host that logs in while the threshold stays passed is told too */
+	struct scsi_nexus *n3 = open_nexus(t, "iqn.2026-11.test:thin-late");
+	struct scsi_cmd c1 = run(n3, 0, cdb_tur, 6, 0, 0);
+	struct scsi_cmd c2 = run(n3, 0, cdb_tur, 6, 0, 0);
+	struct scsi_cmd c3 = run(n3, 0, cdb_tur, 6, 0, 0);
+	check(sense_is(&c1, 6, 0x29, 0) && sense_is(&c2, 6, 0x38, 0x07) && c3.status == SAM_STAT_GOOD,
+	      "a nexus made after the threshold was passed: POWER ON, then 6/38/07, then GOOD");
+	close_nexus(n3);
 	/* 89% used: not re-armed (2 points below 90 is 88) */
 	atomic_store(&d->free_b, gib + gib / 10);
 	scsi_lu_space_poll(lu);

@@ -45,6 +45,9 @@ enum scsi_rc spc_log_sense(struct scsi_cmd *cmd)
 		memcpy(b + 4, pairs, sizeof(pairs));
 		len = 4 + sizeof(pairs);
 	} else {
+		/* past the largest parameter code the page has (0002h) */
+		if (ptr > 2)
+			return scsi_fail_cdb(cmd, 5, -1);
 		len = lu_space_log_page(lu, b);
 		/* PARAMETER POINTER: the parameters from that code on */
 		size_t keep = 4, off = 4;

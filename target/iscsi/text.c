@@ -158,6 +158,17 @@ static void send_targets(struct iscsi_conn *c, const char *which, struct iscsi_t
 		} else if (strcasecmp(which, t->iqn) != 0) {
 			continue;
 		}
+		/* a target goes in whole or not at all: never a name without its
+		 * addresses, or addresses under the previous target's name */
+		size_t need = sizeof("TargetName=") + strlen(t->iqn);
+		for (int k = 0; k < naddrs; k++)
+			need += sizeof("TargetAddress=") + strlen(addrs[k]);
+		if (out->len + need > out->cap) {
+			log_warn("iSCSI %s: SendTargets answer full: targets from %s on are not listed", c->peer,
+				 t->iqn);
+			out->full = true;
+			return;
+		}
 		iscsi_text_add(out, "TargetName", t->iqn);
 		for (int k = 0; k < naddrs; k++)
 			iscsi_text_add(out, "TargetAddress", addrs[k]);

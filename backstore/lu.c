@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/worker.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +121,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
 		return NULL;
 	}
+	static_assert(LU_SCAN_WORDS * 64 >= WORKERS_MAX, "a scan bit and call for every worker");
 	lu->scan_call = calloc(LU_SCAN_WORDS * 64, sizeof(*lu->scan_call));
 	if (!lu->scan_call) {
 		free(lu);

@@ -157,7 +157,7 @@ struct pr_state {
  * fast write in its worker's list of writes in flight, or an entry of
  * lu->ranges (a CAW, or a write that came while one was active).
  */
-#define LU_SCAN_WORDS 4 /* bits for 256 workers, config's limit */
+#define LU_SCAN_WORDS 4 /* bits for WORKERS_MAX workers */
 struct range_lock {
 	struct range_lock *next;
 	struct scsi_lu *lu;

@@ -296,6 +296,8 @@ static void lba_status_build(void *arg)
 	while (cur < lu->nblocks && (off - 8) / 16 < j->maxd) {
 		bool mapped = true;
 		int64_t len = bdev_lba_status(lu->dev, cur << lu->block_shift, &mapped);
+		if (offload_closing())
+			return; /* the daemon stopped while this waited: lu may be gone */
 		uint64_t nb;
 		if (len <= 0) {
 			mapped = true;

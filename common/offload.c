@@ -5,13 +5,15 @@
  * from one queue under a mutex (jobs are rare: GET LBA STATUS, not reads
  * and writes). The threads are detached and never stopped: one may be
  * stuck in the kernel on a file that will not answer, and nothing could
- * join it; they hold no state that needs cleaning at exit.
+ * join it; they hold no state that needs cleaning at exit. Once the
+ * workers stop (offload_close), a job that ends is dropped, not posted.
  */
 #include "common/offload.h"
 
 #include "common/log.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define OFFLOAD_THREADS 4
@@ -20,6 +22,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static struct offload_job *head, *tail;
 static int started;
+static atomic_bool closing;
 
 static void *pool_main(void *unused)
 {
@@ -34,9 +37,24 @@ static void *pool_main(void *unused)
 			tail = NULL;
 		pthread_mutex_unlock(&lock);
 		job->run(job->arg);
-		worker_post_call(job->w, &job->call, job->done, job->arg);
+		pthread_mutex_lock(&lock); /* offload_close waits for a post in progress */
+		if (!atomic_load(&closing))
+			worker_post_call(job->w, &job->call, job->done, job->arg);
+		pthread_mutex_unlock(&lock);
 	}
 	return NULL;
+}
+
+void offload_close(void)
+{
+	pthread_mutex_lock(&lock);
+	atomic_store(&closing, true);
+	pthread_mutex_unlock(&lock);
+}
+
+bool offload_closing(void)
+{
+	return atomic_load(&closing);
 }
 
 /* Start the pool (locked): how many threads run. */

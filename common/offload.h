@@ -18,6 +18,8 @@
 
 #include "common/worker.h"
 
+#include <stdbool.h>
+
 struct offload_job {
 	struct offload_job *next;
 	void (*run)(void *arg);
@@ -29,5 +31,12 @@ struct offload_job {
 
 /* Queue job: run(arg) on a pool thread, then done(arg) on this worker. */
 void offload_run(struct offload_job *job, void (*run)(void *), void (*done)(void *), void *arg);
+
+/* From workers_stop, before the workers go: a job that ends later is
+ * dropped (its command never completes: the daemon is stopping). */
+void offload_close(void);
+/* Whether offload_close ran: a run that waited long looks before it
+ * touches what its command points to. */
+bool offload_closing(void);
 
 #endif

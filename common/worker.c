@@ -18,6 +18,7 @@
 
 #include "common/bufpool.h"
 #include "common/log.h"
+#include "common/offload.h"
 
 #include <errno.h>
 #include <liburing.h>
@@ -463,6 +464,8 @@ int workers_start(unsigned n)
 		long c = sysconf(_SC_NPROCESSORS_ONLN);
 		n = c > 0 ? (unsigned)c : 1;
 	}
+	if (n > WORKERS_MAX)
+		n = WORKERS_MAX; /* per-LU tables are sized for it (backstore/sbc.c) */
 	workers = calloc(n, sizeof(*workers));
 	if (!workers)
 		return -ENOMEM;
@@ -484,6 +487,7 @@ static void wake(void *arg) { (void)arg; }
 
 void workers_stop(void)
 {
+	offload_close(); /* no job completion may reach a worker from now on */
 	for (unsigned i = 0; i < nworkers; i++) {
 		atomic_store(&workers[i].stop, true);
 		worker_post(&workers[i], wake, NULL);

@@ -63,7 +63,9 @@ struct worker_tick {
 	struct worker_tick *prev, *next;
 };
 
-/* Start n worker threads (n = 0: one per online core). 0 or -errno. */
+/* Start n worker threads (n = 0: one per online core, at most
+ * WORKERS_MAX). 0 or -errno. */
+#define WORKERS_MAX 256u
 int workers_start(unsigned n);
 /*
  * Any thread, any time: after events, a worker keeps asking for more

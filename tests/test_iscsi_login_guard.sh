@@ -21,14 +21,8 @@ tc_tmpdir
 command -v python3 >/dev/null || skip "python3 not installed"
 
 port=$(tc_free_port)
-cat >"$T/t.conf" <<CONF
-[daemon]
-state_dir = $T/state
-control_socket = $T/state/control.sock
-log_level = debug
-
-[portal]
-listen = 127.0.0.1:$port
+tc_conf_head "$port" | sed 's/^log_level = .*/log_level = debug/' >"$T/t.conf"
+cat >>"$T/t.conf" <<CONF
 
 [target iqn.2026-11.io.tiercache:open]
 lun0 = disk0

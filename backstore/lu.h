@@ -166,6 +166,10 @@ struct range_lock {
 	bool granted;
 	bool fast;                  /* took the lock-free path */
 	bool awaited;               /* fast write a CAW counted (sbc.c) */
+	bool is_fence;              /* a write its host was told failed: later
+				     * overlapping writes wait for its end */
+	struct range_lock *fence;   /* a fast write's fence entry in lu->ranges */
+	struct scsi_cmd *cmd;       /* the command holding it (cmd->wlock) */
 	struct worker *worker;      /* where to resume a deferred command */
 	void (*resume)(struct range_lock *rl);
 	union {
@@ -228,12 +232,17 @@ struct scsi_lu {
 	struct scsi_nexus *spc2_holder; /* RESERVE(6/10) holder, NULL if none */
 
 	/* COMPARE AND WRITE vs. writers, see sbc.c */
-	atomic_uint caw_active;      /* CAWs queued or running */
+	atomic_uint caw_active;      /* CAWs queued or running, and fences */
 	struct range_lock *ranges;   /* granted + waiting, under mutex */
 	/* one call per worker that looks at its fast writes for waiting
 	 * CAWs; scan_posted: those in flight (under mutex) */
 	struct worker_call *scan_call;
 	uint64_t scan_posted[LU_SCAN_WORDS];
+
+	/* io_timeout (lu_timeout.c): commands overdue now, and ever */
+	uint32_t io_timeout_ms;
+	atomic_uint overdue_now;
+	_Atomic uint64_t overdue_total;
 
 	/* sanitize in progress: everything else answers NOT READY */
 	atomic_bool sanitizing;
@@ -426,6 +435,9 @@ static inline void lu_inflight_add(struct scsi_lu *lu, int delta)
 /* Report the broken rule for cmd and abort(). */
 void scsi_cmd_once_broken(const struct scsi_cmd *cmd) __attribute__((noreturn, cold));
 
+/* An overdue command came back (lu_timeout.c). */
+void lu_overdue_back(struct scsi_lu *lu);
+
 /* Complete the command: calls cmd->done, then drops the command's count
  * on its LU (taken by scsi_cmd_submit). Called in three places only:
  * scsi_cmd_submit, for a handler's SCSI_RC_DONE, and the two asynchronous
@@ -441,6 +453,8 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 	cmd->bs_once = SCSI_ONCE_DONE;
 #endif
 	cmd->held_lu = NULL;
+	if (__builtin_expect(cmd->overdue, 0))
+		lu_overdue_back(cmd->lu);
 	cmd->done(cmd);
 	if (held)
 		lu_inflight_add(held, -1);
@@ -556,8 +570,16 @@ enum scsi_rc sbc_sanitize(struct scsi_cmd *cmd);
  * begin returns true when the write may go now; false when it was deferred
  * and rl->resume will be called on rl->worker later. end releases.
  */
-bool sbc_write_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks);
+bool sbc_write_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *cmd, uint64_t lba,
+		     uint64_t nblocks);
 void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl);
+/*
+ * cmd, which holds a place in the interlock (cmd->wlock), was answered as
+ * failed while still in flight (scsi_cmd_overdue): from now until it ends,
+ * every later writer of an overlapping range (and every CAW) waits for it,
+ * so its late landing never overwrites a newer write. Its worker.
+ */
+void sbc_write_fence(struct scsi_cmd *cmd);
 
 /* pr.c */
 enum scsi_rc pr_in(struct scsi_cmd *cmd);

@@ -381,6 +381,8 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->cdb_xfer_len = 0;
 	cmd->bs_priv = NULL;
 	cmd->data_fd_lu = NULL;
+	cmd->wlock = NULL;
+	cmd->overdue = false;
 	nl = scsi_cmd_nlu(cmd);
 	cmd->lu = nl ? nl->lu : NULL;
 	cmd->held_lu = cmd->lu;

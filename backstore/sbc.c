@@ -36,6 +36,14 @@
  * a CAW on either side (writes never wait for writes). A deferred command
  * is resumed on its own worker through worker_post.
  *
+ * A write the host was already told failed (the backing store did not
+ * answer within io_timeout: scsi_cmd_overdue) may still land whenever the
+ * device gets to it, so it becomes a fence: an entry of lu->ranges that
+ * every later overlapping write and CAW waits behind, counted in
+ * caw_active so that later writes take the slow path and meet it. A slow
+ * write is its own fence; a fast one gets a fence entry of its own that
+ * leaves with it. Either way the newer write lands after the old one.
+ *
  * Threading: handlers run on the submitting worker; bdev completions come
  * back on the same worker, so a fast write begins and ends on one. lu->mutex
  * is taken only on the CAW slow path and is never held across bdev_submit.
@@ -45,6 +53,8 @@
 
 #include "common/bufpool.h"
 #include "common/log.h"
+
+#include <stdlib.h>
 
 /* ---------------------------------------------------------------- */
 /* CAW interlock                                                     */
@@ -75,7 +85,7 @@ static bool range_eligible(struct scsi_lu *lu, struct range_lock *e)
 	if (e->is_caw && (e->caw.scans_left || e->caw.blockers))
 		return false;
 	for (struct range_lock *a = lu->ranges; a && a != e; a = a->next)
-		if ((a->is_caw || e->is_caw) && ranges_overlap(a, e))
+		if ((a->is_caw || a->is_fence || e->is_caw) && ranges_overlap(a, e))
 			return false;
 	return true;
 }
@@ -165,10 +175,15 @@ static void fast_write_done(struct scsi_lu *lu, struct range_lock *rl)
 	pthread_mutex_unlock(&lu->mutex);
 }
 
-static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks,
-			bool is_caw)
+static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *cmd, uint64_t lba,
+			uint64_t nblocks, bool is_caw)
 {
 	rl->lu = lu;
+	rl->cmd = cmd;
+	rl->is_fence = false;
+	rl->fence = NULL;
+	if (cmd)
+		cmd->wlock = rl;
 	rl->lba = lba;
 	rl->nblocks = nblocks ? nblocks : 1;
 	rl->is_caw = is_caw;
@@ -211,21 +226,67 @@ static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba,
 
 static void range_end(struct scsi_lu *lu, struct range_lock *rl)
 {
+	if (rl->cmd && rl->cmd->wlock == rl)
+		rl->cmd->wlock = NULL;
 	if (rl->fast) {
 		fast_write_done(lu, rl);
+		struct range_lock *f = rl->fence;
+		if (!f)
+			return;
+		rl->fence = NULL;
+		pthread_mutex_lock(&lu->mutex);
+		range_remove_locked(lu, f);
+		atomic_fetch_sub(&lu->caw_active, 1);
+		ranges_wake_locked(lu);
+		pthread_mutex_unlock(&lu->mutex);
+		free(f);
 		return;
 	}
 	pthread_mutex_lock(&lu->mutex);
 	range_remove_locked(lu, rl);
-	if (rl->is_caw)
+	if (rl->is_caw || rl->is_fence)
 		atomic_fetch_sub(&lu->caw_active, 1);
 	ranges_wake_locked(lu);
 	pthread_mutex_unlock(&lu->mutex);
 }
 
-bool sbc_write_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks)
+bool sbc_write_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *cmd, uint64_t lba,
+		     uint64_t nblocks)
 {
-	return range_begin(lu, rl, lba, nblocks, false);
+	return range_begin(lu, rl, cmd, lba, nblocks, false);
+}
+
+void sbc_write_fence(struct scsi_cmd *cmd)
+{
+	struct range_lock *rl = cmd->wlock;
+	if (!rl || rl->is_caw || rl->is_fence || rl->fence)
+		return; /* a CAW already holds off every overlapping writer */
+	struct scsi_lu *lu = rl->lu;
+	if (!rl->fast) {
+		pthread_mutex_lock(&lu->mutex);
+		rl->is_fence = true;
+		atomic_fetch_add(&lu->caw_active, 1);
+		pthread_mutex_unlock(&lu->mutex);
+		return;
+	}
+	struct range_lock *f = calloc(1, sizeof(*f));
+	if (!f) {
+		log_err("lun \"%s\": no memory to hold later writes behind one the host was told failed; "
+			"a late landing may overwrite them", lu->name);
+		return;
+	}
+	f->lu = lu;
+	f->lba = rl->lba;
+	f->nblocks = rl->nblocks;
+	f->is_fence = true;
+	f->granted = true;
+	f->worker = rl->worker;
+	rl->fence = f;
+	/* raised first: a writer that misses the entry below has not looked yet */
+	atomic_fetch_add(&lu->caw_active, 1);
+	pthread_mutex_lock(&lu->mutex);
+	range_append_locked(lu, f);
+	pthread_mutex_unlock(&lu->mutex);
 }
 
 void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl)
@@ -233,9 +294,10 @@ void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl)
 	range_end(lu, rl);
 }
 
-bool sbc_caw_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks)
+bool sbc_caw_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *cmd, uint64_t lba,
+		   uint64_t nblocks)
 {
-	return range_begin(lu, rl, lba, nblocks, true);
+	return range_begin(lu, rl, cmd, lba, nblocks, true);
 }
 
 /* ---------------------------------------------------------------- */

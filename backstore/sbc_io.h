@@ -73,7 +73,8 @@ int sbc_iov_window(struct sbc_io *io, size_t off, size_t len, struct iovec **out
 /* COMPARE AND WRITE's side of the interlock (sbc_write_begin is the
  * writers'): true when it may go now, else rl->resume runs later on this
  * worker. sbc_io_finish releases it when io->locked. */
-bool sbc_caw_begin(struct scsi_lu *lu, struct range_lock *rl, uint64_t lba, uint64_t nblocks);
+bool sbc_caw_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *cmd, uint64_t lba,
+		   uint64_t nblocks);
 
 /* Decode LBA and transfer length of the READ/WRITE/VERIFY families. */
 static inline void sbc_decode_lba_len(const uint8_t *cdb, uint64_t *lba, uint32_t *len)

@@ -153,7 +153,7 @@ enum scsi_rc sbc_write_same(struct scsi_cmd *cmd)
 	}
 	io->rl.resume = chunk_resume;
 	io->locked = true;
-	if (sbc_write_begin(lu, &io->rl, lba, n))
+	if (sbc_write_begin(lu, &io->rl, io->cmd, lba, n))
 		chunk_start(io);
 	return SCSI_RC_PENDING;
 }
@@ -259,7 +259,7 @@ enum scsi_rc sbc_unmap(struct scsi_cmd *cmd)
 	io->end = UNMAP_HDR + (uint64_t)ndesc * UNMAP_DESC;
 	io->rl.resume = unmap_resume;
 	io->locked = true;
-	if (sbc_write_begin(lu, &io->rl, lo, hi - lo))
+	if (sbc_write_begin(lu, &io->rl, io->cmd, lo, hi - lo))
 		unmap_issue(io);
 	return SCSI_RC_PENDING;
 }
@@ -385,7 +385,7 @@ enum scsi_rc sbc_sanitize(struct scsi_cmd *cmd)
 	atomic_store(&lu->sanitizing, true);
 	io->rl.resume = chunk_resume;
 	io->locked = true;
-	if (sbc_write_begin(lu, &io->rl, 0, lu->nblocks))
+	if (sbc_write_begin(lu, &io->rl, io->cmd, 0, lu->nblocks))
 		chunk_start(io);
 	return SCSI_RC_PENDING;
 }

@@ -139,7 +139,7 @@ static void write_start(struct sbc_io *io, uint64_t lba, uint32_t n, bool fua)
 	io->wflags = sbc_write_flags(cmd, fua);
 	io->rl.resume = write_resume;
 	io->locked = true;
-	if (sbc_write_begin(cmd->lu, &io->rl, lba, n))
+	if (sbc_write_begin(cmd->lu, &io->rl, io->cmd, lba, n))
 		write_go(io);
 }
 
@@ -352,7 +352,7 @@ static enum scsi_rc atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, u
 		io->wflags = sbc_write_flags(cmd, cmd->cdb[1] & 0x08);
 		io->rl.resume = caw_resume;
 		io->locked = true;
-		if (sbc_caw_begin(lu, &io->rl, lba, n))
+		if (sbc_caw_begin(lu, &io->rl, io->cmd, lba, n))
 			caw_go(io);
 		return SCSI_RC_PENDING;
 	}

@@ -107,6 +107,7 @@ struct scsi_nexus;
 #define ASC_DATA_PHASE_ERROR 0x4b00
 #define ASC_TOO_MUCH_WRITE_DATA 0x4b02
 #define ASC_DATA_OFFSET_ERROR 0x4b05
+#define ASC_COMMAND_TIMEOUT_DURING_PROCESSING 0x2e02
 
 /*
  * The length of a CDB, from its operation code (SPC-4 4.2.5.1): the group
@@ -190,8 +191,10 @@ struct scsi_cmd {
 	struct scsi_lu *lu;
 	struct scsi_lu *held_lu;  /* counted in lu->inflight until completion */
 	uint32_t bs_once;         /* debug builds: in flight or completed (lu.h) */
+	struct range_lock *wlock; /* its place in the write interlock, while it has one */
+	bool overdue;             /* answered by the front end already (scsi_cmd_overdue) */
 	void *bs_priv;
-	uint64_t bs_scratch[48];
+	uint64_t bs_scratch[52];
 };
 
 /* ---- logical units ---- */
@@ -220,6 +223,9 @@ struct scsi_lu_config {
 	 * backing store's pool, or the LU's own allocation) at which hosts
 	 * get THIN PROVISIONING SOFT THRESHOLD REACHED; 0 = none */
 	unsigned space_warn;
+	/* a command the backing store keeps longer is answered as failed
+	 * (scsi_cmd_overdue); 0 = never */
+	uint32_t io_timeout_ms;
 };
 
 /*
@@ -326,6 +332,30 @@ void scsi_cmd_submit(struct scsi_cmd *cmd);
  * file stays open.
  */
 void scsi_cmd_data_sent(struct scsi_cmd *cmd);
+
+/*
+ * The front end has waited age_ms for cmd, which the backstore still holds
+ * (submitted, done() not called yet), and it is on the command's worker.
+ * While age_ms is within the LU's io_timeout, nothing happens: false.
+ * Past it, the command is overdue: true. The front end then answers the
+ * host at once (CHECK CONDITION with scsi_cmd_overdue_sense), or, if a
+ * task management function aborted the command, counts it as ended for
+ * that function; either way it keeps the command and its buffers, since
+ * the device may still read or fill them, until done() comes (it still
+ * will, exactly once: its status is then dropped). From now until then,
+ * a later write to an overlapping range, and a COMPARE AND WRITE, waits
+ * for this command: a late landing never overwrites newer data.
+ */
+bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms);
+/* The sense of an overdue command (ABORTED COMMAND, COMMAND TIMEOUT DURING
+ * PROCESSING) in the LU's format: its length. */
+size_t scsi_cmd_overdue_sense(const struct scsi_cmd *cmd, uint8_t *buf, size_t cap);
+/* Commands of lu past io_timeout now, and since it opened (status). */
+struct scsi_lu_overdue {
+	uint32_t io_timeout_ms;
+	uint64_t now, total;
+};
+void scsi_lu_overdue(const struct scsi_lu *lu, struct scsi_lu_overdue *out);
 
 /* ---- task management (SAM-5), after the front end has dealt with its
  * own queued commands. Establishes the unit attentions the standard asks

@@ -192,7 +192,7 @@ static void xc_req_done(struct bdev_req *req, int err)
 	if (req->op == BDEV_READ) {
 		uint64_t len = req->len;
 		io->locked = true;
-		if (sbc_write_begin(io->dst, &io->rl, io->dst_off >> io->dst->block_shift,
+		if (sbc_write_begin(io->dst, &io->rl, io->cmd, io->dst_off >> io->dst->block_shift,
 				    len >> io->dst->block_shift)) {
 			req->len = len;
 			xc_write_resume(&io->rl);
@@ -208,6 +208,12 @@ static void xc_req_done(struct bdev_req *req, int err)
 	io->dst_off += req->len;
 	io->left -= req->len;
 	io->done_blocks += req->len >> io->dst->block_shift;
+	if (io->cmd->overdue) {
+		/* the host was answered already: copy no more behind its back */
+		scsi_fail(io->cmd, SK_ABORTED_COMMAND, ASC_COMMAND_TIMEOUT_DURING_PROCESSING);
+		xc_finish(io, false);
+		return;
+	}
 	if (io->left) {
 		xc_read_chunk(io);
 		return;

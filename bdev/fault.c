@@ -242,6 +242,38 @@ int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_
 	return 0;
 }
 
+static void pass_on(void *arg)
+{
+	struct held *h = arg;
+	struct fault_bdev *f = (struct fault_bdev *)h->req->dev;
+	struct bdev_req *req = h->req;
+	free(h);
+	if (req->op == BDEV_READ)
+		atomic_fetch_add(&f->reads, 1);
+	else if (req->op == BDEV_WRITE)
+		atomic_fetch_add(&f->writes, 1);
+	bdev_submit(f->inner, req);
+}
+
+int bdev_fault_pass_newest(struct bdev *dev)
+{
+	if (!bdev_is_fault(dev))
+		return 0;
+	struct fault_bdev *f = (struct fault_bdev *)dev;
+	pthread_mutex_lock(&f->lock);
+	struct held *h = f->held; /* pushed at the head: the newest */
+	if (h)
+		f->held = h->next;
+	pthread_mutex_unlock(&f->lock);
+	if (!h)
+		return 0;
+	if (worker_post(h->w, pass_on, h) < 0) {
+		fault_fail_on(h->w, h->req, -EIO);
+		free(h);
+	}
+	return 1;
+}
+
 void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c)
 {
 	struct fault_bdev *f = (struct fault_bdev *)dev;

@@ -35,5 +35,11 @@ struct bdev_fault_counts {
 	uint64_t held_reads, held_writes; /* held without an answer (BDEV_FAULT_HANG) */
 };
 void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c);
+/*
+ * The request held last, passed on to the
+ * inner device now (on the worker that sent it), as a device that was
+ * stuck answers the newest first: 1, or 0 when none is held. Any thread.
+ */
+int bdev_fault_pass_newest(struct bdev *dev);
 
 #endif

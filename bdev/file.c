@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 struct file_bdev {
@@ -233,12 +235,93 @@ static void file_submit(struct bdev *dev, struct bdev_req *req)
 	file_issue(fb, req);
 }
 
+/*
+ * Closing makes what was written durable (fsync) first. A store that stopped
+ * answering would hold that fsync, and with it the daemon's shutdown,
+ * forever: it runs on a thread of its own, waited for FILE_CLOSE_WAIT_S at
+ * most. Past that the file is left to that thread (it closes and frees it if
+ * the store ever answers) and shutdown goes on: the process is ending, and
+ * whatever the store still holds was never acknowledged as synced.
+ */
+#define FILE_CLOSE_WAIT_S 10
+
+struct file_closing {
+	struct file_bdev *fb;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	atomic_int refs; /* the closer and the thread */
+	int err;
+};
+
+static void closing_put(struct file_closing *fc)
+{
+	if (atomic_fetch_sub(&fc->refs, 1) != 1)
+		return;
+	pthread_mutex_destroy(&fc->lock);
+	pthread_cond_destroy(&fc->cond);
+	free(fc);
+}
+
+static void *close_thread(void *arg)
+{
+	struct file_closing *fc = arg;
+	struct file_bdev *fb = fc->fb;
+	int err = fsync(fb->fd) < 0 ? errno : 0;
+	close(fb->fd);
+	free(fb);
+	pthread_mutex_lock(&fc->lock);
+	fc->err = err;
+	fc->done = true;
+	pthread_cond_signal(&fc->cond);
+	pthread_mutex_unlock(&fc->lock);
+	closing_put(fc);
+	return NULL;
+}
+
 static void file_close(struct bdev *dev)
 {
 	struct file_bdev *fb = (struct file_bdev *)dev;
-	fsync(fb->fd);
-	close(fb->fd);
-	free(fb);
+	struct file_closing *fc = calloc(1, sizeof(*fc));
+	pthread_attr_t attr;
+	pthread_t th;
+	bool started = false;
+	char name[256];
+
+	snprintf(name, sizeof(name), "%s", dev->name); /* the thread frees fb */
+	if (fc) {
+		fc->fb = fb;
+		pthread_mutex_init(&fc->lock, NULL);
+		pthread_cond_init(&fc->cond, NULL);
+		atomic_init(&fc->refs, 2);
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		started = pthread_create(&th, &attr, close_thread, fc) == 0;
+		pthread_attr_destroy(&attr);
+	}
+	if (!started) { /* no thread: wait here, as before */
+		if (fsync(fb->fd) < 0)
+			log_err("%s: fsync at close: %s", dev->name, strerror(errno));
+		close(fb->fd);
+		free(fb);
+		free(fc);
+		return;
+	}
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += FILE_CLOSE_WAIT_S;
+	pthread_mutex_lock(&fc->lock);
+	while (!fc->done && pthread_cond_timedwait(&fc->cond, &fc->lock, &until) == 0)
+		;
+	bool done = fc->done;
+	int err = fc->err;
+	pthread_mutex_unlock(&fc->lock);
+	if (!done)
+		log_err("%s: the store has not answered the fsync of its close in %d s; leaving the file to it "
+			"(writes not yet synced may not be durable)", name, FILE_CLOSE_WAIT_S);
+	else if (err)
+		log_err("%s: fsync at close: %s (writes not yet synced may not be durable)", name, strerror(err));
+	closing_put(fc);
 }
 
 static int64_t file_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)

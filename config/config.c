@@ -174,6 +174,7 @@ static int begin_section(struct parse_state *ps, const char *section)
 		l = &cfg->luns[cfg->nluns++];
 		l->name = cfg_xstrdup(ps, arg);
 		l->block_size = 512;
+		l->io_timeout = 30;
 		l->line = line;
 		ps->sec = SEC_LUN;
 	} else if (!strncmp(section, "cache", 5) && (section[5] == ' ' || section[5] == '\t')) {

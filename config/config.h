@@ -16,7 +16,7 @@
  *                   cache (the [cache NAME] set in front of the backing store),
  *                   ceph_conf, ceph_user, ceph_timeout (backing = rbd:POOL/IMAGE),
  *                   gateways (how many gateways export the image: implicit ALUA),
- *                   space_warn (thin provisioning soft threshold)
+ *                   space_warn (thin provisioning soft threshold), io_timeout
  *   [cache NAME]    legs = A [B], allow_single_leg, size, extent, mode,
  *                   admit_hits, seq_cutoff, dirty_target (cache/cache.h)
  *   [tcmu]          enable (serve LIO's user:tiercache backstores through
@@ -62,6 +62,9 @@ struct cfg_lun {
 	int gateways_line;
 	/* thin provisioning soft threshold, percent used (1..99); 0 = off */
 	unsigned space_warn;
+	/* seconds a command may wait on the backing store before the host is
+	 * answered ABORTED COMMAND (default 30; 0 = never) */
+	unsigned io_timeout;
 	int line;             /* where the section starts */
 };
 

@@ -129,10 +129,28 @@ int cfg_handle_lun(struct parse_state *ps, const char *key, const char *val)
 			return 0;
 		}
 		l->space_warn = (unsigned)u;
+	} else if (!strcmp(key, "io_timeout")) {
+		unsigned long u = 0;
+		char num[16];
+		size_t n = strlen(val);
+		bool ok = !strcmp(val, "off");
+		if (!ok && n && n < sizeof(num)) {
+			memcpy(num, val, n + 1);
+			if (num[n - 1] == 's')
+				num[n - 1] = 0;
+			ok = !cfg_parse_uint(num, 3600, &u) && u > 0;
+		}
+		if (!ok) {
+			cfg_fail_at(ps, ps->line, "[lun %s] io_timeout = %s: give the seconds a command may wait on the "
+				"backing store before the host is told it failed, 1 to 3600 (default 30), or off",
+				l->name, val);
+			return 0;
+		}
+		l->io_timeout = (unsigned)u;
 	} else {
 		cfg_fail_at(ps, ps->line,
 			"[lun %s] has no key \"%s\"; known keys: backing, size, block_size, serial, write_cache, "
-			"read_only, backing_io, cache, ceph_conf, ceph_user, ceph_timeout, gateways, space_warn",
+			"read_only, backing_io, cache, ceph_conf, ceph_user, ceph_timeout, gateways, space_warn, io_timeout",
 			l->name, key);
 		return 0;
 	}

@@ -186,6 +186,7 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		.rel_port_id = (uint16_t)cfg->port_group,
 		.alua_groups = (uint16_t)l->gateways,
 		.space_warn = l->space_warn,
+		.io_timeout_ms = l->io_timeout * 1000u,
 	};
 	*lu_out = scsi_lu_open(&lc, dev, err, sizeof(err));
 	if (!*lu_out) {

@@ -246,6 +246,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		LUN_FIELD(ol->ceph_timeout != nl->ceph_timeout, "ceph_timeout")
 		LUN_FIELD(ol->gateways != nl->gateways, "gateways")
 		LUN_FIELD(ol->space_warn != nl->space_warn, "space_warn")
+		LUN_FIELD(ol->io_timeout != nl->io_timeout, "io_timeout")
 #undef LUN_FIELD
 		if (count != before) {
 			if (!dup_into(&nl->backing, ol->backing) || !dup_into(&nl->serial, ol->serial) ||
@@ -256,6 +257,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 			nl->backing_buffered = ol->backing_buffered;
 			nl->gateways = ol->gateways;
 			nl->space_warn = ol->space_warn;
+			nl->io_timeout = ol->io_timeout;
 			nl->size = ol->size;
 			nl->block_size = ol->block_size;
 			nl->write_cache = ol->write_cache;

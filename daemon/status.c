@@ -82,6 +82,15 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 		struct scsi_lu_ownership ow;
 		if (lu && scsi_lu_ownership(lu, &ow))
 			owner_json(o, &ow);
+		if (lu) {
+			struct scsi_lu_overdue od;
+			scsi_lu_overdue(lu, &od);
+			struct json_object *t = json_object_new_object();
+			json_object_object_add(t, "io_timeout_s", json_object_new_int((int)(od.io_timeout_ms / 1000)));
+			json_object_object_add(t, "overdue_now", json_object_new_int64((int64_t)od.now));
+			json_object_object_add(t, "overdue_total", json_object_new_int64((int64_t)od.total));
+			json_object_object_add(o, "timeouts", t);
+		}
 		struct scsi_lu_space sp;
 		if (lu && scsi_lu_space(lu, &sp)) {
 			struct json_object *s = json_object_new_object();

@@ -294,7 +294,13 @@ static void cmd_done(struct scsi_cmd *sc)
 
 	s->in_backstore--;
 	iscsi_conn_enter(c);
-	if (cmd->aborted) {
+	if (cmd->overdue) {
+		/* answered already; its answer may still be on its way out */
+		if (cmd->tx.queued && c->state != CONN_CLOSING)
+			cmd->state = CMD_SENDING; /* cmd_sent frees it */
+		else
+			cmd_free(cmd);
+	} else if (cmd->aborted) {
 		struct iscsi_remote_abort *tok = cmd->remote_tok;
 		cmd_free(cmd);
 		s->aborted_inflight--;
@@ -322,6 +328,7 @@ static void cmd_submit(struct iscsi_conn *c, struct iscsi_cmd *cmd)
 	cmd->sc.write_len = (cmd->sc.dir & SCSI_DIR_WRITE) ? cmd->edtl : 0;
 	cmd->sc.read_len = (cmd->sc.dir & SCSI_DIR_READ) ? cmd->edtl : 0;
 	cmd->sess->in_backstore++;
+	cmd->sent_tick = c->ticks;
 	scsi_cmd_submit(&cmd->sc);
 }
 
@@ -637,6 +644,8 @@ bool iscsi_cmd_abort(struct iscsi_cmd *cmd)
 
 	switch (cmd->state) {
 	case CMD_BACKSTORE:
+		if (cmd->overdue)
+			return false; /* nothing waits for it any more */
 		if (!cmd->aborted) {
 			cmd->aborted = true;
 			cmd->sess->aborted_inflight++;
@@ -652,6 +661,65 @@ bool iscsi_cmd_abort(struct iscsi_cmd *cmd)
 	default:
 		return false;
 	}
+}
+
+/* CHECK CONDITION for a command the backstore still holds past io_timeout. */
+static void send_overdue(struct iscsi_conn *c, struct iscsi_cmd *cmd)
+{
+	struct iscsi_scsi_rsp_hdr *h = (struct iscsi_scsi_rsp_hdr *)cmd->tx.hdr;
+	size_t sl = scsi_cmd_overdue_sense(&cmd->sc, cmd->rsp_data + 2, SCSI_SENSE_MAX);
+
+	memset(h, 0, ISCSI_BHS_LEN);
+	h->opcode = ISCSI_OP_SCSI_RSP;
+	h->flags = ISCSI_FLAG_FINAL;
+	h->response = 0; /* command completed at target */
+	h->status = SAM_STAT_CHECK_CONDITION;
+	be32_put(h->itt, cmd->itt);
+	iscsi_conn_fill_sn(c, cmd->tx.hdr, true);
+	be32_put(h->exp_datasn, (cmd->sc.dir & SCSI_DIR_WRITE) ? cmd->r2tsn : cmd->datasn);
+	be16_put(cmd->rsp_data, (uint16_t)sl);
+	cmd->tx.data[0].iov_base = cmd->rsp_data;
+	cmd->tx.data[0].iov_len = 2u + sl;
+	cmd->tx.data_iovcnt = 1;
+	cmd->tx.data_len = (uint32_t)(2u + sl);
+	cmd->tx.file_fd = -1;
+	cmd->status_sent = true;
+	cmd->tx.sent_cb = cmd_sent;
+	iscsi_conn_send(c, &cmd->tx);
+}
+
+void iscsi_cmd_overdue_tick(struct iscsi_conn *c)
+{
+	struct iscsi_sess *s = c->sess;
+	struct iscsi_cmd *cmd, *next;
+	bool let_go = false;
+
+	for (cmd = s->active.next; cmd != &s->active; cmd = next) {
+		next = cmd->next;
+		if (cmd->state != CMD_BACKSTORE || cmd->overdue)
+			continue;
+		/* whole ticks since the one before it was sent: never more than its age */
+		uint32_t ticks = c->ticks - cmd->sent_tick;
+		uint64_t age_ms = ticks > 1 ? (uint64_t)(ticks - 1) * 1000 : 0;
+		if (!scsi_cmd_overdue(&cmd->sc, age_ms))
+			continue;
+		cmd->overdue = true;
+		log_debug("iSCSI %s: ITT 0x%x (opcode 0x%02x) past io_timeout", c->peer, cmd->itt, cmd->sc.cdb[0]);
+		if (cmd->aborted) {
+			/* a task management function waits for it: not any more */
+			struct iscsi_remote_abort *tok = cmd->remote_tok;
+			cmd->remote_tok = NULL;
+			s->aborted_inflight--;
+			if (tok)
+				iscsi_tmf_remote_put(tok);
+			let_go = true;
+			continue;
+		}
+		cmd->aborted = true; /* its late status is dropped; ITT lookups pass it by */
+		send_overdue(c, cmd);
+	}
+	if (let_go)
+		iscsi_tmf_aborted_done(s);
 }
 
 void iscsi_cmd_release_all(struct iscsi_sess *s)

@@ -131,8 +131,12 @@ static void on_tick(struct worker_tick *t)
 		iscsi_login_tick(c);
 	if (c->state == CONN_LOGIN && now_ms() - c->last_rx_ms > LOGIN_TIMEOUT_MS)
 		iscsi_conn_close(c, "login timed out");
-	else if (c->state == CONN_FULL_FEATURE)
+	else if (c->state == CONN_FULL_FEATURE) {
 		iscsi_nop_tick(c);
+		c->ticks++;
+		if (c->sess && c->sess->in_backstore)
+			iscsi_cmd_overdue_tick(c);
+	}
 	if (c->draining && !c->closing_after_tx && iscsi_conn_drained(c))
 		iscsi_conn_close(c, "portal drained");
 	conn_leave(c);

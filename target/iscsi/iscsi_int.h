@@ -107,6 +107,9 @@ struct iscsi_cmd {
 	bool immediate;
 	bool aborted;        /* a TMF took it: drop its response */
 	bool failed;         /* answer with the sense already in sc */
+	bool overdue;        /* past io_timeout: answered (or its TMF let go), the
+			      * backstore still holds it; freed when it is back */
+	uint32_t sent_tick;  /* the connection's tick count when submitted */
 	uint8_t lun_raw[8];
 	uint32_t itt, cmdsn, edtl;
 	/* data buffer: nbufs pooled buffers, iov describes edtl bytes */
@@ -191,6 +194,7 @@ struct iscsi_conn {
 	struct worker_batch_end batch;   /* queued: holds one in_handler count */
 	uint64_t last_rx_ms;
 	uint32_t ping_ttt;               /* outstanding target ping, 0 = none */
+	uint32_t ticks;                  /* 1 s ticks so far: the clock of io_timeout */
 	uint64_t ping_sent_ms;
 	struct worker_tick tick;
 	/* receive: the socket is read into rx_stage (many PDUs per read); a
@@ -338,6 +342,9 @@ void iscsi_data_out_rx_data_done(struct iscsi_conn *c, const uint8_t *bhs, bool 
 bool iscsi_cmd_abort(struct iscsi_cmd *cmd);
 /* Connection teardown: release everything not held by the backstore. */
 void iscsi_cmd_release_all(struct iscsi_sess *s);
+/* On the connection's tick: answer the commands the backstore has held past
+ * their LU's io_timeout (scsi_cmd_overdue). */
+void iscsi_cmd_overdue_tick(struct iscsi_conn *c);
 
 /* ---- tmf.c ---- */
 struct iscsi_tmf_wait;

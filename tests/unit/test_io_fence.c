@@ -1,0 +1,316 @@
+/*
+ * test_io_fence.c - a write the host was told failed (io_timeout) never
+ * lands over a newer write (backstore/lu_timeout.c, sbc.c's fences).
+ *
+ * Two workers and an LU on a file behind a fault wrapper (bdev/fault.h)
+ * that holds every request and, when told, passes the newest held one on
+ * to the file: a stuck device that wakes up and answers newest first.
+ * Round 1, a fast write (no CAW active): WRITE A of LBAs 100-107 is held
+ * on worker 1; its io_timeout passes (scsi_cmd_overdue); WRITE B of LBAs
+ * 104-111, from worker 0, must not reach the device while A is still out;
+ * a write elsewhere (LBA 900) must. The device then answers newest first
+ * until both are done: LBAs 104-107 must read back as B.
+ * Round 2, the same with A on the slow path (a CAW elsewhere is held, so
+ * writes queue in lu->ranges): A becomes its own fence.
+ * Without the fences B goes out at once, lands first, and A over it.
+ * Prints one line per check; exit status 0 means every check passed.
+ */
+#include "backstore/lu.h"
+#include "backstore/scsi.h"
+#include "bdev/fault.h"
+#include "bdev/file.h"
+#include "common/worker.h"
+#include "tests/unit/scsi_test_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BS 512u
+#define NBLOCKS 2048u
+
+static int failures, checks;
+
+static void check(bool ok, const char *what)
+{
+	checks++;
+	if (!ok)
+		failures++;
+	printf("%s: %s\n", ok ? "ok" : "FAIL", what);
+}
+
+struct job {
+	struct scsi_cmd cmd;
+	struct iovec iov;
+	sem_t done;
+	atomic_int order; /* completion order, from 1 */
+	uint8_t data[2 * BS * 8] __attribute__((aligned(4096)));
+};
+
+static atomic_int completed;
+
+static void cmd_done(struct scsi_cmd *cmd)
+{
+	struct job *j = cmd->fe_priv;
+	atomic_store(&j->order, atomic_fetch_add(&completed, 1) + 1);
+	sem_post(&j->done);
+}
+
+static void submit_on_worker(void *arg)
+{
+	struct job *j = arg;
+	scsi_cmd_submit(&j->cmd);
+}
+
+struct nexus_job {
+	struct scsi_target *tgt;
+	struct scsi_nexus *nx;
+	sem_t done;
+};
+
+static void nexus_open_on_worker(void *arg)
+{
+	struct nexus_job *j = arg;
+	static const uint8_t isid[6] = { 0x40, 0, 0, 0, 0, 1 };
+	j->nx = scsi_nexus_open(j->tgt, "iqn.2026-12.test:fence", isid, 1);
+	sem_post(&j->done);
+}
+
+static void nexus_close_on_worker(void *arg)
+{
+	struct nexus_job *j = arg;
+	scsi_nexus_close(j->nx);
+	sem_post(&j->done);
+}
+
+static struct scsi_nexus *nx;
+
+static struct job *submit(unsigned worker, const uint8_t *cdb, size_t cdb_len, uint32_t write_len)
+{
+	struct job *j = aligned_alloc(4096, (sizeof(*j) + 4095) / 4096 * 4096);
+	if (!j)
+		exit(2);
+	memset(j, 0, sizeof(*j));
+	sem_init(&j->done, 0, 0);
+	scsi_cmd_prepare(&j->cmd, &j->iov, nx, 0, cdb, cdb_len, j->data, write_len, 0, cmd_done, j);
+	worker_post(worker_get(worker), submit_on_worker, j);
+	return j;
+}
+
+static struct job *caw(unsigned worker, uint64_t lba)
+{
+	uint8_t cdb[16] = { 0x89 };
+	for (int i = 0; i < 8; i++)
+		cdb[2 + i] = (uint8_t)(lba >> (56 - 8 * i));
+	cdb[13] = 1;
+	return submit(worker, cdb, 16, 2 * BS);
+}
+
+static bool wait_job(struct job *j)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 10;
+	while (sem_timedwait(&j->done, &ts) < 0)
+		if (errno != EINTR)
+			return false;
+	return true;
+}
+
+static bool is_done(struct job *j)
+{
+	int v;
+	sem_getvalue(&j->done, &v);
+	return v > 0;
+}
+
+struct overdue_job {
+	struct job *j;
+	bool ret;
+	sem_t done;
+};
+
+static void overdue_on_worker(void *arg)
+{
+	struct overdue_job *o = arg;
+	o->ret = scsi_cmd_overdue(&o->j->cmd, 3600u * 1000);
+	sem_post(&o->done);
+}
+
+/* Ask the LU whether j (in flight on worker w) is overdue, as a front end would. */
+static bool overdue(unsigned w, struct job *j)
+{
+	struct overdue_job o = { .j = j };
+	sem_init(&o.done, 0, 0);
+	worker_post(worker_get(w), overdue_on_worker, &o);
+	sem_wait(&o.done);
+	return o.ret;
+}
+
+static struct job *write10(unsigned worker, uint32_t lba, uint8_t blocks, uint8_t fill)
+{
+	uint8_t cdb[10] = { 0x2a };
+	cdb[2] = (uint8_t)(lba >> 24);
+	cdb[3] = (uint8_t)(lba >> 16);
+	cdb[4] = (uint8_t)(lba >> 8);
+	cdb[5] = (uint8_t)lba;
+	cdb[8] = blocks;
+	struct job *j = aligned_alloc(4096, (sizeof(*j) + 4095) / 4096 * 4096);
+	if (!j)
+		exit(2);
+	memset(j, 0, sizeof(*j));
+	memset(j->data, fill, (size_t)blocks * BS);
+	sem_init(&j->done, 0, 0);
+	scsi_cmd_prepare(&j->cmd, &j->iov, nx, 0, cdb, 10, j->data, (uint32_t)blocks * BS, 0, cmd_done, j);
+	worker_post(worker_get(worker), submit_on_worker, j);
+	return j;
+}
+
+static uint64_t held_writes(struct bdev *f)
+{
+	struct bdev_fault_counts c;
+	bdev_fault_counts(f, &c);
+	return c.held_writes;
+}
+
+/* The device answers newest first until every job is done (10 s at most). */
+static bool drain_newest_first(struct bdev *f, struct job **jobs, int n)
+{
+	for (int i = 0; i < 2000; i++) {
+		bool all = true;
+		for (int k = 0; k < n; k++)
+			all = all && is_done(jobs[k]);
+		if (all)
+			return true;
+		if (!bdev_fault_pass_newest(f))
+			usleep(5000);
+		else
+			usleep(20000); /* let it land before the next one goes */
+	}
+	return false;
+}
+
+static void fence_round(const char *name, struct scsi_lu *lu, struct bdev *f, int fd, uint32_t base)
+{
+	char what[200];
+	uint64_t h0 = held_writes(f);
+	struct job *a = write10(1, base, 8, 'A');
+	snprintf(what, sizeof(what), "%s: write A of LBAs %u-%u is held on worker 1", name, base, base + 7);
+	bool held = false;
+	for (int i = 0; i < 1000 && !held; i++, usleep(10000))
+		held = held_writes(f) >= h0 + 1;
+	check(held, what);
+	snprintf(what, sizeof(what), "%s: its io_timeout passed: the LU calls it overdue", name);
+	check(overdue(1, a), what);
+	struct scsi_lu_overdue od;
+	scsi_lu_overdue(lu, &od);
+	snprintf(what, sizeof(what), "%s: status counts it (%llu overdue now)", name, (unsigned long long)od.now);
+	check(od.now == 1, what);
+	check(!is_done(a), "the overdue write is not completed: the device still has its buffer");
+
+	struct job *b = write10(0, base + 4, 8, 'B');
+	struct job *far = write10(0, base + 800, 8, 'F');
+	held = false;
+	for (int i = 0; i < 1000 && !held; i++, usleep(10000))
+		held = held_writes(f) >= h0 + 2;
+	usleep(200000); /* room for a wrong write of B to arrive */
+	snprintf(what, sizeof(what), "%s: a write elsewhere goes out (held %llu), B waits behind A (expect %llu)", name,
+		 (unsigned long long)(held_writes(f) - h0), 2ull);
+	check(held && held_writes(f) == h0 + 2, what);
+
+	struct job *jobs[3] = { a, b, far };
+	bool done = drain_newest_first(f, jobs, 3);
+	check(done, "everything completes once the device answers");
+	uint8_t got[12 * BS];
+	ssize_t r = pread(fd, got, sizeof(got), (off_t)base * BS);
+	bool a_ok = r == (ssize_t)sizeof(got), b_ok = a_ok;
+	for (unsigned i = 0; i < 4 * BS && a_ok; i++)
+		a_ok = got[i] == 'A';
+	for (unsigned i = 4 * BS; i < 12 * BS && b_ok; i++)
+		b_ok = got[i] == 'B';
+	snprintf(what, sizeof(what), "%s: LBAs %u-%u read back as B, the newer write (LBA %u holds '%c')", name, base + 4,
+		 base + 11, base + 4, r > 0 ? got[4 * BS] : '?');
+	check(done && a_ok && b_ok, what);
+	check(done && b->cmd.status == SAM_STAT_GOOD, "B completes GOOD");
+	scsi_lu_overdue(lu, &od);
+	check(od.now == 0 && od.total >= 1, "the overdue count is back to 0 once A is back");
+	free(a);
+	free(b);
+	free(far);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/tc-fence-XXXXXX", path[64], err[256];
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return 2;
+	}
+	snprintf(path, sizeof(path), "%s/lun.img", dir);
+	if (workers_start(2) < 0) {
+		fprintf(stderr, "cannot start workers (io_uring unavailable?)\n");
+		return 2;
+	}
+	struct bdev *file = bdev_file_open(path, (uint64_t)NBLOCKS * BS, BS, true, err, sizeof(err));
+	struct bdev *f = file ? bdev_fault_wrap(file) : NULL;
+	int fd = open(path, O_RDONLY);
+	if (!f || fd < 0) {
+		fprintf(stderr, "%s\n", file ? "cannot wrap the file" : err);
+		return 2;
+	}
+	struct scsi_lu_config cfg = {
+		.name = "lun0", .serial = "TC-IO-FENCE", .state_dir = dir, .block_size = BS,
+		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
+		.target_port_group = 1, .rel_port_id = 1, .io_timeout_ms = 5000,
+	};
+	struct scsi_lu *lu = scsi_lu_open(&cfg, f, err, sizeof(err));
+	if (!lu) {
+		fprintf(stderr, "%s\n", err);
+		return 2;
+	}
+	struct scsi_target *tgt = scsi_target_new("iqn.2026-12.test:tgt");
+	scsi_target_map(tgt, 0, lu);
+	struct nexus_job nj = { .tgt = tgt };
+	sem_init(&nj.done, 0, 0);
+	worker_post(worker_get(0), nexus_open_on_worker, &nj);
+	sem_wait(&nj.done);
+	nx = nj.nx;
+	uint8_t tur[6] = { 0 };
+	struct job *t = submit(0, tur, 6, 0);
+	wait_job(t);
+	free(t);
+
+	bdev_fault_set(f, BDEV_FAULT_HANG, 0, 0);
+	fence_round("fast write", lu, f, fd, 100);
+
+	/* a CAW elsewhere, held on its read: every write now takes the slow path */
+	struct job *c = caw(0, 1900);
+	struct bdev_fault_counts fc;
+	bool caw_held = false;
+	for (int i = 0; i < 1000 && !caw_held; i++, usleep(10000)) {
+		bdev_fault_counts(f, &fc);
+		caw_held = fc.held_reads >= 1;
+	}
+	check(caw_held, "a CAW of LBA 1900 is held on its read (writes queue in the interlock)");
+	fence_round("slow write", lu, f, fd, 300);
+	bdev_fault_set(f, BDEV_FAULT_NONE, 0, 0); /* the CAW's read fails */
+	check(wait_job(c), "the CAW completes when let go");
+	free(c);
+
+	worker_post(worker_get(0), nexus_close_on_worker, &nj);
+	sem_wait(&nj.done);
+	workers_stop();
+	scsi_target_free(tgt);
+	scsi_lu_close(lu);
+	close(fd);
+	unlink(path);
+	rmdir(dir);
+	printf("%d checks, %d failed\n", checks, failures);
+	return failures ? 1 : 0;
+}

@@ -14,6 +14,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "off" (0), or 1..max with an optional unit suffix ('%', 's'): 0 or -1. */
+static int parse_off_or_uint(const char *val, char suffix, unsigned long max, unsigned long *out)
+{
+	char num[16];
+	size_t n = strlen(val);
+	*out = 0;
+	if (!strcmp(val, "off"))
+		return 0;
+	if (!n || n >= sizeof(num))
+		return -1;
+	memcpy(num, val, n + 1);
+	if (num[n - 1] == suffix)
+		num[n - 1] = 0;
+	return !cfg_parse_uint(num, max, out) && *out > 0 ? 0 : -1;
+}
+
 int cfg_handle_lun(struct parse_state *ps, const char *key, const char *val)
 {
 	struct cfg_lun *l = &ps->cfg->luns[ps->cfg->nluns - 1];
@@ -114,16 +130,7 @@ int cfg_handle_lun(struct parse_state *ps, const char *key, const char *val)
 		l->gateways_line = ps->line;
 	} else if (!strcmp(key, "space_warn")) {
 		unsigned long u = 0;
-		char num[16];
-		size_t n = strlen(val);
-		bool ok = !strcmp(val, "off");
-		if (!ok && n && n < sizeof(num)) {
-			memcpy(num, val, n + 1);
-			if (num[n - 1] == '%')
-				num[n - 1] = 0;
-			ok = !cfg_parse_uint(num, 99, &u) && u > 0;
-		}
-		if (!ok) {
+		if (parse_off_or_uint(val, '%', 99, &u)) {
 			cfg_fail_at(ps, ps->line, "[lun %s] space_warn = %s: give the percentage of space used at "
 				"which hosts are warned, 1%% to 99%% (e.g. 90%%), or off", l->name, val);
 			return 0;
@@ -131,16 +138,7 @@ int cfg_handle_lun(struct parse_state *ps, const char *key, const char *val)
 		l->space_warn = (unsigned)u;
 	} else if (!strcmp(key, "io_timeout")) {
 		unsigned long u = 0;
-		char num[16];
-		size_t n = strlen(val);
-		bool ok = !strcmp(val, "off");
-		if (!ok && n && n < sizeof(num)) {
-			memcpy(num, val, n + 1);
-			if (num[n - 1] == 's')
-				num[n - 1] = 0;
-			ok = !cfg_parse_uint(num, 3600, &u) && u > 0;
-		}
-		if (!ok) {
+		if (parse_off_or_uint(val, 's', 3600, &u)) {
 			cfg_fail_at(ps, ps->line, "[lun %s] io_timeout = %s: give the seconds a command may wait on the "
 				"backing store before the host is told it failed, 1 to 3600 (default 30), or off",
 				l->name, val);

@@ -281,6 +281,24 @@ static void test_space_warn(void)
 		{ "90%", 90 }, { "90", 90 }, { "1%", 1 }, { "99%", 99 }, { "off", 0 },
 		{ "0", -1 },   { "100%", -1 }, { "%", -1 }, { "", -1 }, { "90%%", -1 }, { "-5%", -1 },
 	};
+	static const struct {
+		const char *val;
+		int want;
+	} tcases[] = { { "30", 30 }, { "5s", 5 }, { "off", 0 }, { "0", -1 }, { "3601", -1 }, { "s", -1 }, { "5m", -1 } };
+	for (size_t i = 0; i < sizeof(tcases) / sizeof(tcases[0]); i++) {
+		char text[256];
+		snprintf(text, sizeof(text), "[target iqn.2026-11.test:t]\nlun0 = d\n[lun d]\nbacking = /tmp/x.img\n"
+			 "size = 1M\nio_timeout = %s\n", tcases[i].val);
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(text, "t.conf", &cfg, err, sizeof(err));
+		if (tcases[i].want < 0)
+			CHECK(r != 0 && strstr(err, "io_timeout"), "io_timeout = %s refused (%s)", tcases[i].val, err);
+		else
+			CHECK(r == 0 && cfg->luns[0].io_timeout == (unsigned)tcases[i].want, "io_timeout = %s parses to %d (%s)",
+			      tcases[i].val, tcases[i].want, err);
+		config_free(cfg);
+	}
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char text[256];
 		snprintf(text, sizeof(text),

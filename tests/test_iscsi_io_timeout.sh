@@ -25,7 +25,7 @@ import json, sys
 l = json.load(sys.stdin)["luns"][0]["timeouts"]
 print(l["overdue_now"], l["overdue_total"], l["io_timeout_s"])'; }
 
-for io in direct; do
+for io in direct buffered; do
 	port=$(tc_free_port)
 	base=iscsi://127.0.0.1:$port/iqn.2026-12.io.tiercache:stuck
 	tc_conf_head "$port" | sed -e "s|^\[daemon\]|&\nworkers = 1|" >"$T/t.conf"
@@ -46,6 +46,8 @@ io_timeout = 2
 backing = $T/other.img
 size = 16M
 CONF
+	# each mode's checks of the log read that mode's daemon only
+	[ -f "$T/daemon.log" ] && mv "$T/daemon.log" "$T/daemon-before-$io.log"
 	tc_start "$T/t.conf"
 	set -- $(overdue)
 	[ "$3" = 2 ] || fail "status gives io_timeout $3 s, the config 2"

@@ -76,32 +76,51 @@ static void send_pending(struct iscsi_conn *c, const uint8_t *req)
 	}
 }
 
-static void local_address(struct iscsi_conn *c, char *out, size_t outlen)
+/*
+ * The connection's own address: "host:port" or "[v6host]:port" into host
+ * (without the port) and its port; its family (AF_INET for v4-mapped
+ * ones too), or 0 if the socket cannot tell.
+ */
+static int conn_host(struct iscsi_conn *c, char *host, size_t hostlen, unsigned *port)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
-	char host[INET6_ADDRSTRLEN];
+	char h[INET6_ADDRSTRLEN];
+
+	if (getsockname(c->ev.fd, (struct sockaddr *)&ss, &sl) != 0)
+		return 0;
+	if (ss.ss_family == AF_INET) {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+		inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h));
+		snprintf(host, hostlen, "%s", h);
+		*port = ntohs(a->sin_port);
+		return AF_INET;
+	}
+	if (ss.ss_family == AF_INET6) {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+		*port = ntohs(a->sin6_port);
+		if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+			inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], h, sizeof(h));
+			snprintf(host, hostlen, "%s", h);
+			return AF_INET;
+		}
+		inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h));
+		snprintf(host, hostlen, "[%s]", h);
+		return AF_INET6;
+	}
+	return 0;
+}
+
+static void local_address(struct iscsi_conn *c, char *out, size_t outlen)
+{
 	const struct iscsi_portal_cfg *cfg = iscsi_portal_cfg();
 	unsigned tpgt = cfg && cfg->tpgt ? cfg->tpgt : 1;
+	char host[INET6_ADDRSTRLEN + 2];
+	unsigned port;
 
-	if (getsockname(c->ev.fd, (struct sockaddr *)&ss, &sl) == 0) {
-		if (ss.ss_family == AF_INET) {
-			struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-			inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-			snprintf(out, outlen, "%s:%u,%u", host, ntohs(a->sin_port), tpgt);
-			return;
-		}
-		if (ss.ss_family == AF_INET6) {
-			struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-			if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
-				inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof(host));
-				snprintf(out, outlen, "%s:%u,%u", host, ntohs(a->sin6_port), tpgt);
-			} else {
-				inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-				snprintf(out, outlen, "[%s]:%u,%u", host, ntohs(a->sin6_port), tpgt);
-			}
-			return;
-		}
+	if (conn_host(c, host, sizeof(host), &port)) {
+		snprintf(out, outlen, "%s:%u,%u", host, port, tpgt);
+		return;
 	}
 	if (cfg && cfg->nlisten)
 		snprintf(out, outlen, "%s:%u,%u", cfg->listen[0].addr, cfg->listen[0].port, tpgt);
@@ -120,14 +139,24 @@ static bool wildcard(const char *a)
 static int portal_addresses(struct iscsi_conn *c, const struct iscsi_portal_cfg *cfg, char addrs[][128])
 {
 	unsigned tpgt = cfg && cfg->tpgt ? cfg->tpgt : 1;
+	char host[INET6_ADDRSTRLEN + 2];
+	unsigned port;
+	int fam = conn_host(c, host, sizeof(host), &port);
 	int n = 0;
 	local_address(c, addrs[n++], 128);
 	for (int i = 0; cfg && i < cfg->nlisten && n < MAX_ADDRS; i++) {
 		const struct iscsi_listen_cfg *l = &cfg->listen[i];
-		if (wildcard(l->addr))
-			continue; /* the connection's own address stands for it */
 		bool v6 = strchr(l->addr, ':') && l->addr[0] != '[';
-		snprintf(addrs[n], 128, "%s%s%s:%u,%u", v6 ? "[" : "", l->addr, v6 ? "]" : "", l->port, tpgt);
+		if (wildcard(l->addr)) {
+			/* reachable at the address this host reached us on, if
+			 * of the wildcard's family ("::" listens v6-only) */
+			bool l6 = *l->addr && strcmp(l->addr, "0.0.0.0") != 0;
+			if (!fam || (fam == AF_INET6) != l6)
+				continue;
+			snprintf(addrs[n], 128, "%s:%u,%u", host, l->port, tpgt);
+		} else {
+			snprintf(addrs[n], 128, "%s%s%s:%u,%u", v6 ? "[" : "", l->addr, v6 ? "]" : "", l->port, tpgt);
+		}
 		bool dup = false;
 		for (int k = 0; k < n && !dup; k++)
 			dup = !strcmp(addrs[k], addrs[n]);

@@ -345,6 +345,10 @@ void config_free(struct config *cfg)
 	}
 	free(cfg->luns);
 	free(cfg->state_dir);
+	free(cfg->disc_chap_user);
+	free(cfg->disc_chap_secret);
+	free(cfg->disc_mutual_user);
+	free(cfg->disc_mutual_secret);
 	free(cfg->control_socket);
 	free(cfg->log_level);
 	free(cfg->path);

@@ -9,7 +9,8 @@
  * Sections:
  *   [daemon]        state_dir, control_socket, workers, poll_us, log_level,
  *                   nop_interval, nop_timeout, space_interval
- *   [portal]        listen (repeatable; host:port, [v6]:port), port_group
+ *   [portal]        listen (repeatable; host:port, [v6]:port), port_group,
+ *                   discovery_chap_user/_secret, discovery_mutual_user/_secret
  *   [target IQN]    lunN = LUN-NAME, allow, chap_user/chap_secret,
  *                   mutual_user/mutual_secret
  *   [lun NAME]      backing, size, block_size, serial, write_cache, read_only,
@@ -128,6 +129,11 @@ struct config {
 	 * gateway N of a LUN with gateways = M is port group N, relative port N */
 	unsigned port_group;
 	int port_group_line;
+	/* CHAP for discovery sessions (NULL: none), the [portal] keys
+	 * discovery_chap_user/_secret and discovery_mutual_user/_secret */
+	char *disc_chap_user, *disc_chap_secret;
+	char *disc_mutual_user, *disc_mutual_secret;
+	int disc_chap_line;
 	/* [target ...] and [lun ...] */
 	struct cfg_target *targets;
 	int ntargets;

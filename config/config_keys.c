@@ -225,6 +225,8 @@ static int add_address(struct parse_state *ps, const char *key, const char *val,
 	return 1;
 }
 
+static int check_secret(struct parse_state *ps, const char *key, const char *val);
+
 int cfg_handle_portal(struct parse_state *ps, const char *key, const char *val)
 {
 	if (!strcmp(key, "port_group")) {
@@ -238,9 +240,23 @@ int cfg_handle_portal(struct parse_state *ps, const char *key, const char *val)
 		ps->cfg->port_group_line = ps->line;
 		return 1;
 	}
+	char **disc = !strcmp(key, "discovery_chap_user")     ? &ps->cfg->disc_chap_user
+		      : !strcmp(key, "discovery_chap_secret")   ? &ps->cfg->disc_chap_secret
+		      : !strcmp(key, "discovery_mutual_user")   ? &ps->cfg->disc_mutual_user
+		      : !strcmp(key, "discovery_mutual_secret") ? &ps->cfg->disc_mutual_secret
+								: NULL;
+	if (disc) {
+		if (strstr(key, "secret") && !check_secret(ps, key, val))
+			return 0;
+		free(*disc);
+		*disc = cfg_xstrdup(ps, val);
+		ps->cfg->disc_chap_line = ps->line;
+		return 1;
+	}
 	if (strcmp(key, "listen")) {
 		cfg_fail_at(ps, ps->line, "[portal] has no key \"%s\"; the portal takes listen = ADDRESS:PORT "
-			"lines and port_group = N", key);
+			"lines, port_group = N and discovery_chap_user, discovery_chap_secret, discovery_mutual_user, "
+			"discovery_mutual_secret", key);
 		return 0;
 	}
 	return add_address(ps, "listen", val, ps->cfg->listen, &ps->cfg->nlisten);

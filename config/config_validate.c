@@ -75,6 +75,35 @@ static int validate_caches(struct parse_state *ps)
 	return 0;
 }
 
+/* The CHAP keys of a [target] (prefix "") or of [portal]'s discovery
+ * ("discovery_"): in pairs, mutual only with one-way, the two secrets
+ * different. 0 or -1 (reported). */
+static int check_chap_keys(struct parse_state *ps, int line, const char *where, const char *pfx, const char *cu,
+			   const char *cs, const char *mu, const char *ms)
+{
+	if (!!cu != !!cs) {
+		cfg_fail_at(ps, line, "%s sets %s%s without %s%s; CHAP needs both", where, pfx,
+			    cu ? "chap_user" : "chap_secret", pfx, cu ? "chap_secret" : "chap_user");
+		return -1;
+	}
+	if (!!mu != !!ms) {
+		cfg_fail_at(ps, line, "%s sets %s%s without %s%s; mutual CHAP needs both", where, pfx,
+			    mu ? "mutual_user" : "mutual_secret", pfx, mu ? "mutual_secret" : "mutual_user");
+		return -1;
+	}
+	if (mu && !cu) {
+		cfg_fail_at(ps, line, "%s sets mutual CHAP without one-way CHAP; add %schap_user and %schap_secret",
+			    where, pfx, pfx);
+		return -1;
+	}
+	if (ms && cs && !strcmp(ms, cs)) {
+		cfg_fail_at(ps, line, "%s: %smutual_secret equals %schap_secret; initiators (and RFC 7143) "
+			    "require the two to differ", where, pfx, pfx);
+		return -1;
+	}
+	return 0;
+}
+
 int cfg_validate(struct parse_state *ps)
 {
 	struct config *cfg = ps->cfg;
@@ -171,28 +200,15 @@ int cfg_validate(struct parse_state *ps)
 				return -1;
 			}
 		}
-		if (!!t->chap_user != !!t->chap_secret) {
-			cfg_fail_at(ps, t->line, "[target %s] sets %s without %s; CHAP needs both", t->iqn,
-				t->chap_user ? "chap_user" : "chap_secret", t->chap_user ? "chap_secret" : "chap_user");
+		char where[300];
+		snprintf(where, sizeof(where), "[target %s]", t->iqn);
+		if (check_chap_keys(ps, t->line, where, "", t->chap_user, t->chap_secret, t->mutual_user,
+				    t->mutual_secret) < 0)
 			return -1;
-		}
-		if (!!t->mutual_user != !!t->mutual_secret) {
-			cfg_fail_at(ps, t->line, "[target %s] sets %s without %s; mutual CHAP needs both", t->iqn,
-				t->mutual_user ? "mutual_user" : "mutual_secret",
-				t->mutual_user ? "mutual_secret" : "mutual_user");
-			return -1;
-		}
-		if (t->mutual_user && !t->chap_user) {
-			cfg_fail_at(ps, t->line, "[target %s] sets mutual CHAP without one-way CHAP; add chap_user and chap_secret",
-				t->iqn);
-			return -1;
-		}
-		if (t->mutual_secret && t->chap_secret && !strcmp(t->mutual_secret, t->chap_secret)) {
-			cfg_fail_at(ps, t->line, "[target %s]: mutual_secret equals chap_secret; initiators (and RFC 7143) "
-				"require the two to differ", t->iqn);
-			return -1;
-		}
 	}
+	if (check_chap_keys(ps, cfg->disc_chap_line, "[portal]", "discovery_", cfg->disc_chap_user,
+			    cfg->disc_chap_secret, cfg->disc_mutual_user, cfg->disc_mutual_secret) < 0)
+		return -1;
 	if (cfg->nlisten == 0) {
 		cfg->listen[0].addr = cfg_xstrdup(ps, "0.0.0.0");
 		cfg->listen[0].port = 3260;

@@ -80,6 +80,15 @@ int config_targetcli_script(const struct config *cfg, FILE *out, FILE *notes, ch
 			fprintf(notes, "note: [lun %s]: serial = auto and the daemon has not made it yet; LIO picks its own "
 				"wwn (INQUIRY still shows ours)\n", l->name);
 	}
+	if (cfg->disc_chap_user) {
+		/* LIO's discovery CHAP: one setting for all its targets */
+		fprintf(out, "/iscsi set discovery_auth enable=1 userid=%s password=%s", cfg->disc_chap_user,
+			cfg->disc_chap_secret);
+		if (cfg->disc_mutual_user)
+			fprintf(out, " mutual_userid=%s mutual_password=%s", cfg->disc_mutual_user,
+				cfg->disc_mutual_secret);
+		fprintf(out, "\n");
+	}
 	for (int i = 0; i < cfg->ntargets; i++) {
 		const struct cfg_target *t = &cfg->targets[i];
 		char tpg[300];

@@ -299,6 +299,10 @@ int main(int argc, char **argv)
 		.nop_interval = d.cfg->nop_interval,
 		.nop_timeout = d.cfg->nop_timeout,
 		.tpgt = d.cfg->port_group,
+		.disc_chap_user = d.cfg->disc_chap_user,
+		.disc_chap_secret = d.cfg->disc_chap_secret,
+		.disc_mutual_user = d.cfg->disc_mutual_user,
+		.disc_mutual_secret = d.cfg->disc_mutual_secret,
 	};
 	if (iscsi_portal_start(d.pc, err, sizeof(err)) < 0) {
 		log_err("%s", err);

@@ -474,6 +474,12 @@ static int reload_diff_targets(struct reload *r)
 	*r->pc = *d->pc;
 	r->pc->targets = r->ptargets;
 	r->pc->ntargets = r->nt;
+	/* discovery CHAP follows the new file (the old one is kept for logins
+	 * in progress, as the targets' credentials are) */
+	r->pc->disc_chap_user = n->disc_chap_user;
+	r->pc->disc_chap_secret = n->disc_chap_secret;
+	r->pc->disc_mutual_user = n->disc_mutual_user;
+	r->pc->disc_mutual_secret = n->disc_mutual_secret;
 	return 0;
 }
 

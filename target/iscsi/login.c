@@ -51,6 +51,10 @@ struct iscsi_login {
 	uint32_t cmdsn;
 	int stage;                 /* -1 until the first request is accepted */
 	bool auth_required;
+	/* the credentials this login is checked against: the target's, or
+	 * the portal's discovery CHAP (strings of a configuration kept while
+	 * any login may read it) */
+	const char *chap_user, *chap_secret, *mutual_user, *mutual_secret;
 	bool authenticated;
 	enum chap_state chap;
 	struct iscsi_chap chal;
@@ -261,8 +265,20 @@ static uint16_t check_identity(struct iscsi_conn *c, const struct iscsi_kv *kv, 
 			*why = "initiator not in the target's allow list";
 			return ISCSI_LOGIN_AUTHORIZATION_FAILED;
 		}
-		L->auth_required = L->tgt->chap_user != NULL;
+		L->chap_user = L->tgt->chap_user;
+		L->chap_secret = L->tgt->chap_secret;
+		L->mutual_user = L->tgt->mutual_user;
+		L->mutual_secret = L->tgt->mutual_secret;
+	} else {
+		const struct iscsi_portal_cfg *pc = iscsi_portal_cfg();
+		if (pc) {
+			L->chap_user = pc->disc_chap_user;
+			L->chap_secret = pc->disc_chap_secret;
+			L->mutual_user = pc->disc_mutual_user;
+			L->mutual_secret = pc->disc_mutual_secret;
+		}
 	}
+	L->auth_required = L->chap_user != NULL;
 	if (L->tsih != 0) {
 		if (iscsi_sess_tsih_exists(L->tsih)) {
 			*why = "adding a connection to a session (MaxConnections=1)";
@@ -280,7 +296,6 @@ static uint16_t check_chap_response(struct iscsi_conn *c, const struct iscsi_kv 
 				    struct iscsi_text_out *out, const char **why)
 {
 	struct iscsi_login *L = c->login;
-	const struct iscsi_target_cfg *t = L->tgt;
 	const char *name = iscsi_kv_get(kv, n, "CHAP_N");
 	const char *resp = iscsi_kv_get(kv, n, "CHAP_R");
 	const char *mi = iscsi_kv_get(kv, n, "CHAP_I");
@@ -295,11 +310,11 @@ static uint16_t check_chap_response(struct iscsi_conn *c, const struct iscsi_kv 
 		*why = "CHAP_N or CHAP_R missing";
 		return ISCSI_LOGIN_AUTH_FAILED;
 	}
-	if (strcmp(name, t->chap_user) != 0) {
+	if (strcmp(name, L->chap_user) != 0) {
 		*why = "unknown CHAP user";
 		return ISCSI_LOGIN_AUTH_FAILED;
 	}
-	if (!chap_verify(&L->chal, t->chap_secret, resp)) {
+	if (!chap_verify(&L->chal, L->chap_secret, resp)) {
 		*why = "CHAP response does not match the secret";
 		return ISCSI_LOGIN_AUTH_FAILED;
 	}
@@ -308,15 +323,15 @@ static uint16_t check_chap_response(struct iscsi_conn *c, const struct iscsi_kv 
 			*why = "mutual CHAP needs both CHAP_I and CHAP_C";
 			return ISCSI_LOGIN_AUTH_FAILED;
 		}
-		if (!t->mutual_user || !t->mutual_secret) {
+		if (!L->mutual_user || !L->mutual_secret) {
 			*why = "initiator asked for mutual CHAP but the target has no mutual credentials";
 			return ISCSI_LOGIN_AUTH_FAILED;
 		}
-		if (chap_mutual_response(&L->chal, t->mutual_secret, mi, mc, mutual) < 0) {
+		if (chap_mutual_response(&L->chal, L->mutual_secret, mi, mc, mutual) < 0) {
 			*why = "mutual CHAP challenge malformed or reflecting ours";
 			return ISCSI_LOGIN_AUTH_FAILED;
 		}
-		iscsi_text_add(out, "CHAP_N", t->mutual_user);
+		iscsi_text_add(out, "CHAP_N", L->mutual_user);
 		iscsi_text_add(out, "CHAP_R", mutual);
 		OPENSSL_cleanse(mutual, sizeof(mutual));
 	}

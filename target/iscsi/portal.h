@@ -41,6 +41,9 @@ struct iscsi_portal_cfg {
 	unsigned nop_interval;    /* seconds of idle before a NOP-In ping; 0 = off */
 	unsigned nop_timeout;     /* seconds to wait for the answer before dropping */
 	unsigned tpgt;            /* TargetPortalGroupTag: this gateway's port group (0 = 1) */
+	/* CHAP for discovery sessions, as a target's (NULL: none) */
+	const char *disc_chap_user, *disc_chap_secret;
+	const char *disc_mutual_user, *disc_mutual_secret;
 };
 
 /*

@@ -170,6 +170,49 @@ static int lio_geometry(struct tdev *td)
 	return 0;
 }
 
+/*
+ * LIO's bound on a ring command (attrib/cmd_time_out, seconds, 0 = none):
+ * past it the kernel fails the command to LIO, whose own task management
+ * then finishes, and keeps its data pages until we complete it. It is set
+ * from the LU's io_timeout, TCMU_CMD_TIME_OUT_MARGIN_S longer, so that the
+ * backstore has fenced the command (xlate.c's tick) before the host hears
+ * of it. The kernel refuses a change while the device is exported (a
+ * daemon restart under a mapped LUN): the value set before stays, and the
+ * log says what it is. Blocking file I/O: tc-tcmu thread only.
+ */
+#define TCMU_CMD_TIME_OUT_MARGIN_S 2
+
+static void lio_cmd_time_out(struct tdev *td)
+{
+	struct scsi_lu *lu = find_lu(td->lun);
+	struct scsi_lu_overdue o;
+	char path[512], val[32];
+
+	if (!lu)
+		return;
+	scsi_lu_overdue(lu, &o);
+	unsigned want = o.io_timeout_ms ? (o.io_timeout_ms + 999) / 1000 + TCMU_CMD_TIME_OUT_MARGIN_S : 0;
+	snprintf(path, sizeof(path), "/sys/kernel/config/target/%s/attrib/cmd_time_out", td->lio_name);
+	if (read_sysfs(path, val, sizeof(val)) < 0) {
+		log_warn("tcmu %s: cannot read %s: LIO's own command timeout is unknown", td->uio, path);
+		return;
+	}
+	unsigned have = (unsigned)strtoul(val, NULL, 10);
+	if (have == want)
+		return;
+	FILE *f = fopen(path, "w");
+	bool ok = f && fprintf(f, "%u", want) > 0;
+	if (f && fclose(f) != 0)
+		ok = false;
+	if (ok)
+		log_info("tcmu %s: LIO's cmd_time_out set to %u s (io_timeout of [lun %s] + %d s)", td->uio, want, td->lun,
+			 TCMU_CMD_TIME_OUT_MARGIN_S);
+	else
+		log_warn("tcmu %s: LIO's cmd_time_out stays %u s (wanted %u for the io_timeout of [lun %s]: the kernel "
+			 "takes it only before the device is mapped to a LUN; targetcli: set attribute cmd_time_out=%u)",
+			 td->uio, have, want, td->lun, want);
+}
+
 /* Would cfgstring attach? NULL, or a malloc'ed sentence saying why not. */
 static char *cfgstring_problem(const char *cfgstring)
 {
@@ -453,6 +496,7 @@ static int on_added(struct tcmu_device *dev)
 		tcmu_dev_set_block_size(dev, td->lio_block_size);
 		if (td->lio_block_size)
 			tcmu_dev_set_num_lbas(dev, td->lio_bytes / td->lio_block_size);
+		lio_cmd_time_out(td);
 		r = run_on_worker(td, attach_on_worker);
 	}
 	if (r < 0) {

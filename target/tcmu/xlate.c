@@ -45,6 +45,48 @@ const char *tcmu_cfgstring_lun(const char *cfgstring)
 	return s;
 }
 
+/*
+ * io_timeout through TCMU. The kernel bounds what LIO waits for: at the
+ * device's cmd_time_out it fails a ring command to LIO (so LIO's own task
+ * management finishes) and keeps the command's data pages until we
+ * complete it, so the store may still read or fill them. What the kernel
+ * cannot do is keep a later write from landing under the failed one:
+ * that is the backstore's fence, which a command gets when it is
+ * declared overdue. So every second the commands held past io_timeout
+ * are declared overdue here, and tcmu.c sets cmd_time_out a little
+ * longer than io_timeout (TCMU_CMD_TIME_OUT_S): the fence is up before
+ * the host hears of the failure and can send the write that must win.
+ */
+static void xdev_tick(struct worker_tick *t)
+{
+	struct tcmu_xdev *xd = (struct tcmu_xdev *)((char *)t - offsetof(struct tcmu_xdev, tick));
+
+	xd->ticks++;
+	for (struct tcmu_xcmd *xc = xd->live_head; xc; xc = xc->live_next) {
+		/* whole ticks since the one before it was submitted: never
+		 * more than its age */
+		uint32_t n = xd->ticks - xc->sent_tick;
+		uint64_t age_ms = n > 1 ? (uint64_t)(n - 1) * 1000 : 0;
+		if (xc->sc.overdue)
+			continue;
+		if (!scsi_cmd_overdue(&xc->sc, age_ms))
+			break; /* oldest first: the rest are younger */
+	}
+}
+
+static void live_unlink(struct tcmu_xdev *xd, struct tcmu_xcmd *xc)
+{
+	if (xc->live_prev)
+		xc->live_prev->live_next = xc->live_next;
+	else
+		xd->live_head = xc->live_next;
+	if (xc->live_next)
+		xc->live_next->live_prev = xc->live_prev;
+	else
+		xd->live_tail = xc->live_prev;
+	xc->live_prev = xc->live_next = NULL;
+}
+
 int tcmu_xdev_open(struct tcmu_xdev *xd, struct scsi_lu *lu, const char *name, tcmu_xlate_done_fn done)
 {
 	static const uint8_t isid[6] = { 0 };
@@ -71,11 +113,14 @@ int tcmu_xdev_open(struct tcmu_xdev *xd, struct scsi_lu *lu, const char *name, t
 		xd->target = NULL;
 		return -ENOMEM;
 	}
+	xd->tick.fn = xdev_tick;
+	worker_tick_add(&xd->tick);
 	return 0;
 }
 
 void tcmu_xdev_close(struct tcmu_xdev *xd)
 {
+	worker_tick_del(&xd->tick);
 	if (xd->nexus)
 		scsi_nexus_close(xd->nexus);
 	if (xd->target)
@@ -173,6 +218,7 @@ static void command_done(struct scsi_cmd *sc)
 		zero_iov_from(xc->ring_iov, xc->ring_iovcnt, sc->data_in_len);
 
 	int result = tcmu_xlate_result(sc, xc->sense_out);
+	live_unlink(xd, xc);
 	xd->inflight--;
 	xd->completed++;
 	if (result != TCMU_STS_OK)
@@ -193,6 +239,14 @@ void tcmu_xlate_submit(struct tcmu_xdev *xd, struct tcmu_xcmd *xc, void *ring_cm
 	xc->sense_out = sense_out;
 	xc->ring_iov = iov;
 	xc->ring_iovcnt = iovcnt;
+	/* on the live list from here: command_done takes it off */
+	xc->sent_tick = xd->ticks;
+	xc->live_prev = xd->live_tail;
+	if (xd->live_tail)
+		xd->live_tail->live_next = xc;
+	else
+		xd->live_head = xc;
+	xd->live_tail = xc;
 
 	memcpy(sc->cdb, cdb, len);
 	sc->cdb_len = (uint8_t)len;

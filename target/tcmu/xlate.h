@@ -23,6 +23,7 @@
 #define TC_TCMU_XLATE_H
 
 #include "backstore/scsi.h"
+#include "common/worker.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -47,6 +48,12 @@ struct tcmu_xdev {
 	struct scsi_nexus *nexus;
 	tcmu_xlate_done_fn done;
 	bool force_bounce;          /* copy data through an aligned buffer always */
+	/* commands in the backstore, oldest first, for io_timeout: a 1 s tick
+	 * declares those held too long overdue (scsi_cmd_overdue), which
+	 * fences their writes before the kernel fails them at cmd_time_out */
+	struct tcmu_xcmd *live_head, *live_tail;
+	struct worker_tick tick;
+	uint32_t ticks;
 	/* counters, read by status on any thread (relaxed) */
 	unsigned inflight;
 	unsigned max_inflight;
@@ -66,6 +73,8 @@ struct tcmu_xcmd {
 	int ring_iovcnt;
 	void *bounce;               /* aligned copy when the ring's buffer is not */
 	struct iovec bounce_iov;
+	struct tcmu_xcmd *live_prev, *live_next;
+	uint32_t sent_tick;         /* xd->ticks at submit */
 };
 
 /*

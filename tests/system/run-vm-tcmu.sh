@@ -128,6 +128,8 @@ backing = /dev/vda
 block_size = 512
 serial = tcvm0001
 cache = fast
+; LIO's cmd_time_out of the device follows it: 7 + 2 s
+io_timeout = 7
 
 [tcmu]
 enable = yes
@@ -228,7 +230,7 @@ echo 33554432 > $C/vm0/attrib/dev_size || echo SIZE-REFUSED
 mkdir $C/bad; echo -n dev_config=tiercache/nosuch > $C/bad/control; echo -n dev_size=1048576 > $C/bad/control
 echo -n 1 > $C/bad/enable || echo BAD-ENABLE-REFUSED; rmdir $C/bad' >"$W/reconfig.out" 2>&1 || true
 	cat "$W/reconfig.out"
-	out=$(gsh 'tierctl status; echo ===LOG; cat /var/log/tiercached.log; echo ===INFO; cat /sys/kernel/config/target/core/user_0/vm0/info; cat /sys/class/uio/uio0/name')
+	out=$(gsh 'tierctl status; echo ===LOG; cat /var/log/tiercached.log; echo ===INFO; cat /sys/kernel/config/target/core/user_0/vm0/info; cat /sys/class/uio/uio0/name; echo CMD_TIME_OUT=$(cat /sys/kernel/config/target/core/user_0/vm0/attrib/cmd_time_out)')
 	echo "$out"
 	echo "$out" | grep -q "first command from LIO through the TCMU ring" && ok "daemon log: commands arrived through the TCMU ring" || bad "no TCMU ring line in the daemon log"
 	echo "$out" | grep -q "attached to \[lun vm0\]" && ok "daemon log: LIO device attached to [lun vm0]" || bad "no attach line"
@@ -238,6 +240,9 @@ echo -n 1 > $C/bad/enable || echo BAD-ENABLE-REFUSED; rmdir $C/bad' >"$W/reconfi
 		ok "reconfig: a dev_size that differs from [lun vm0] is refused with a reason" || bad "size reconfig not refused"
 	grep -q BAD-ENABLE-REFUSED "$W/reconfig.out" && echo "$out" | grep -q "tiercached has no \[lun nosuch\]" &&
 		ok "a backstore with cfgstring tiercache/nosuch is refused at enable, reason logged" || bad "unknown LUN not refused"
+	echo "$out" | grep -q "^CMD_TIME_OUT=9$" && echo "$out" | grep -q "cmd_time_out set to 9 s" &&
+		ok "LIO's cmd_time_out of the device is io_timeout (7 s) + 2 s, set by the daemon at attach" ||
+		bad "LIO's cmd_time_out: $(echo "$out" | grep -E "CMD_TIME_OUT|cmd_time_out")"
 	local maxq
 	maxq=$(echo "$out" | awk '/^ *max_inflight:/{print $2; exit}')
 	[ "${maxq:-0}" -ge 8 ] && ok "many commands in flight on the TCMU device (max $maxq)" || bad "max in flight ${maxq:-none}"

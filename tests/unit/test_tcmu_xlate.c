@@ -10,10 +10,15 @@
  * (aligned ring buffers used in place, ragged ones bounced), a short
  * Data-In does not leak stale ring bytes, many commands are in flight at
  * once, bad CDBs come back as PASSTHROUGH_ERR with the backstore's exact
- * sense, and the status -> result table and cfgstring rules hold.
+ * sense, and the status -> result table and cfgstring rules hold; and
+ * that a write the store holds past io_timeout is declared overdue by the
+ * device's own tick, so that a later write to its blocks waits for it
+ * (the kernel fails the first to LIO at cmd_time_out, and the host's next
+ * write must not land under it).
  */
 #include "tests/unit/check.h"
 #include "backstore/scsi.h"
+#include "bdev/fault.h"
 #include "bdev/file.h"
 #include "common/worker.h"
 #include "target/tcmu/libtcmu_abi.h"
@@ -40,6 +45,7 @@ static struct tcmu_xdev xd;
 static sem_t done_sem;      /* one post per completed command (ring_done) */
 static sem_t submitted_sem; /* one post per batch, once submit_batch is done with it */
 static struct scsi_lu *lu;
+static struct bdev *fault; /* the LU's device: a fault wrapper over the file */
 
 static void ring_done(struct tcmu_xdev *d, struct tcmu_xcmd *xc, void *ring_cmd, int result)
 {
@@ -355,6 +361,85 @@ static void test_cdb_len_and_cfgstring(void)
 	CHECK(tcmu_cfgstring_lun("tiercache/a/b") == NULL, "a path is not a LUN name");
 }
 
+static void submit_async(void *arg)
+{
+	struct ring_cmd *rc = arg;
+	tcmu_xlate_submit(&xd, &rc->xc, rc, rc->cdb, rc->iov, rc->iovcnt, rc->sense);
+}
+
+static uint64_t overdue_now(void)
+{
+	struct scsi_lu_overdue o;
+	scsi_lu_overdue(lu, &o);
+	return o.now;
+}
+
+/* writes the store has held so far (a running count) */
+static uint64_t held_writes(void)
+{
+	struct bdev_fault_counts c;
+	bdev_fault_counts(fault, &c);
+	return c.held_writes;
+}
+
+static bool wait_until(bool (*cond)(void), int ms)
+{
+	for (int i = 0; i < ms / 10; i++, usleep(10000))
+		if (cond())
+			return true;
+	return cond();
+}
+static bool a_overdue(void) { return overdue_now() == 1; }
+static bool one_held(void) { return held_writes() == 1; }
+static bool two_held(void) { return held_writes() == 2; }
+static bool none_overdue(void) { return overdue_now() == 0; }
+
+static void test_overdue_fence(void)
+{
+	struct ring_cmd a = { 0 }, b = { 0 }, r = { 0 };
+	uint8_t *da = abuf(4096, 'A'), *db = abuf(4096, 'B'), *dr = abuf(4096, 0);
+	rw10(&a, 0x2a, 5000, 8);
+	a.iov[0] = (struct iovec){ da, 4096 };
+	a.iovcnt = 1;
+	rw10(&b, 0x2a, 5000, 8);
+	b.iov[0] = (struct iovec){ db, 4096 };
+	b.iovcnt = 1;
+
+	bdev_fault_set(fault, BDEV_FAULT_HANG, 0, 0);
+	worker_post(worker_get(0), submit_async, &a);
+	CHECK(wait_until(one_held, 5000), "WRITE A is held by the store");
+	/* io_timeout is 2 s: the device's tick declares A overdue */
+	CHECK(wait_until(a_overdue, 6000), "WRITE A, held past io_timeout, is declared overdue by the TCMU tick "
+	      "(overdue now %llu)", (unsigned long long)overdue_now());
+	worker_post(worker_get(0), submit_async, &b);
+	/* B must wait behind A's fence: give it the time it would take to get
+	 * to the device if it did not (it is on the same worker) */
+	usleep(300000);
+	CHECK(held_writes() == 1, "WRITE B of the same blocks waits for overdue A (%llu writes reached the store)",
+	      (unsigned long long)held_writes());
+	/* the store wakes up: A lands, then B reaches it and lands */
+	CHECK(bdev_fault_pass_newest(fault) == 1, "A passed on to the file");
+	sem_wait(&done_sem);
+	CHECK(a.result == TCMU_STS_OK, "A's late status goes to the ring (the kernel drops it): result %d", a.result);
+	CHECK(wait_until(two_held, 5000), "B reaches the store once A is back");
+	CHECK(bdev_fault_pass_newest(fault) == 1, "B passed on to the file");
+	sem_wait(&done_sem);
+	bdev_fault_set(fault, BDEV_FAULT_NONE, 0, 0);
+	CHECK(b.result == TCMU_STS_OK, "B completes: result %d", b.result);
+	CHECK(wait_until(none_overdue, 1000), "no command is overdue once A is back");
+	rw10(&r, 0x28, 5000, 8);
+	r.iov[0] = (struct iovec){ dr, 4096 };
+	r.iovcnt = 1;
+	run1(&r);
+	CHECK(r.result == TCMU_STS_OK && !memcmp(dr, db, 4096), "the blocks read back as B, the newer write");
+	struct scsi_lu_overdue o;
+	scsi_lu_overdue(lu, &o);
+	CHECK(o.total == 1, "one command was overdue in all (%llu)", (unsigned long long)o.total);
+	free(da);
+	free(db);
+	free(dr);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/tc-tcmu-xlate-XXXXXX";
@@ -369,7 +454,9 @@ int main(void)
 		fprintf(stderr, "cannot start a worker (io_uring unavailable?)\n");
 		return 2;
 	}
-	struct bdev *dev = bdev_file_open(path, 131072ull * 512, 512, true, err, sizeof(err));
+	struct bdev *file = bdev_file_open(path, 131072ull * 512, 512, true, err, sizeof(err));
+	struct bdev *dev = file ? bdev_fault_wrap(file) : NULL;
+	fault = dev;
 	if (!dev) {
 		fprintf(stderr, "%s\n", err);
 		return 2;
@@ -377,7 +464,7 @@ int main(void)
 	struct scsi_lu_config cfg = {
 		.name = "db", .serial = "TCMU-XLATE-1", .state_dir = dir, .block_size = 512,
 		.vendor = "TIERCACH", .product = "tcmu-test", .revision = "0001",
-		.target_port_group = 1, .rel_port_id = 1,
+		.target_port_group = 1, .rel_port_id = 1, .io_timeout_ms = 2000,
 	};
 	lu = scsi_lu_open(&cfg, dev, err, sizeof(err));
 	if (!lu) {
@@ -395,6 +482,7 @@ int main(void)
 	test_internal_command();
 	test_result_table();
 	test_cdb_len_and_cfgstring();
+	test_overdue_fence();
 
 	worker_post(worker_get(0), xdev_close_on_worker, NULL);
 	sem_wait(&done_sem);

@@ -111,6 +111,7 @@ bench: all
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 	@bash tests/bench/compare.sh
 	@bash tests/bench/torn_guard.sh
+	@bash tests/bench/caw_heartbeat.sh
 	@bash tests/bench/callgrind_cmd.sh
 	@bash tests/bench/device.sh
 

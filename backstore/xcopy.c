@@ -192,6 +192,7 @@ static void xc_req_done(struct bdev_req *req, int err)
 	if (req->op == BDEV_READ) {
 		uint64_t len = req->len;
 		io->locked = true;
+		io->rl.resume = xc_write_resume; /* when the write waits behind a CAW */
 		if (sbc_write_begin(io->dst, &io->rl, io->cmd, io->dst_off >> io->dst->block_shift,
 				    len >> io->dst->block_shift)) {
 			req->len = len;

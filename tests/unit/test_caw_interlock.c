@@ -205,6 +205,54 @@ int main(void)
 	free(near);
 	free(far);
 
+	/*
+	 * EXTENDED COPY's chunk write deferred behind a CAW: the copy's read
+	 * of LBAs 1000-1007 is let through, its write to 296-303 overlaps the
+	 * CAW of LBA 300 held on its read, so it waits in the interlock; when
+	 * the CAW ends the write must resume (it had no resume hook: the
+	 * worker called a null pointer).
+	 */
+	bdev_fault_set(f, BDEV_FAULT_HANG, 0, 0);
+	bdev_fault_counts(f, &c);
+	uint64_t r0 = c.held_reads, w0 = c.held_writes;
+	struct job *hold = caw(0, 300);
+	check(wait_counts(f, r0 + 1, 0), "a CAW of LBA 300 is held on its read");
+	uint8_t xc[16] = { 0x83 };
+	xc[13] = 76;
+	struct job *x = aligned_alloc(4096, (sizeof(*x) + 4095) / 4096 * 4096);
+	if (!x)
+		exit(2);
+	memset(x, 0, sizeof(*x));
+	sem_init(&x->done, 0, 0);
+	uint8_t *pl = x->data;
+	pl[0] = 1;                  /* list identifier */
+	pl[3] = 32;                 /* one target descriptor */
+	pl[11] = 28;                /* one segment descriptor */
+	pl[16] = 0xe4;
+	pl[20] = 0x01;
+	pl[21] = 0x03;              /* NAA */
+	pl[23] = 8;
+	memcpy(pl + 24, lu->naa, 8);
+	pl[48] = 0x02;              /* block to block */
+	pl[51] = 24;
+	pl[59] = 8;                 /* 8 blocks */
+	pl[66] = 1000 >> 8;
+	pl[67] = 1000 & 0xff;       /* from LBA 1000 */
+	pl[75] = 296 & 0xff;
+	pl[74] = 296 >> 8;          /* to LBA 296 */
+	scsi_cmd_prepare(&x->cmd, &x->iov, nx, 0, xc, 16, x->data, 76, 0, cmd_done, x);
+	worker_post(worker_get(1), submit_on_worker, x);
+	check(wait_counts(f, r0 + 2, 0), "the copy's read is held too");
+	check(bdev_fault_pass_newest(f) == 1, "the copy's read passed on to the file");
+	usleep(200000); /* room for a wrong write of the copy to arrive */
+	bdev_fault_counts(f, &c);
+	check(c.held_writes == w0, "the copy's write to 296-303 waits for the CAW of LBA 300");
+	bdev_fault_set(f, BDEV_FAULT_NONE, 0, 0); /* the CAW's read fails; the copy's write goes */
+	check(wait_job(hold) && wait_job(x), "the CAW ends and the copy resumes and completes");
+	check(x->cmd.status == SAM_STAT_GOOD, "the deferred copy completes GOOD");
+	free(hold);
+	free(x);
+
 	worker_post(worker_get(0), nexus_close_on_worker, &nj);
 	sem_wait(&nj.done);
 	workers_stop();

@@ -209,6 +209,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 	pthread_mutex_unlock(&registry_lock);
 	pthread_mutex_unlock(&walk_lock);
 	xcopy_forget(NULL, lu);
+	odx_forget(NULL, lu);
 	pr_free(lu);
 	bdev_close(lu->dev);
 	pthread_mutex_destroy(&lu->mutex);
@@ -559,6 +560,7 @@ void scsi_nexus_close(struct scsi_nexus *nx)
 		nexus_lu_detach(nx->lus[i]);
 	pthread_mutex_unlock(&t->lock);
 	xcopy_forget(nx, NULL);
+	odx_forget(nx, NULL);
 	free(nx->lus);
 	free(nx);
 }

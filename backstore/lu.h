@@ -244,6 +244,10 @@ struct scsi_lu {
 	atomic_uint overdue_now;
 	_Atomic uint64_t overdue_total;
 
+	/* ODX tokens whose source is this LU (odx.c): while 0, writes skip
+	 * looking for tokens to cancel */
+	atomic_uint odx_tokens;
+
 	/* sanitize in progress: everything else answers NOT READY */
 	atomic_bool sanitizing;
 
@@ -604,5 +608,17 @@ enum scsi_rc xcopy_extended_copy(struct scsi_cmd *cmd);
 enum scsi_rc xcopy_receive_copy_results(struct scsi_cmd *cmd);
 /* A nexus or an LU went away (either may be NULL): drop its copy results. */
 void xcopy_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu);
+
+/* ODX (odx.c): POPULATE TOKEN, WRITE USING TOKEN, RECEIVE ROD TOKEN
+ * INFORMATION; VPD page 8Fh into b (its length); every write to lu passes
+ * its range to odx_write_seen at its start and end while lu has tokens,
+ * which cancels those it reaches; odx_forget drops a nexus's results, or
+ * an LU's results and tokens. */
+enum scsi_rc odx_populate_token(struct scsi_cmd *cmd);
+enum scsi_rc odx_write_using_token(struct scsi_cmd *cmd);
+enum scsi_rc odx_receive_rod_token_info(struct scsi_cmd *cmd);
+size_t odx_vpd_tpc(const struct scsi_lu *lu, uint8_t *b);
+void odx_write_seen(struct scsi_lu *lu, uint64_t lba, uint64_t nblocks);
+void odx_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu);
 
 #endif

@@ -178,6 +178,8 @@ static void fast_write_done(struct scsi_lu *lu, struct range_lock *rl)
 static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *cmd, uint64_t lba,
 			uint64_t nblocks, bool is_caw)
 {
+	if (atomic_load(&lu->odx_tokens))
+		odx_write_seen(lu, lba, nblocks ? nblocks : 1);
 	rl->lu = lu;
 	rl->cmd = cmd;
 	rl->is_fence = false;
@@ -226,6 +228,10 @@ static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_c
 
 static void range_end(struct scsi_lu *lu, struct range_lock *rl)
 {
+	/* a write in flight when a token was made lands after it: it too
+	 * cancels the token */
+	if (atomic_load(&lu->odx_tokens))
+		odx_write_seen(lu, rl->lba, rl->nblocks);
 	if (rl->cmd && rl->cmd->wlock == rl)
 		rl->cmd->wlock = NULL;
 	if (rl->fast) {

@@ -21,6 +21,7 @@
 #define VPD_BLOCK_LIMITS 0xb0
 #define VPD_BLOCK_CHARS 0xb1
 #define VPD_LBP 0xb2
+#define VPD_TPC 0x8f
 
 #define PERIPH_DISK 0x00
 #define PERIPH_NO_LU 0x7f  /* qualifier 3, type 0x1f */
@@ -146,7 +147,7 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 {
 	struct scsi_lu *lu = cmd->lu;
 	static const uint8_t supported[] = { VPD_SUPPORTED, VPD_SERIAL, VPD_DEVICE_ID, VPD_EXTENDED,
-					     VPD_BLOCK_LIMITS, VPD_BLOCK_CHARS, VPD_LBP };
+					     VPD_TPC, VPD_BLOCK_LIMITS, VPD_BLOCK_CHARS, VPD_LBP };
 	size_t len;
 
 	b[0] = PERIPH_DISK;
@@ -168,6 +169,9 @@ static size_t vpd_page(struct scsi_cmd *cmd, uint8_t page, uint8_t *b)
 		len = 64;
 		b[5] = 0x07; /* HEADSUP, ORDSUP, SIMPSUP */
 		b[6] = 0x01; /* V_SUP: a volatile cache exists */
+		break;
+	case VPD_TPC:
+		len = odx_vpd_tpc(lu, b);
 		break;
 	case VPD_BLOCK_LIMITS: {
 		uint32_t gran = 4096 / lu->block_size;

@@ -609,6 +609,26 @@ enum scsi_rc xcopy_receive_copy_results(struct scsi_cmd *cmd);
 /* A nexus or an LU went away (either may be NULL): drop its copy results. */
 void xcopy_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu);
 
+/* The copy managers' I/O (xcopy.c, odx.c): one request of len bytes of
+ * buf (its iovec in *iov) at off on lu's device, done(req, err) with
+ * req->priv = priv. */
+static inline void lu_copy_io(struct scsi_lu *lu, struct bdev_req *req, struct iovec *iov, void *buf,
+			      enum bdev_op op, unsigned flags, uint64_t off, uint64_t len,
+			      void (*done)(struct bdev_req *, int), void *priv)
+{
+	req->op = op;
+	req->flags = flags;
+	req->offset = off;
+	req->len = len;
+	iov->iov_base = buf;
+	iov->iov_len = len;
+	req->iov = iov;
+	req->iovcnt = 1;
+	req->done = done;
+	req->priv = priv;
+	bdev_submit(lu->dev, req);
+}
+
 /* ODX (odx.c): POPULATE TOKEN, WRITE USING TOKEN, RECEIVE ROD TOKEN
  * INFORMATION; VPD page 8Fh into b (its length); every write to lu passes
  * its range to odx_write_seen at its start and end while lu has tokens,

@@ -387,17 +387,7 @@ static void job_req_done(struct bdev_req *req, int err);
 static void job_submit(struct odx_job *j, struct scsi_lu *lu, enum bdev_op op, unsigned flags, uint64_t off,
 		       uint64_t len)
 {
-	j->req.op = op;
-	j->req.flags = flags;
-	j->req.offset = off;
-	j->req.len = len;
-	j->iov.iov_base = j->buf;
-	j->iov.iov_len = len;
-	j->req.iov = &j->iov;
-	j->req.iovcnt = 1;
-	j->req.done = job_req_done;
-	j->req.priv = j;
-	bdev_submit(lu->dev, &j->req);
+	lu_copy_io(lu, &j->req, &j->iov, j->buf, op, flags, off, len, job_req_done, j);
 }
 
 static void job_write(struct range_lock *rl)

@@ -158,17 +158,7 @@ static void xc_req_done(struct bdev_req *req, int err);
 static void xc_submit(struct xcopy_io *io, struct scsi_lu *lu, enum bdev_op op, unsigned flags,
 		      uint64_t off, uint64_t len)
 {
-	io->req.op = op;
-	io->req.flags = flags;
-	io->req.offset = off;
-	io->req.len = len;
-	io->iov.iov_base = io->buf;
-	io->iov.iov_len = len;
-	io->req.iov = &io->iov;
-	io->req.iovcnt = 1;
-	io->req.done = xc_req_done;
-	io->req.priv = io;
-	bdev_submit(lu->dev, &io->req);
+	lu_copy_io(lu, &io->req, &io->iov, io->buf, op, flags, off, len, xc_req_done, io);
 }
 
 static void xc_write_resume(struct range_lock *rl)

@@ -94,6 +94,8 @@ static void lu_owner_changed(void *arg, const struct bdev_owner_change *c)
 
 	if (c->state == BDEV_OWNER_TRANSITION)
 		return;
+	/* the other owner's writes were never seen here: no token stands */
+	odx_cancel_lu(lu);
 	pthread_mutex_lock(&lu->mutex);
 	lu_ua_all_locked(lu, UA_ALUA_CHANGED, NULL);
 	pthread_mutex_unlock(&lu->mutex);

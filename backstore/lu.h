@@ -639,6 +639,7 @@ enum scsi_rc odx_write_using_token(struct scsi_cmd *cmd);
 enum scsi_rc odx_receive_rod_token_info(struct scsi_cmd *cmd);
 size_t odx_vpd_tpc(const struct scsi_lu *lu, uint8_t *b);
 void odx_write_seen(struct scsi_lu *lu, uint64_t lba, uint64_t nblocks);
+void odx_cancel_lu(struct scsi_lu *lu);
 void odx_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu);
 
 #endif

@@ -13,7 +13,9 @@
  * meanwhile fails with INVALID TOKEN OPERATION, TOKEN CANCELLED, and the
  * host (Windows falls back on any error) copies the normal way. So a copy
  * that succeeds holds exactly the source as it was when the token was
- * made.
+ * made. On a shared backing store (RBD with several gateways) another
+ * gateway's writes are not seen here: a change of owner cancels every
+ * token of the LU, and a copy checks both LUs are still ours per chunk.
  *
  * A token is 512 bytes: its type and length, a serial, the creator LU's
  * NAA designator, the bytes it represents, and 352 random bytes (the
@@ -92,6 +94,7 @@ struct odx_range {
 struct odx_token {
 	bool used;
 	bool valid;                 /* no write has reached its ranges */
+	bool counted;               /* in src->odx_tokens: while valid */
 	uint8_t rod[ODX_ROD_LEN];
 	uint64_t serial;
 	struct scsi_lu *src;
@@ -125,17 +128,30 @@ static uint64_t serial_next = 1;
 /* ---------------------------------------------------------------- */
 /* Tokens and results (under odx_lock)                               */
 
+/* A cancelled token needs no more news of writes: its LU's writes stop
+ * taking the lock for it. */
+static void token_uncount_locked(struct odx_token *t)
+{
+	t->valid = false;
+	if (t->counted) {
+		t->counted = false;
+		atomic_fetch_sub(&t->src->odx_tokens, 1);
+	}
+}
+
 static void token_drop_locked(struct odx_token *t)
 {
 	if (!t->used)
 		return;
-	atomic_fetch_sub(&t->src->odx_tokens, 1);
+	token_uncount_locked(t);
 	OPENSSL_cleanse(t->rod, sizeof(t->rod));
 	t->used = false;
 }
 
 static bool token_expired(const struct odx_token *t, uint64_t now)
 {
+	if (now < t->used_ms)
+		return false; /* used since the caller read the clock */
 	return now - t->used_ms >= (uint64_t)t->inactivity_s * 1000 ||
 	       now - t->born_ms >= (uint64_t)ODX_MAX_LIFETIME_S * 1000;
 }
@@ -184,6 +200,15 @@ void odx_forget(const struct scsi_nexus *nx, const struct scsi_lu *lu)
 	pthread_mutex_unlock(&odx_lock);
 }
 
+void odx_cancel_lu(struct scsi_lu *lu)
+{
+	pthread_mutex_lock(&odx_lock);
+	for (unsigned i = 0; i < ODX_MAX_TOKENS; i++)
+		if (tokens[i].used && tokens[i].src == lu)
+			token_uncount_locked(&tokens[i]);
+	pthread_mutex_unlock(&odx_lock);
+}
+
 void odx_write_seen(struct scsi_lu *lu, uint64_t lba, uint64_t nblocks)
 {
 	pthread_mutex_lock(&odx_lock);
@@ -193,7 +218,7 @@ void odx_write_seen(struct scsi_lu *lu, uint64_t lba, uint64_t nblocks)
 			continue;
 		for (uint32_t k = 0; k < t->nranges; k++)
 			if (lba < t->ranges[k].lba + t->ranges[k].n && t->ranges[k].lba < lba + nblocks) {
-				t->valid = false;
+				token_uncount_locked(t);
 				break;
 			}
 	}
@@ -301,6 +326,7 @@ enum scsi_rc odx_populate_token(struct scsi_cmd *cmd)
 		memset(t, 0, sizeof(*t));
 		t->used = true;
 		t->valid = true;
+		t->counted = true;
 		t->serial = serial_next++;
 		t->src = lu;
 		t->nranges = n;
@@ -345,6 +371,12 @@ struct odx_job {
 	uint64_t left, done;        /* blocks */
 	struct odx_range s[ODX_MAX_RANGES], d[ODX_MAX_RANGES];
 };
+
+static bool lu_owned_here(struct scsi_lu *lu)
+{
+	uint64_t gen;
+	return !lu->owner || lu->owner->state(lu->dev, &gen) == BDEV_OWNER_OWNED;
+}
 
 static void job_chunk(struct odx_job *j);
 
@@ -417,6 +449,13 @@ static void job_req_done(struct bdev_req *req, int err)
 		return;
 	}
 	if (req->op == BDEV_READ) {
+		if (j->cmd->overdue) {
+			/* answered already while the read was out: writing it
+			 * now could land over the host's own rewrite */
+			scsi_fail(j->cmd, SK_ABORTED_COMMAND, ASC_COMMAND_TIMEOUT_DURING_PROCESSING);
+			job_finish(j, false);
+			return;
+		}
 		job_have_chunk(j, req->len);
 		return;
 	}
@@ -456,6 +495,12 @@ static void job_chunk(struct odx_job *j)
 		job_finish(j, true);
 		return;
 	}
+	/* a shared store's other gateway may have taken either LU meanwhile */
+	if ((j->src && !lu_owned_here(j->src)) || !lu_owned_here(j->dst)) {
+		scsi_fail(j->cmd, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
+		job_finish(j, false);
+		return;
+	}
 	uint64_t nb = ODX_CHUNK >> j->dst->block_shift;
 	if (nb > j->left)
 		nb = j->left;
@@ -469,12 +514,6 @@ static void job_chunk(struct odx_job *j)
 	}
 	job_submit(j, j->src, BDEV_READ, 0, (j->s[j->si].lba + j->s_off) << j->src->block_shift,
 		   nb << j->src->block_shift);
-}
-
-static bool lu_owned_here(struct scsi_lu *lu)
-{
-	uint64_t gen;
-	return !lu->owner || lu->owner->state(lu->dev, &gen) == BDEV_OWNER_OWNED;
 }
 
 /* The nexus reaches lu: it is mapped in the target the nexus logged in to. */

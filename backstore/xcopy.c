@@ -180,6 +180,12 @@ static void xc_req_done(struct bdev_req *req, int err)
 		return;
 	}
 	if (req->op == BDEV_READ) {
+		if (io->cmd->overdue) {
+			/* answered while the read was out: no write behind its back */
+			scsi_fail(io->cmd, SK_ABORTED_COMMAND, ASC_COMMAND_TIMEOUT_DURING_PROCESSING);
+			xc_finish(io, false);
+			return;
+		}
 		uint64_t len = req->len;
 		io->locked = true;
 		io->rl.resume = xc_write_resume; /* when the write waits behind a CAW */

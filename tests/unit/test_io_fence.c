@@ -303,6 +303,52 @@ int main(void)
 	check(wait_job(c), "the CAW completes when let go");
 	free(c);
 
+	/*
+	 * EXTENDED COPY answered overdue while its source read is out: when
+	 * the read comes back, the copy must end there, not write the chunk
+	 * (the host, told it failed, may have rewritten the destination).
+	 */
+	bdev_fault_set(f, BDEV_FAULT_HANG, 0, 0);
+	bdev_fault_counts(f, &fc);
+	uint64_t r0 = fc.held_reads, w0 = fc.held_writes;
+	struct job *x = aligned_alloc(4096, (sizeof(*x) + 4095) / 4096 * 4096);
+	if (!x)
+		exit(2);
+	memset(x, 0, sizeof(*x));
+	sem_init(&x->done, 0, 0);
+	uint8_t xc[16] = { 0x83 };
+	xc[13] = 76;
+	uint8_t *pl = x->data;
+	pl[0] = 1;
+	pl[3] = 32;
+	pl[11] = 28;
+	pl[16] = 0xe4;
+	pl[20] = 0x01;
+	pl[21] = 0x03;
+	pl[23] = 8;
+	memcpy(pl + 24, lu->naa, 8);
+	pl[48] = 0x02;
+	pl[51] = 24;
+	pl[59] = 8;                          /* 8 blocks */
+	pl[66] = 1500 >> 8, pl[67] = 1500 & 0xff; /* from LBA 1500 */
+	pl[74] = 1600 >> 8, pl[75] = 1600 & 0xff; /* to LBA 1600 */
+	scsi_cmd_prepare(&x->cmd, &x->iov, nx, 0, xc, 16, x->data, 76, 0, cmd_done, x);
+	worker_post(worker_get(1), submit_on_worker, x);
+	bool xr = false;
+	for (int i = 0; i < 1000 && !xr; i++, usleep(10000)) {
+		bdev_fault_counts(f, &fc);
+		xr = fc.held_reads >= r0 + 1;
+	}
+	check(xr, "EXTENDED COPY: its source read is held");
+	check(overdue(1, x), "EXTENDED COPY: its io_timeout passed: the LU calls it overdue");
+	check(bdev_fault_pass_newest(f) == 1, "EXTENDED COPY: the read comes back late");
+	check(wait_job(x), "EXTENDED COPY: the copy ends when the late read is back");
+	bdev_fault_counts(f, &fc);
+	check(fc.held_writes == w0 && x->cmd.status == SAM_STAT_CHECK_CONDITION,
+	      "EXTENDED COPY: answered overdue, it wrote nothing after its late read");
+	bdev_fault_set(f, BDEV_FAULT_NONE, 0, 0);
+	free(x);
+
 	worker_post(worker_get(0), nexus_close_on_worker, &nj);
 	sem_wait(&nj.done);
 	workers_stop();

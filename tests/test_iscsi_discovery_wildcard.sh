@@ -28,11 +28,12 @@ tc_start "$T/t.conf"
 portals() { # URL: the sorted portals iscsi-ls lists for the target
 	iscsi-ls -s "$1" 2>&1 | sed -n "s|^Target:$iqn Portal:||p" | sort | tr '\n' ' '
 }
+sorted() { printf '%s\n' "$@" | sort | tr '\n' ' '; }
 got=$(portals "iscsi://127.0.0.3:$p1/")
-want="127.0.0.2:$p2,1 127.0.0.3:$p1,1 "
+want=$(sorted "127.0.0.3:$p1,1" "127.0.0.2:$p2,1")
 [ "$got" = "$want" ] || fail "discovery through the wildcard at 127.0.0.3:$p1 lists \"$got\", not \"$want\""
 pass "discovery through the wildcard (0.0.0.0:$p1) at 127.0.0.3 lists the wildcard at 127.0.0.3 and 127.0.0.2:$p2"
 got=$(portals "iscsi://127.0.0.2:$p2/")
-want="127.0.0.2:$p1,1 127.0.0.2:$p2,1 "
+want=$(sorted "127.0.0.2:$p1,1" "127.0.0.2:$p2,1")
 [ "$got" = "$want" ] || fail "discovery through 127.0.0.2:$p2 lists \"$got\", not \"$want\""
 pass "discovery through 127.0.0.2:$p2 lists it and the wildcard's port at 127.0.0.2 ($p1)"

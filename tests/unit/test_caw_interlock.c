@@ -21,7 +21,6 @@
 #include "bdev/fault.h"
 #include "bdev/file.h"
 #include "common/worker.h"
-#include "tests/unit/scsi_test_util.h"
 
 #include <errno.h>
 #include <semaphore.h>
@@ -35,106 +34,7 @@
 #define BS 512u
 #define NBLOCKS 2048u
 
-static int failures, checks;
-
-static void check(bool ok, const char *what)
-{
-	checks++;
-	if (!ok)
-		failures++;
-	printf("%s: %s\n", ok ? "ok" : "FAIL", what);
-}
-
-struct job {
-	struct scsi_cmd cmd;
-	struct iovec iov;
-	sem_t done;
-	atomic_int order; /* completion order, from 1 */
-	uint8_t data[2 * BS * 8] __attribute__((aligned(4096)));
-};
-
-static atomic_int completed;
-
-static void cmd_done(struct scsi_cmd *cmd)
-{
-	struct job *j = cmd->fe_priv;
-	atomic_store(&j->order, atomic_fetch_add(&completed, 1) + 1);
-	sem_post(&j->done);
-}
-
-static void submit_on_worker(void *arg)
-{
-	struct job *j = arg;
-	scsi_cmd_submit(&j->cmd);
-}
-
-struct nexus_job {
-	struct scsi_target *tgt;
-	struct scsi_nexus *nx;
-	sem_t done;
-};
-
-static void nexus_open_on_worker(void *arg)
-{
-	struct nexus_job *j = arg;
-	static const uint8_t isid[6] = { 0x40, 0, 0, 0, 0, 1 };
-	j->nx = scsi_nexus_open(j->tgt, "iqn.2026-11.test:caw", isid, 1);
-	sem_post(&j->done);
-}
-
-static void nexus_close_on_worker(void *arg)
-{
-	struct nexus_job *j = arg;
-	scsi_nexus_close(j->nx);
-	sem_post(&j->done);
-}
-
-static struct scsi_nexus *nx;
-
-static struct job *submit(unsigned worker, const uint8_t *cdb, size_t cdb_len, uint32_t write_len)
-{
-	struct job *j = aligned_alloc(4096, (sizeof(*j) + 4095) / 4096 * 4096);
-	if (!j)
-		exit(2);
-	memset(j, 0, sizeof(*j));
-	sem_init(&j->done, 0, 0);
-	scsi_cmd_prepare(&j->cmd, &j->iov, nx, 0, cdb, cdb_len, j->data, write_len, 0, cmd_done, j);
-	worker_post(worker_get(worker), submit_on_worker, j);
-	return j;
-}
-
-static struct job *caw(unsigned worker, uint64_t lba)
-{
-	uint8_t cdb[16] = { 0x89 };
-	for (int i = 0; i < 8; i++)
-		cdb[2 + i] = (uint8_t)(lba >> (56 - 8 * i));
-	cdb[13] = 1;
-	return submit(worker, cdb, 16, 2 * BS);
-}
-
-/* Wait for cond on the fault wrapper's counts, up to 10 s. */
-static bool wait_counts(struct bdev *f, uint64_t reads, uint64_t writes)
-{
-	for (int i = 0; i < 1000; i++) {
-		struct bdev_fault_counts c;
-		bdev_fault_counts(f, &c);
-		if (c.held_reads >= reads && c.held_writes >= writes)
-			return true;
-		usleep(10000);
-	}
-	return false;
-}
-
-static bool wait_job(struct job *j)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 10;
-	while (sem_timedwait(&j->done, &ts) < 0)
-		if (errno != EINTR)
-			return false;
-	return true;
-}
+#include "tests/unit/lu_job_util.h"
 
 int main(void)
 {
@@ -166,7 +66,7 @@ int main(void)
 	}
 	struct scsi_target *tgt = scsi_target_new("iqn.2026-11.test:tgt");
 	scsi_target_map(tgt, 0, lu);
-	struct nexus_job nj = { .tgt = tgt };
+	struct nexus_job nj = { .tgt = tgt, .initiator = "iqn.2026-11.test:caw" };
 	sem_init(&nj.done, 0, 0);
 	worker_post(worker_get(0), nexus_open_on_worker, &nj);
 	sem_wait(&nj.done);
@@ -217,31 +117,7 @@ int main(void)
 	uint64_t r0 = c.held_reads, w0 = c.held_writes;
 	struct job *hold = caw(0, 300);
 	check(wait_counts(f, r0 + 1, 0), "a CAW of LBA 300 is held on its read");
-	uint8_t xc[16] = { 0x83 };
-	xc[13] = 76;
-	struct job *x = aligned_alloc(4096, (sizeof(*x) + 4095) / 4096 * 4096);
-	if (!x)
-		exit(2);
-	memset(x, 0, sizeof(*x));
-	sem_init(&x->done, 0, 0);
-	uint8_t *pl = x->data;
-	pl[0] = 1;                  /* list identifier */
-	pl[3] = 32;                 /* one target descriptor */
-	pl[11] = 28;                /* one segment descriptor */
-	pl[16] = 0xe4;
-	pl[20] = 0x01;
-	pl[21] = 0x03;              /* NAA */
-	pl[23] = 8;
-	memcpy(pl + 24, lu->naa, 8);
-	pl[48] = 0x02;              /* block to block */
-	pl[51] = 24;
-	pl[59] = 8;                 /* 8 blocks */
-	pl[66] = 1000 >> 8;
-	pl[67] = 1000 & 0xff;       /* from LBA 1000 */
-	pl[75] = 296 & 0xff;
-	pl[74] = 296 >> 8;          /* to LBA 296 */
-	scsi_cmd_prepare(&x->cmd, &x->iov, nx, 0, xc, 16, x->data, 76, 0, cmd_done, x);
-	worker_post(worker_get(1), submit_on_worker, x);
+	struct job *x = xcopy_within(1, lu, 1000, 296, 8); /* LBAs 1000-1007 to 296-303 */
 	check(wait_counts(f, r0 + 2, 0), "the copy's read is held too");
 	check(bdev_fault_pass_newest(f) == 1, "the copy's read passed on to the file");
 	usleep(200000); /* room for a wrong write of the copy to arrive */

@@ -20,7 +20,6 @@
 #include "bdev/fault.h"
 #include "bdev/file.h"
 #include "common/worker.h"
-#include "tests/unit/scsi_test_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,100 +34,7 @@
 #define BS 512u
 #define NBLOCKS 2048u
 
-static int failures, checks;
-
-static void check(bool ok, const char *what)
-{
-	checks++;
-	if (!ok)
-		failures++;
-	printf("%s: %s\n", ok ? "ok" : "FAIL", what);
-}
-
-struct job {
-	struct scsi_cmd cmd;
-	struct iovec iov;
-	sem_t done;
-	atomic_int order; /* completion order, from 1 */
-	uint8_t data[2 * BS * 8] __attribute__((aligned(4096)));
-};
-
-static atomic_int completed;
-
-static void cmd_done(struct scsi_cmd *cmd)
-{
-	struct job *j = cmd->fe_priv;
-	atomic_store(&j->order, atomic_fetch_add(&completed, 1) + 1);
-	sem_post(&j->done);
-}
-
-static void submit_on_worker(void *arg)
-{
-	struct job *j = arg;
-	scsi_cmd_submit(&j->cmd);
-}
-
-struct nexus_job {
-	struct scsi_target *tgt;
-	struct scsi_nexus *nx;
-	sem_t done;
-};
-
-static void nexus_open_on_worker(void *arg)
-{
-	struct nexus_job *j = arg;
-	static const uint8_t isid[6] = { 0x40, 0, 0, 0, 0, 1 };
-	j->nx = scsi_nexus_open(j->tgt, "iqn.2026-12.test:fence", isid, 1);
-	sem_post(&j->done);
-}
-
-static void nexus_close_on_worker(void *arg)
-{
-	struct nexus_job *j = arg;
-	scsi_nexus_close(j->nx);
-	sem_post(&j->done);
-}
-
-static struct scsi_nexus *nx;
-
-static struct job *submit(unsigned worker, const uint8_t *cdb, size_t cdb_len, uint32_t write_len)
-{
-	struct job *j = aligned_alloc(4096, (sizeof(*j) + 4095) / 4096 * 4096);
-	if (!j)
-		exit(2);
-	memset(j, 0, sizeof(*j));
-	sem_init(&j->done, 0, 0);
-	scsi_cmd_prepare(&j->cmd, &j->iov, nx, 0, cdb, cdb_len, j->data, write_len, 0, cmd_done, j);
-	worker_post(worker_get(worker), submit_on_worker, j);
-	return j;
-}
-
-static struct job *caw(unsigned worker, uint64_t lba)
-{
-	uint8_t cdb[16] = { 0x89 };
-	for (int i = 0; i < 8; i++)
-		cdb[2 + i] = (uint8_t)(lba >> (56 - 8 * i));
-	cdb[13] = 1;
-	return submit(worker, cdb, 16, 2 * BS);
-}
-
-static bool wait_job(struct job *j)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 10;
-	while (sem_timedwait(&j->done, &ts) < 0)
-		if (errno != EINTR)
-			return false;
-	return true;
-}
-
-static bool is_done(struct job *j)
-{
-	int v;
-	sem_getvalue(&j->done, &v);
-	return v > 0;
-}
+#include "tests/unit/lu_job_util.h"
 
 struct overdue_job {
 	struct job *j;
@@ -161,15 +67,9 @@ static struct job *write10(unsigned worker, uint32_t lba, uint8_t blocks, uint8_
 	cdb[4] = (uint8_t)(lba >> 8);
 	cdb[5] = (uint8_t)lba;
 	cdb[8] = blocks;
-	struct job *j = aligned_alloc(4096, (sizeof(*j) + 4095) / 4096 * 4096);
-	if (!j)
-		exit(2);
-	memset(j, 0, sizeof(*j));
+	struct job *j = job_new();
 	memset(j->data, fill, (size_t)blocks * BS);
-	sem_init(&j->done, 0, 0);
-	scsi_cmd_prepare(&j->cmd, &j->iov, nx, 0, cdb, 10, j->data, (uint32_t)blocks * BS, 0, cmd_done, j);
-	worker_post(worker_get(worker), submit_on_worker, j);
-	return j;
+	return job_submit(j, worker, cdb, 10, (uint32_t)blocks * BS);
 }
 
 static uint64_t held_writes(struct bdev *f)
@@ -276,7 +176,7 @@ int main(void)
 	}
 	struct scsi_target *tgt = scsi_target_new("iqn.2026-12.test:tgt");
 	scsi_target_map(tgt, 0, lu);
-	struct nexus_job nj = { .tgt = tgt };
+	struct nexus_job nj = { .tgt = tgt, .initiator = "iqn.2026-12.test:fence" };
 	sem_init(&nj.done, 0, 0);
 	worker_post(worker_get(0), nexus_open_on_worker, &nj);
 	sem_wait(&nj.done);
@@ -311,29 +211,7 @@ int main(void)
 	bdev_fault_set(f, BDEV_FAULT_HANG, 0, 0);
 	bdev_fault_counts(f, &fc);
 	uint64_t r0 = fc.held_reads, w0 = fc.held_writes;
-	struct job *x = aligned_alloc(4096, (sizeof(*x) + 4095) / 4096 * 4096);
-	if (!x)
-		exit(2);
-	memset(x, 0, sizeof(*x));
-	sem_init(&x->done, 0, 0);
-	uint8_t xc[16] = { 0x83 };
-	xc[13] = 76;
-	uint8_t *pl = x->data;
-	pl[0] = 1;
-	pl[3] = 32;
-	pl[11] = 28;
-	pl[16] = 0xe4;
-	pl[20] = 0x01;
-	pl[21] = 0x03;
-	pl[23] = 8;
-	memcpy(pl + 24, lu->naa, 8);
-	pl[48] = 0x02;
-	pl[51] = 24;
-	pl[59] = 8;                          /* 8 blocks */
-	pl[66] = 1500 >> 8, pl[67] = 1500 & 0xff; /* from LBA 1500 */
-	pl[74] = 1600 >> 8, pl[75] = 1600 & 0xff; /* to LBA 1600 */
-	scsi_cmd_prepare(&x->cmd, &x->iov, nx, 0, xc, 16, x->data, 76, 0, cmd_done, x);
-	worker_post(worker_get(1), submit_on_worker, x);
+	struct job *x = xcopy_within(1, lu, 1500, 1600, 8);
 	bool xr = false;
 	for (int i = 0; i < 1000 && !xr; i++, usleep(10000)) {
 		bdev_fault_counts(f, &fc);

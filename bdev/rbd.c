@@ -207,6 +207,7 @@ static const struct bdev_ops rbd_ops = {
 	.submit = rbd_submit,
 	.close = rbd_close_dev,
 	.lba_status = rbd_lba_status,
+	.space = rbd_space,
 	.set_resize_listener = rbd_set_resize_listener,
 	.owner = &bdev_rbd_owner_ops,
 };
@@ -243,6 +244,7 @@ bool bdev_rbd_status(const char *backing, struct bdev_rbd_status *st)
 			snprintf(st->image, sizeof(st->image), "%s", rb->image_name);
 			st->conn = (enum bdev_rbd_conn)atomic_load(&rb->conn);
 			st->size = __atomic_load_n(&rb->dev.size, __ATOMIC_RELAXED);
+			st->pool_full = atomic_load(&rb->pool_full);
 			found = true;
 			break;
 		}
@@ -297,6 +299,7 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	atomic_init(&rb->stopping, false);
 	atomic_init(&rb->swapping, false);
 	atomic_init(&rb->fenced, false);
+	atomic_init(&rb->pool_full, false);
 
 	struct rbd_handles h;
 	int r;

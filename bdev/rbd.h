@@ -39,6 +39,7 @@ struct bdev_rbd_status {
 	char image[256];
 	enum bdev_rbd_conn conn;
 	uint64_t size;
+	bool pool_full; /* the pool is full (bdev/rbd_space.c): writes get -EDQUOT */
 };
 /*
  * The open RBD bdev whose backing string is backing ("rbd:POOL/IMAGE"):

@@ -78,6 +78,11 @@ struct rbd_bdev {
 
 	struct rbd_bdev *next_open; /* every open image, for bdev_rbd_status */
 
+	/* rbd_space.c: the last look found the pool full (quota or cluster):
+	 * writes fail at once with -EDQUOT; read by the I/O path */
+	atomic_bool pool_full;
+	bool space_unknown_logged;  /* the space monitor's thread only */
+
 	/* rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;
 };
@@ -141,6 +146,14 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req);
 void rbd_note_result(struct rbd_bdev *rb, int res);
 /* A worker's exit hook (worker_exit_hook): close its completion channel. */
 void rbd_chan_thread_exit(void);
+
+/* ---- rbd_space.c ---- */
+
+/* bdev_ops.space: the image's pool (its quota, else what the cluster can
+ * still store in it) and, with fast-diff, the image's allocation; sets
+ * pool_full. May block up to the operation timeout: the space monitor's
+ * thread only. 0, -ENOTSUP (no usage statistics yet), or -errno. */
+int rbd_space(struct bdev *dev, struct bdev_space *out);
 
 /* ---- rbd.c ---- */
 

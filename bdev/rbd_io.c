@@ -161,6 +161,12 @@ static void complete_later(struct bdev_req *req, int res)
 		req->io.done(&req->io, res);
 }
 
+/* Requests that allocate or change data, which a full pool holds. */
+static bool rbd_op_writes(const struct bdev_req *req)
+{
+	return req->op == BDEV_WRITE || req->op == BDEV_UNMAP || req->op == BDEV_WRITE_ZEROES;
+}
+
 static void rbd_aio_cb(rbd_completion_t c, void *arg)
 {
 	struct bdev_req *req = arg;
@@ -168,6 +174,9 @@ static void rbd_aio_cb(rbd_completion_t c, void *arg)
 	ssize_t r = rbd_aio_get_return_value(c);
 	rbd_aio_release(c);
 	int res = r < 0 ? (int)r : 0;
+	/* held by a full pool until the timeout cancelled it: out of space */
+	if (res == -ETIMEDOUT && rbd_op_writes(req) && atomic_load_explicit(&rb->pool_full, memory_order_relaxed))
+		res = -EDQUOT;
 	rbd_note_result(rb, res);
 	complete_later(req, res);
 }
@@ -235,6 +244,11 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req)
 	req->io.done = rbd_finish;
 	if (req->op == BDEV_FLUSH) {
 		rbd_issue_flush(req);
+		return;
+	}
+	if (rbd_op_writes(req) && atomic_load_explicit(&rb->pool_full, memory_order_relaxed)) {
+		/* Ceph would hold it until the pool has room (rbd_space.c) */
+		complete_later(req, -EDQUOT);
 		return;
 	}
 	if (req->op == BDEV_WRITE && (req->flags & BDEV_F_FUA))

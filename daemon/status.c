@@ -76,6 +76,7 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 			json_object_object_add(r, "image", json_object_new_string(rs.image));
 			json_object_object_add(r, "cluster", json_object_new_string(bdev_rbd_conn_name(rs.conn)));
 			json_object_object_add(r, "size", json_object_new_int64((int64_t)rs.size));
+			json_object_object_add(r, "pool_full", json_object_new_boolean(rs.pool_full));
 			json_object_object_add(o, "rbd", r);
 		}
 		struct scsi_lu *lu = d->lus ? d->lus[i] : NULL;

@@ -210,6 +210,30 @@ tc_freeze() { kill -USR1 "$TC_FF_PID"; }
 tc_thaw() { kill -USR2 "$TC_FF_PID"; }
 tc_held() { awk '{ print $2 }' "$T/ff/held"; }
 
+# scsi_probe sessions (tests/tools/scsi_probe.c) held open through two
+# FIFOs while a test changes things on the target, after tc_build_tool
+# scsi_probe. tc_probe_open NAME URL logs one in; tc_probe NAME COMMAND...
+# runs one command and sets $reply; tc_probe_byte N / tc_probe_be32 N read
+# the data of a "good HEX" reply.
+declare -A TC_PROBE_IN TC_PROBE_OUT
+tc_probe_open() {
+	mkfifo "$T/$1.in" "$T/$1.out"
+	"$T/scsi_probe" "$2" <"$T/$1.in" >"$T/$1.out" 2>&1 &
+	local i o
+	exec {i}>"$T/$1.in" {o}<"$T/$1.out"
+	TC_PROBE_IN[$1]=$i TC_PROBE_OUT[$1]=$o
+	IFS= read -r -t 60 reply <&"$o" && [ "$reply" = ready ] || fail "scsi_probe $1 did not log in: $reply"
+}
+tc_probe() {
+	local who=$1
+	shift
+	echo "$*" >&"${TC_PROBE_IN[$who]}"
+	IFS= read -r -t 60 reply <&"${TC_PROBE_OUT[$who]}" || fail "scsi_probe $who did not answer: $*"
+}
+tc_probe_close() { eval "exec ${TC_PROBE_IN[$1]}>&-"; }
+tc_probe_byte() { echo $((16#${reply:$((5 + 2 * $1)):2})); }
+tc_probe_be32() { echo $((16#${reply:$((5 + 2 * $1)):8})); }
+
 # Build a test client of tests/tools against libiscsi into $T.
 # usage: tc_build_tool NAME   (tests/tools/NAME.c -> $T/NAME)
 tc_build_tool() {

@@ -48,22 +48,9 @@ seq_cutoff = 0
 CONF
 tc_start "$T/t.conf"
 
-# sessions: A and B on disk0, C on disk1; probe NAME COMMAND... sets $reply
-declare -A IN OUT
-open_probe() { # NAME URL: a scsi_probe session through two FIFOs
-	mkfifo "$T/$1.in" "$T/$1.out"
-	"$T/scsi_probe" "$2" <"$T/$1.in" >"$T/$1.out" 2>&1 &
-	local i o
-	exec {i}>"$T/$1.in" {o}<"$T/$1.out"
-	IN[$1]=$i OUT[$1]=$o
-	IFS= read -r -t 60 reply <&"$o" && [ "$reply" = ready ] || fail "scsi_probe $1 did not log in: $reply"
-}
-probe() {
-	local who=$1
-	shift
-	echo "$*" >&"${IN[$who]}"
-	IFS= read -r -t 60 reply <&"${OUT[$who]}" || fail "scsi_probe $who did not answer: $*"
-}
+# sessions: A and B on disk0, C on disk1 (tests/lib.sh tc_probe_*)
+open_probe() { tc_probe_open "$@"; }
+probe() { tc_probe "$@"; }
 url=iscsi://127.0.0.1:$port/$iqn
 open_probe A "$url/0"
 open_probe B "$url/0"
@@ -81,8 +68,8 @@ for c in json.load(sys.stdin)["caches"]:
     for l in c["luns"]:
         if l["name"] == "disk1": print(l.get("destage", ""))'
 }
-byte() { echo $((16#${reply:$((5 + 2 * $1)):2})); } # byte N of "good HEX"
-be32() { echo $((16#${reply:$((5 + 2 * $1)):8})); }
+byte() { tc_probe_byte "$1"; } # byte N of "good HEX"
+be32() { tc_probe_be32 "$1"; }
 
 # ---- what the LUN says about its threshold ----
 probe A cdb 1201b2004000 64
@@ -186,7 +173,7 @@ for lba in 0 8192 16384; do
 done
 pass "write-back: three dirty extents landed after space came back, the destage state ended by itself"
 
-for who in A B C; do eval "exec ${IN[$who]}>&-"; done
+for who in A B C; do tc_probe_close "$who"; done
 tc_stop
 python3 - "$T/fs/disk1.img" <<'PY' || fail "disk1's backing file does not hold the three writes"
 import sys

@@ -172,6 +172,10 @@ struct range_lock {
 	struct scsi_cmd *cmd;       /* the command holding it (cmd->wlock) */
 	struct worker *worker;      /* where to resume a deferred command */
 	void (*resume)(struct range_lock *rl);
+	/* set by an owner whose deferred command can end without ever
+	 * reaching the device (scsi_cmd_cancel): it then runs on worker
+	 * instead of resume; NULL = not cancellable */
+	void (*cancelled)(struct range_lock *rl);
 	union {
 		struct range_lock *prev; /* fast write: in its worker's list */
 		struct {                /* CAW, under lu->mutex */
@@ -584,6 +588,8 @@ void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl);
  * so its late landing never overwrites a newer write. Its worker.
  */
 void sbc_write_fence(struct scsi_cmd *cmd);
+/* scsi_cmd_cancel for the interlock: see scsi.h. */
+bool sbc_cmd_cancel(struct scsi_cmd *cmd);
 
 /* pr.c */
 enum scsi_rc pr_in(struct scsi_cmd *cmd);

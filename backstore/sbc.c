@@ -34,7 +34,10 @@
  * up already). On the slow path every writer appends a range_lock to
  * lu->ranges; an entry may run when no entry ahead of it overlaps it with
  * a CAW on either side (writes never wait for writes). A deferred command
- * is resumed on its own worker through worker_post.
+ * is resumed on its own worker through worker_post. One that a task
+ * management function aborts while it still waits (scsi_cmd_cancel) leaves
+ * lu->ranges and ends ABORTED COMMAND without reaching the device, so the
+ * function need not wait for whatever it was queued behind.
  *
  * A write the host was already told failed (the backing store did not
  * answer within io_timeout: scsi_cmd_overdue) may still land whenever the
@@ -192,6 +195,7 @@ static bool range_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_c
 	rl->granted = false;
 	rl->fast = false;
 	rl->awaited = false;
+	rl->cancelled = NULL; /* its owner sets it once the command waits */
 	rl->worker = worker_self();
 	if (!is_caw) {
 		if (atomic_load(&lu->caw_active) == 0) {
@@ -304,6 +308,55 @@ bool sbc_caw_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *c
 		   uint64_t nblocks)
 {
 	return range_begin(lu, rl, cmd, lba, nblocks, true);
+}
+
+/*
+ * On the command's worker, posted by sbc_cmd_cancel. An entry not yet
+ * granted has sent nothing to the device and nobody has posted its resume
+ * (granting and posting happen together, under lu->mutex): taking it out of
+ * lu->ranges under the same lock ends its place in the interlock as if it
+ * had run, and whatever waited behind it is looked at again; its owner's
+ * cancelled() then ends the command. One granted meanwhile has its resume
+ * queued behind this call on the same worker, and simply runs.
+ */
+static void cancel_run(void *arg)
+{
+	struct range_lock *rl = arg;
+	struct scsi_lu *lu = rl->lu;
+	pthread_mutex_lock(&lu->mutex);
+	bool waiting = !rl->granted;
+	if (waiting) {
+		range_remove_locked(lu, rl);
+		if (rl->is_caw || rl->is_fence)
+			atomic_fetch_sub(&lu->caw_active, 1);
+		ranges_wake_locked(lu);
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	if (!waiting)
+		return;
+	if (rl->cmd && rl->cmd->wlock == rl)
+		rl->cmd->wlock = NULL;
+	rl->cancelled(rl);
+}
+
+bool sbc_cmd_cancel(struct scsi_cmd *cmd)
+{
+	struct range_lock *rl = cmd->wlock;
+	if (!rl || rl->fast || !rl->cancelled || rl->worker != worker_self())
+		return false;
+	struct scsi_lu *lu = rl->lu;
+	/* posted (done() must not come from inside the front end's abort)
+	 * under the lock: a grant after it posts the resume behind it, so
+	 * cancel_run always runs while rl is still the command's */
+	pthread_mutex_lock(&lu->mutex);
+	bool posted = !rl->granted && worker_post(rl->worker, cancel_run, rl) == 0;
+	pthread_mutex_unlock(&lu->mutex);
+	return posted;
+}
+
+bool scsi_cmd_cancel(struct scsi_cmd *cmd)
+{
+	return sbc_cmd_cancel(cmd);
 }
 
 /* ---------------------------------------------------------------- */

@@ -129,6 +129,16 @@ static void write_resume(struct range_lock *rl)
 	write_go(io);
 }
 
+/* A WRITE or COMPARE AND WRITE aborted while it waited in the interlock
+ * (scsi_cmd_cancel, which already took it out): it never reached the device. */
+static void rw_cancelled(struct range_lock *rl)
+{
+	struct sbc_io *io = (struct sbc_io *)((char *)rl - offsetof(struct sbc_io, rl));
+	io->locked = false;
+	scsi_fail(io->cmd, SK_ABORTED_COMMAND, ASC_NO_ADDITIONAL_SENSE);
+	sbc_io_finish(io);
+}
+
 /* Shared by WRITE and WRITE AND VERIFY: checks done by the caller. */
 static void write_start(struct sbc_io *io, uint64_t lba, uint32_t n, bool fua)
 {
@@ -141,6 +151,8 @@ static void write_start(struct sbc_io *io, uint64_t lba, uint32_t n, bool fua)
 	io->locked = true;
 	if (sbc_write_begin(cmd->lu, &io->rl, io->cmd, lba, n))
 		write_go(io);
+	else
+		io->rl.cancelled = rw_cancelled;
 }
 
 /*
@@ -354,6 +366,8 @@ static enum scsi_rc atomic_rmw(struct scsi_cmd *cmd, uint64_t lba, uint32_t n, u
 		io->locked = true;
 		if (sbc_caw_begin(lu, &io->rl, io->cmd, lba, n))
 			caw_go(io);
+		else
+			io->rl.cancelled = rw_cancelled;
 		return SCSI_RC_PENDING;
 	}
 	return SCSI_RC_DONE;

@@ -347,6 +347,18 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd);
  * for this command: a late landing never overwrites newer data.
  */
 bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms);
+/*
+ * A task management function aborts cmd, which the backstore holds; on the
+ * command's worker. If cmd is still waiting for its turn (a WRITE or a
+ * COMPARE AND WRITE deferred in the write interlock behind a CAW or a
+ * fence) and so has sent nothing to the device, it leaves the queue and
+ * ends at once: true, and done() comes on this worker (posted, never from
+ * inside this call) with ABORTED COMMAND, unless its turn came in the
+ * meantime (then it runs as usual). Otherwise false: the device has it (or
+ * it is about to run) and done() comes when the device answers. Either way
+ * done() comes exactly once; call this at most once per command.
+ */
+bool scsi_cmd_cancel(struct scsi_cmd *cmd);
 /* The sense of an overdue command (ABORTED COMMAND, COMMAND TIMEOUT DURING
  * PROCESSING) in the LU's format: its length. */
 size_t scsi_cmd_overdue_sense(const struct scsi_cmd *cmd, uint8_t *buf, size_t cap);

@@ -54,9 +54,9 @@ CONF
 
 	if ! "$T/stuck_probe" "$base/0" "$base/1" "$TC_FF_PID" 2 >"$T/probe-$io.out" 2>&1; then
 		tc_thaw
-		fail "backing_io = $io: $(grep -v '^ok' "$T/probe-$io.out" | tr '\n' ' ')"
+		fail "backing_io = $io: $(grep -av '^ok' "$T/probe-$io.out" | tr '\n' ' ')"
 	fi
-	pass "backing_io = $io: $(grep -c '^ok' "$T/probe-$io.out") checks of stuck_probe passed; $(grep 'ABORT TASK over\|WARM' "$T/probe-$io.out" | sed 's/^ok: //' | tr '\n' ';')"
+	pass "backing_io = $io: $(grep -ac '^ok' "$T/probe-$io.out") checks of stuck_probe passed; $(grep -a 'ABORT TASK over\|WARM\|queued behind A' "$T/probe-$io.out" | sed 's/^ok: //' | tr '\n' ';')"
 	tc_wait_for 30 "every command held past io_timeout to come back after the thaw" \
 		eval '[ "$(overdue | cut -d" " -f1)" = 0 ]'
 	set -- $(overdue)

@@ -649,6 +649,8 @@ bool iscsi_cmd_abort(struct iscsi_cmd *cmd)
 		if (!cmd->aborted) {
 			cmd->aborted = true;
 			cmd->sess->aborted_inflight++;
+			/* still queued in the backstore: it ends at once (posted) */
+			scsi_cmd_cancel(&cmd->sc);
 		}
 		return true;
 	case CMD_RECV_DATA:

@@ -18,7 +18,10 @@
  *     WARM RESET, each over a write stuck since half a second, are
  *     answered FUNCTION COMPLETE within io_timeout + 3 s.
  *  3. frozen: WRITE A of LBA 8 is answered as failed; WRITE B of LBA 8 is
- *     sent; the store thaws: B completes GOOD and LBA 8 reads back as B.
+ *     sent, then WRITE C of LBA 8, both waiting behind A; ABORT TASK of C
+ *     is answered at once (C never reached the store: it leaves the queue,
+ *     well within io_timeout); the store thaws: B completes GOOD and LBA 8
+ *     reads back as B (neither A nor the aborted C lands over it).
  * Prints "ok: ..." or "FAIL: ..." per check and exits 0 when all passed.
  */
 #include <iscsi/iscsi.h>
@@ -146,7 +149,7 @@ static void wait_ops(struct op **ops, int n, double max_ms)
 	}
 }
 
-static unsigned char pat_a[4096], pat_b[4096];
+static unsigned char pat_a[4096], pat_b[4096], pat_c[4096];
 
 static struct scsi_task *write_stuck(uint32_t lba, unsigned char *data, struct op *o)
 {
@@ -272,6 +275,22 @@ static void phase_fence(void)
 	write_stuck(8, pat_b, &b);
 	serve(300, &b.done);
 	check(!b.done, "write B of LBA 8 waits while A may still land");
+	struct op c = { .name = "C" }, ab = { .name = "ABORT TASK" };
+	write_stuck(8, pat_c, &c);
+	serve(300, &c.done);
+	ab.t0 = now_ms();
+	int rc = iscsi_task_mgmt_abort_task_async(is, c.task, tmf_cb, &ab);
+	if (rc == 0)
+		serve(io_timeout_ms + 8000, &ab.done);
+	double ms = ab.t1 - ab.t0;
+	check(rc == 0 && ab.done && ab.tmf_response == 0 && ms < 1000,
+	      "ABORT TASK of write C of LBA 8, queued behind A, never sent to the store: %s, response %u after %.0f ms "
+	      "(want well within io_timeout, %.0f ms)",
+	      ab.done ? "answered" : "no answer", ab.tmf_response, ab.done ? ms : -1.0, io_timeout_ms);
+	if (!c.done)
+		iscsi_scsi_cancel_task(is, c.task);
+	scsi_free_scsi_task(c.task);
+	check(!b.done, "write B still waits behind A");
 	kill(ff_pid, SIGUSR2);
 	serve(io_timeout_ms + 8000, &b.done);
 	check(b.done && b.status == SCSI_STATUS_GOOD, "after the thaw B completes GOOD (status 0x%02x, %.0f ms)",
@@ -279,7 +298,7 @@ static void phase_fence(void)
 	struct scsi_task *t = iscsi_read10_sync(is, lun_stuck, 8, 4096, BS, 0, 0, 0, 0, 0);
 	bool same = t && t->status == SCSI_STATUS_GOOD && t->datain.size == 4096 &&
 		    !memcmp(t->datain.data, pat_b, 4096);
-	check(same, "LBA 8 reads back as B, the newer write (first byte '%c')",
+	check(same, "LBA 8 reads back as B, the newer write, not the aborted C (first byte '%c')",
 	      t && t->datain.size > 0 ? t->datain.data[0] : '?');
 	scsi_free_scsi_task(t);
 	scsi_free_scsi_task(a.task);
@@ -297,6 +316,7 @@ int main(int argc, char **argv)
 	setenv("STUCK_PROBE_LOGIN_URL", argv[2], 0);
 	memset(pat_a, 'A', sizeof(pat_a));
 	memset(pat_b, 'B', sizeof(pat_b));
+	memset(pat_c, 'C', sizeof(pat_c));
 	alarm(300); /* whatever happens, end */
 	is = login(argv[1], "iqn.2026-12.test:stuck-probe", &lun_stuck);
 	struct iscsi_url *u = is ? iscsi_parse_full_url(is, argv[2]) : NULL;

@@ -59,6 +59,23 @@ static bool overdue(unsigned w, struct job *j)
 	return o.ret;
 }
 
+static void cancel_on_worker(void *arg)
+{
+	struct overdue_job *o = arg;
+	o->ret = scsi_cmd_cancel(&o->j->cmd);
+	sem_post(&o->done);
+}
+
+/* A task management function aborts j (in flight on worker w), as a front end would. */
+static bool cancel(unsigned w, struct job *j)
+{
+	struct overdue_job o = { .j = j };
+	sem_init(&o.done, 0, 0);
+	worker_post(worker_get(w), cancel_on_worker, &o);
+	sem_wait(&o.done);
+	return o.ret;
+}
+
 static struct job *write10(unsigned worker, uint32_t lba, uint8_t blocks, uint8_t fill)
 {
 	uint8_t cdb[10] = { 0x2a };
@@ -226,6 +243,47 @@ int main(void)
 	      "EXTENDED COPY: answered overdue, it wrote nothing after its late read");
 	bdev_fault_set(f, BDEV_FAULT_NONE, 0, 0);
 	free(x);
+
+	/*
+	 * A task management function aborts a write that never reached the
+	 * device (scsi_cmd_cancel): write A of LBAs 500-507 held and overdue (a
+	 * fence), B of 504-511 queued behind it. Cancelling B ends it at once,
+	 * ABORTED COMMAND, and it never reaches the device; cancelling A, which
+	 * the device holds, does nothing; a later write C of 506-509 still waits
+	 * behind A's fence and lands over it.
+	 */
+	bdev_fault_set(f, BDEV_FAULT_HANG, 0, 0);
+	uint64_t h0 = held_writes(f);
+	struct job *a = write10(1, 500, 8, 'a');
+	bool held = false;
+	for (int i = 0; i < 1000 && !held; i++, usleep(10000))
+		held = held_writes(f) >= h0 + 1;
+	check(held && overdue(1, a), "cancel: write A of LBAs 500-507 is held and overdue");
+	struct job *b = write10(0, 504, 8, 'b');
+	usleep(200000);
+	check(held_writes(f) == h0 + 1 && !is_done(b), "cancel: write B of 504-511 waits behind A's fence");
+	check(!cancel(1, a), "cancel: A, which the device holds, is not cancelled");
+	check(cancel(0, b), "cancel: B, which waits in the interlock, is");
+	bool b_done = wait_job(b);
+	check(b_done && b->cmd.status == SAM_STAT_CHECK_CONDITION && b->cmd.sense_len >= 14 &&
+		      (b->cmd.sense[2] & 0x0f) == SK_ABORTED_COMMAND,
+	      "cancel: B ends at once, CHECK CONDITION, ABORTED COMMAND");
+	check(held_writes(f) == h0 + 1, "cancel: B never reached the device");
+	struct job *cw = write10(0, 506, 4, 'c');
+	usleep(200000);
+	check(held_writes(f) == h0 + 1 && !is_done(cw), "cancel: a later write C of 506-509 still waits behind A");
+	struct job *cjobs[2] = { a, cw };
+	bool cdone = drain_newest_first(f, cjobs, 2);
+	uint8_t cg[12 * BS];
+	ssize_t cr = pread(fd, cg, sizeof(cg), 500 * BS);
+	bool cok = cdone && cr == (ssize_t)sizeof(cg);
+	for (unsigned i = 0; i < 12 * BS && cok; i++)
+		cok = cg[i] == (i < 6 * BS ? 'a' : i < 10 * BS ? 'c' : 0);
+	check(cok, "cancel: 500-505 hold A, 506-509 C, 510-511 nothing (B never landed)");
+	bdev_fault_set(f, BDEV_FAULT_NONE, 0, 0);
+	free(a);
+	free(b);
+	free(cw);
 
 	worker_post(worker_get(0), nexus_close_on_worker, &nj);
 	sem_wait(&nj.done);

@@ -9,7 +9,9 @@
 #   make conformance  libiscsi's suite against tiercached and tgtd
 #   make deps       install the Debian packages the build and tests need
 #   make check-system  LIO + TCMU + NVMe + targetcli, faults on a guest NVMe leg, and power cuts
-#                   replayed from a guest's write log, on Debian's kernel under qemu (10-15 minutes)
+#                   replayed from a guest's write log, on Debian's kernel under qemu (10-15 minutes);
+#                   and the kernel's iSCSI initiator (open-iscsi, dm-multipath) on our portal:
+#                   discard, fsck, reservations, kill -9 under fio, path loss, CHAP (about 5 more)
 #   make install    binaries, systemd unit, example config, man pages
 #                   (PREFIX=/usr/local, DESTDIR= for staging)
 #   make clean
@@ -208,6 +210,7 @@ check-system: deps
 	@BUILD=$(BUILD) bash tests/system/run-vm-targetcli.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-legfaults.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-powercut.sh
+	@BUILD=$(BUILD) bash tests/system/run-vm-initiator.sh
 
 # Install layout (GNU-style variables). The unit names /usr/sbin; with
 # another PREFIX the installed copy is rewritten to point at SBINDIR.

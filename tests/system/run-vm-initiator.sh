@@ -1,0 +1,793 @@
+#!/bin/bash
+# tests/system/run-vm-initiator.sh - the Linux kernel's own iSCSI initiator
+# (open-iscsi: iscsid, iscsiadm, iscsi_tcp, sd) against tiercached's built-in
+# portal, used the way a host uses it.
+#
+# Why: every other test talks to the portal through libiscsi (a userspace
+# initiator) or reaches tiercached through LIO. Hosts run the kernel initiator,
+# which reads our VPD pages to decide how to discard, reconnects on its own
+# after a connection drop and, with dm-multipath, spreads I/O over several
+# portals. None of that can be proven without a real kernel, and the build
+# machines have no iscsi_tcp and no KVM. So, as run-vm-targetcli.sh does, we
+# build a Debian bookworm root with debootstrap (open-iscsi, multipath-tools,
+# udev, sg3-utils, fio, ddpt, tcpdump), add Debian's stock kernel modules (the
+# kernel unpacked by run-vm-tcmu.sh setup), build/tiercached and build/tierctl,
+# and boot it under qemu (TCG) with a busybox initramfs that switch_roots into
+# an ext4 image. tiercached runs in the same guest, listening on 127.0.0.1:3260
+# and 127.0.0.2:3260, with one target: LUN 0 (128 MiB file, write-back cache on
+# two file legs, serial tcini0001) and LUN 1 (16 MiB file, for ODX); a second
+# target needs CHAP. Steps, run inside the guest over a debug shell (the
+# guest's network device only carries that port forward):
+#   1. SendTargets lists the target on both portals; login; sdX appears with
+#      vendor TIERCACH and our serial in VPD 0x80.
+#   2. the kernel took our limits: provisioning_mode unmap, nonzero discard.
+#   3. mkfs.ext4, mount, fio with crc32c verify, sha256 of files, umount,
+#      fsck -fn clean, remount, the sums still match.
+#   4. fstrim -v trims bytes (files intact after); blkdiscard of a written
+#      range reads back zeroes.
+#   5. persistent reservations between two sessions with two initiator names
+#      (two iface records): register, reserve Write Exclusive, the other sees
+#      the holder, its write gets RESERVATION CONFLICT, release, preempt.
+#   6. kill -9 of tiercached under fio with verify, restart it after the
+#      kernel saw the connection drop: the session recovers, fio ends with no
+#      error and its verify passes.
+#   7. dm-multipath over both portals: 2 paths; fio with verify on the map
+#      while one path's session logs out; no error; the path logs back in and
+#      multipath shows 2 active paths again.
+#   8. (in every step) the kernel lines logged during the step are printed;
+#      an error line fails the step unless it is one the step causes itself.
+#   9. (extra) CHAP with SHA3-256 / SHA-256 / MD5, one-way and mutual: which
+#      digest was agreed is read off the wire (tcpdump on lo), a wrong secret
+#      is refused.
+#  10. (extra) target-side copies: EXTENDED COPY (sg_xcopy) of LUN 1 onto
+#      LUN 0, cmp equal. ODX with ddpt --odx is SKIPped: bookworm's ddpt 0.97
+#      sends malformed POPULATE TOKEN range descriptors (see step10).
+#
+# Usage: tests/system/run-vm-initiator.sh [setup|build|boot|check|stop|all]
+#        (debugging a running guest, KEEP=1: gsh CMD runs CMD in it, push
+#        installs the current step script in it)
+# Env: TC_VM_DIR (default /var/tmp/tiercache-vm), BUILD (default build),
+#      PORT=13264 DBGPORT=12327 MEM=1024 KEEP=1 (leave the VM running),
+#      STEPS="1 2 ..." (check only these steps; they assume the earlier ones ran)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+W=${TC_VM_DIR:-/var/tmp/tiercache-vm}
+R=$W/initiator-rootfs
+PORT=${PORT:-13264}
+DBGPORT=${DBGPORT:-12327}
+MEM=${MEM:-1024}
+STEPS=${STEPS:-1 2 3 4 5 6 7 9 10}
+mkdir -p "$W"
+VMDIR=$W # lib-vm.sh: where the kernel is
+. tests/system/lib-vm.sh # now, since
+
+# Debian packages of the guest root (debootstrap --include)
+GUEST_PKGS=open-iscsi,sg3-utils,fio,e2fsprogs,multipath-tools,udev,kmod,iproute2,busybox,procps,util-linux,ddpt,tcpdump
+# kernel modules of the guest root (with what modprobe --show-depends adds)
+ROOT_MODS="iscsi_tcp libiscsi libiscsi_tcp scsi_transport_iscsi sd_mod sg scsi_dh_alua scsi_dh_emc scsi_dh_rdac
+	dm_mod dm_multipath dm_round_robin dm_service_time dm_queue_length ext4 crc32c_generic
+	virtio_pci virtio_blk virtio_net"
+
+setup() {
+	bash tests/system/run-vm-tcmu.sh setup # qemu, busybox, socat, the kernel package
+	local need=() missing
+	command -v debootstrap >/dev/null || need+=(debootstrap)
+	command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+	if [ ${#need[@]} -gt 0 ]; then
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	fi
+	if [ ! -x "$R/usr/sbin/iscsiadm" ]; then
+		local t0
+		t0=$(now)
+		rm -rf "$R"
+		debootstrap --variant=minbase --include=$GUEST_PKGS \
+			bookworm "$R" http://deb.debian.org/debian >"$W/ini-debootstrap.log" 2>&1
+		echo "debootstrap: $(since "$t0") s"
+	fi
+	# a root made before a package was added to GUEST_PKGS gets it now
+	missing=$(for p in ${GUEST_PKGS//,/ }; do
+		chroot "$R" dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+	done)
+	if [ -n "$missing" ]; then
+		echo "adding to the guest root: $missing"
+		chroot "$R" apt-get update -qq >/dev/null
+		# shellcheck disable=SC2086
+		DEBIAN_FRONTEND=noninteractive chroot "$R" apt-get install -y -qq $missing >/dev/null
+	fi
+	chroot "$R" apt-get clean
+}
+
+# the guest's /sbin/tc-init (PID 1 after switch_root): modules, udev, the debug
+# shell, iscsid, tiercached; TARGET-READY on the console when all are up
+write_guest_init() {
+cat >"$R/sbin/tc-init" <<'EOF'
+#!/bin/bash
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb
+log() { echo "PROBE[$(cut -d' ' -f1 /proc/uptime)] $*" >/dev/console; }
+mount -t tmpfs tmpfs /run; mkdir -p /run/lock /run/tiercache /tmp /var/lib/tiercache
+ln -sfn /run /var/run
+mount -t tmpfs tmpfs /tmp
+# what udev does not make in a devtmpfs: bash's <(...) needs /dev/fd
+ln -sfn /proc/self/fd /dev/fd; ln -sf /proc/self/fd/0 /dev/stdin
+ln -sf /proc/self/fd/1 /dev/stdout; ln -sf /proc/self/fd/2 /dev/stderr
+modprobe -a virtio_net sd_mod sg iscsi_tcp scsi_dh_alua dm_multipath dm_round_robin crc32c_generic || log "modprobe failed"
+ip link set lo up; ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0; ip route add default via 10.0.2.2
+busybox nc -ll -p 2323 -e /bin/bash &
+# udev: /dev/disk/by-*, the ID_SERIAL multipath keys paths by, dm device nodes
+/lib/systemd/systemd-udevd --daemon
+udevadm trigger --action=add; udevadm settle -t 60
+log udev-started
+for i in $(seq 1 100); do [ -b /dev/vdb ] && break; sleep 0.1; done
+mount -t ext4 /dev/vdb /var/lib/tiercache || log "mount /dev/vdb failed"
+iscsid || log "iscsid failed"
+tiercached -c /etc/tiercached.conf >/var/log/tiercached.log 2>&1 &
+echo $! >/run/tiercached.pid
+for i in $(seq 1 300); do [ -S /run/tiercache/control.sock ] && break; sleep 0.1; done
+if [ -S /run/tiercache/control.sock ] && pgrep -x iscsid >/dev/null; then
+	log TARGET-READY
+else
+	log TARGET-FAILED
+	tail -20 /var/log/tiercached.log >/dev/console
+fi
+# PID 1: reap whatever is orphaned (daemons fork, killed ones must go away)
+while :; do sleep 5; done
+EOF
+chmod 755 "$R/sbin/tc-init"
+}
+
+write_conf() {
+cat >"$R/etc/tiercached.conf" <<'EOF'
+; tiercached.conf of the kernel-initiator system test guest
+[daemon]
+state_dir = /var/lib/tiercache
+control_socket = /run/tiercache/control.sock
+log_level = info
+
+[portal]
+; two addresses: the two paths of step 7 (lo answers all of 127/8)
+listen = 127.0.0.1:3260
+listen = 127.0.0.2:3260
+
+[target iqn.2026-11.io.tiercache:vmini]
+lun0 = ini0
+lun1 = ini1
+
+[target iqn.2026-11.io.tiercache:vmchap]
+lun0 = ini2
+chap_user = hostchap
+chap_secret = chapsecret1234
+mutual_user = tgtchap
+mutual_secret = mutualsecr5678
+
+[cache fast]
+legs = /var/lib/tiercache/leg0.img /var/lib/tiercache/leg1.img
+size = 48M
+
+[lun ini0]
+backing = /var/lib/tiercache/ini0.img
+size = 128M
+block_size = 512
+serial = tcini0001
+cache = fast
+
+[lun ini1]
+backing = /var/lib/tiercache/ini1.img
+size = 16M
+block_size = 512
+serial = tcini0002
+
+[lun ini2]
+backing = /var/lib/tiercache/ini2.img
+size = 16M
+block_size = 512
+serial = tcini0003
+EOF
+}
+
+# the guest's /sbin/ini-steps STEP: the steps themselves, run through the debug
+# shell; each prints ok:/FAIL:/SKIP: lines and the kernel lines of the step
+write_guest_steps() {
+cat >"$R/sbin/ini-steps" <<'EOF'
+#!/bin/bash
+set -u
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+IQN=iqn.2026-11.io.tiercache:vmini
+CHAP_IQN=iqn.2026-11.io.tiercache:vmchap
+SERIAL=tcini0001
+INAME_B=iqn.2026-11.io.tiercache:hostb
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; }
+skip() { echo "SKIP: $*"; }
+note() { echo "   $*"; }
+
+# wait_for TRIES CMD...: run CMD every 0.2 s until it succeeds, TRIES times at most
+wait_for() {
+	local n=$1 i
+	shift
+	for ((i = 0; i < n; i++)); do "$@" && return 0; sleep 0.2; done
+	return 1
+}
+
+# sess_of TARGET ADDR [INITIATORNAME]: the number of our session to ADDR:3260
+sess_of() {
+	local s n
+	for s in /sys/class/iscsi_session/session*; do
+		[ -e "$s" ] || continue
+		n=${s##*/session}
+		[ "$(cat "$s/targetname" 2>/dev/null)" = "$1" ] || continue
+		[ "$(cat /sys/class/iscsi_connection/connection$n:0/persistent_address 2>/dev/null)" = "$2" ] || continue
+		[ -z "${3:-}" ] || [ "$(cat "$s/initiatorname" 2>/dev/null)" = "$3" ] || continue
+		echo "$n"
+		return 0
+	done
+	return 1
+}
+
+# disk_of SESSION LUN: the sd device of LUN of session SESSION
+disk_of() {
+	local b
+	for b in /sys/class/iscsi_session/session$1/device/target*/*:*:*:$2/block/*; do
+		[ -e "$b" ] && [ -b "/dev/${b##*/}" ] && { echo "${b##*/}"; return 0; }
+	done
+	return 1
+}
+has_disk() { disk_of "$@" >/dev/null; }
+sess_state() { cat /sys/class/iscsi_session/session$1/state 2>/dev/null; }
+writes_done() { awk '{print $5}' "/sys/block/$1/stat"; }
+# more_writes DEV BASE N: DEV has completed N writes more than BASE
+more_writes() { [ "$(writes_done "$1")" -ge $(($2 + $3)) ]; }
+
+# kernel lines since the step began (dmesg -C at its start); an error line
+# fails the step unless it matches ALLOW (an ERE, case-insensitive)
+kbegin() { dmesg -C; }
+kcheck() {
+	local what=$1 allow=${2:-} k errs n
+	k=$(dmesg)
+	n=$(printf '%s' "$k" | grep -c '' || true)
+	echo "   kernel ($n lines during the step):"
+	[ "$n" -gt 0 ] && printf '%s\n' "$k" | head -60 | sed 's/^/     | /'
+	[ "$n" -gt 60 ] && echo "     | ... $((n - 60)) more"
+	errs=$(printf '%s\n' "$k" | grep -iE 'error|fail|critical' || true)
+	[ -n "$allow" ] && errs=$(printf '%s\n' "$errs" | grep -viE "$allow" || true)
+	errs=$(printf '%s\n' "$errs" | sed '/^$/d')
+	if [ -z "$errs" ]; then
+		ok "$what: no unexpected error lines in the kernel log"
+	else
+		bad "$what: unexpected kernel lines: $(printf '%s' "$errs" | tr '\n' '|')"
+	fi
+}
+
+# fio_ok OUTFILE RC WHAT: fio exited 0, reported err=0 and no verify error
+fio_ok() {
+	grep -E 'err=|WRITE:|READ:|verify' "$1" | sed 's/^/   fio| /'
+	if [ "$2" = 0 ] && grep -q 'err= 0' "$1" && ! grep -qE 'err= *[1-9]|verify: bad|crc32c: verify failed' "$1"; then
+		ok "$3"
+	else
+		bad "$3 (fio rc=$2)"
+		tail -20 "$1" | sed 's/^/   fio| /'
+	fi
+}
+
+daemon_pid() { pgrep -x tiercached; }
+
+step1() {
+	kbegin
+	local out s d
+	out=$(iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3260 2>&1)
+	printf '%s\n' "$out" | sed 's/^/   st| /'
+	if printf '%s\n' "$out" | grep -qE "^127\.0\.0\.1:3260,[0-9]+ $IQN\$" &&
+		printf '%s\n' "$out" | grep -qE "^127\.0\.0\.2:3260,[0-9]+ $IQN\$"; then
+		ok "SendTargets lists $IQN on 127.0.0.1:3260 and 127.0.0.2:3260"
+	else
+		bad "SendTargets does not list $IQN on both portals"
+	fi
+	out=$(iscsiadm -m node -T $IQN -p 127.0.0.1:3260 --login 2>&1)
+	printf '%s\n' "$out" | sed 's/^/   login| /'
+	s=$(sess_of $IQN 127.0.0.1) && [ "$(sess_state "$s")" = LOGGED_IN ] &&
+		ok "login to 127.0.0.1:3260: session $s LOGGED_IN" || { bad "no session to 127.0.0.1"; kcheck step1; return; }
+	if wait_for 150 has_disk "$s" 0 && wait_for 50 test -s "/sys/block/$(disk_of "$s" 0)/size"; then
+		d=$(disk_of "$s" 0)
+		echo "$d" >/run/ini-diskA
+		echo "$s" >/run/ini-sessA
+		ok "LUN 0 appeared as /dev/$d ($(($(cat /sys/block/$d/size) / 2048)) MiB), LUN 1 as /dev/$(disk_of "$s" 1 || echo none)"
+	else
+		bad "no sd device for LUN 0 of session $s"
+		kcheck step1
+		return
+	fi
+	local vendor model
+	vendor=$(cat /sys/block/$d/device/vendor)
+	model=$(cat /sys/block/$d/device/model)
+	note "vendor '$vendor' model '$model' rev '$(cat /sys/block/$d/device/rev)'"
+	[ "$(echo $vendor)" = TIERCACH ] && ok "sysfs vendor is TIERCACH" || bad "sysfs vendor is '$vendor'"
+	out=$(sg_inq -p 0x80 /dev/$d 2>&1)
+	printf '%s\n' "$out" | sed 's/^/   sg_inq| /'
+	printf '%s\n' "$out" | grep -qE "Unit serial number: *$SERIAL\$" && ok "VPD 0x80 serial is $SERIAL" ||
+		bad "VPD 0x80 serial is not $SERIAL"
+	kcheck step1
+}
+
+step2() {
+	kbegin
+	local d sd v pm dmax
+	d=$(cat /run/ini-diskA)
+	pm=$(cat /sys/block/$d/device/scsi_disk/*/provisioning_mode)
+	for v in /sys/block/$d/device/scsi_disk/*/{provisioning_mode,max_write_same_blocks,max_unmap_blocks,thin_provisioning} \
+		/sys/block/$d/queue/{discard_max_bytes,discard_max_hw_bytes,discard_granularity,write_same_max_bytes,write_zeroes_max_bytes,max_hw_sectors_kb,optimal_io_size,minimum_io_size,write_cache}; do
+		[ -e "$v" ] && note "${v##*/}: $(cat "$v")"
+	done
+	case $pm in
+	unmap | writesame_16) ok "provisioning_mode is $pm" ;;
+	*) bad "provisioning_mode is '$pm', not unmap" ;;
+	esac
+	dmax=$(cat /sys/block/$d/queue/discard_max_bytes)
+	[ "$dmax" -gt 0 ] && ok "discard_max_bytes $dmax" || bad "discard_max_bytes is 0: the kernel will not discard"
+	kcheck step2
+}
+
+step3() {
+	kbegin
+	local d rc
+	d=$(cat /run/ini-diskA)
+	mkfs.ext4 -q -F -E nodiscard /dev/$d && ok "mkfs.ext4 /dev/$d" || bad "mkfs.ext4"
+	mkdir -p /mnt/ini
+	mount /dev/$d /mnt/ini && ok "mounted" || { bad "mount"; kcheck step3; return; }
+	fio --name=v --filename=/mnt/ini/f --size=8M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=8 --direct=1 \
+		--verify=crc32c --do_verify=1 >/tmp/fio3.out 2>&1
+	rc=$?
+	fio_ok /tmp/fio3.out $rc "fio 8 MiB random 4k writes on ext4, crc32c verify passed"
+	mkdir -p /mnt/ini/files
+	cp -a /usr/sbin /etc /mnt/ini/files/ 2>/dev/null
+	head -c 4M /dev/urandom >/mnt/ini/files/random.bin
+	(cd /mnt/ini && find files -type f -print0 | xargs -0 sha256sum) >/tmp/sums
+	note "$(wc -l </tmp/sums) files, $(du -sm /mnt/ini/files | cut -f1) MiB"
+	umount /mnt/ini && ok "umount" || bad "umount"
+	echo 3 >/proc/sys/vm/drop_caches
+	fsck.ext4 -fn /dev/$d >/tmp/fsck.out 2>&1
+	rc=$?
+	sed 's/^/   fsck| /' /tmp/fsck.out
+	[ $rc = 0 ] && ok "fsck.ext4 -fn clean" || bad "fsck.ext4 -fn rc=$rc"
+	mount /dev/$d /mnt/ini && (cd /mnt/ini && sha256sum -c --quiet /tmp/sums) &&
+		ok "remounted: all $(wc -l </tmp/sums) sha256 sums equal" || bad "sums differ after remount"
+	kcheck step3
+}
+
+step4() {
+	kbegin
+	local d out n off=$((96 << 20)) len=$((8 << 20))
+	d=$(cat /run/ini-diskA)
+	mountpoint -q /mnt/ini || mount /dev/$d /mnt/ini
+	rm -f /mnt/ini/f   # fio's file: free space for fstrim to hand back
+	sync
+	out=$(fstrim -v /mnt/ini 2>&1)
+	note "fstrim: $out"
+	n=$(echo "$out" | sed -n 's/.*(\([0-9]*\) bytes).*/\1/p')
+	[ "${n:-0}" -gt 0 ] && ok "fstrim -v trimmed $n bytes" || bad "fstrim: $out"
+	echo 3 >/proc/sys/vm/drop_caches
+	(cd /mnt/ini && sha256sum -c --quiet /tmp/sums) && ok "files intact after fstrim" || bad "files differ after fstrim"
+	umount /mnt/ini
+	# blkdiscard on a range past the data we care about: write it, discard it,
+	# read it back (O_DIRECT): LBPRZ says unmapped blocks read as zeroes
+	head -c $len /dev/urandom >/tmp/r.bin
+	dd if=/tmp/r.bin of=/dev/$d bs=1M seek=$((off >> 20)) oflag=direct status=none
+	cmp -s /tmp/r.bin <(dd if=/dev/$d bs=1M skip=$((off >> 20)) count=$((len >> 20)) iflag=direct status=none) ||
+		bad "the range before blkdiscard does not read back what was written"
+	blkdiscard -v -o $off -l $len /dev/$d 2>&1 | sed 's/^/   /'
+	[ "${PIPESTATUS[0]}" = 0 ] && ok "blkdiscard -o $off -l $len" || bad "blkdiscard failed"
+	cmp -s <(head -c $len /dev/zero) <(dd if=/dev/$d bs=1M skip=$((off >> 20)) count=$((len >> 20)) iflag=direct status=none) &&
+		ok "the discarded 8 MiB read back as zeroes" || bad "the discarded range does not read as zeroes"
+	kcheck step4
+}
+
+# pr_keys DEV / pr_resv DEV: READ KEYS / READ RESERVATION as sg_persist prints them
+pr_keys() { sg_persist --in -k /dev/$1 2>&1; }
+pr_resv() { sg_persist --in -r /dev/$1 2>&1; }
+
+step5() {
+	kbegin
+	local a b sb out rc n
+	a=$(cat /run/ini-diskA)
+	iscsiadm -m iface -I ifaceB -o new >/dev/null 2>&1
+	iscsiadm -m iface -I ifaceB -o update -n iface.initiatorname -v $INAME_B >/dev/null
+	iscsiadm -m node -o new -T $IQN -p 127.0.0.1:3260 -I ifaceB >/dev/null
+	iscsiadm -m node -T $IQN -p 127.0.0.1:3260 -I ifaceB --login 2>&1 | sed 's/^/   login| /'
+	sb=$(sess_of $IQN 127.0.0.1 $INAME_B) && wait_for 150 has_disk "$sb" 0 ||
+		{ bad "no second session (initiator $INAME_B)"; kcheck step5; return; }
+	b=$(disk_of "$sb" 0)
+	echo "$b" >/run/ini-diskB
+	ok "second session $sb as $INAME_B: LUN 0 is also /dev/$b (A = /dev/$a)"
+	sg_persist --out --register --param-sark=0xa1 /dev/$a >/dev/null 2>&1 &&
+		sg_persist --out --register --param-sark=0xb1 /dev/$b >/dev/null 2>&1 &&
+		ok "registered key 0xa1 (A) and 0xb1 (B)" || bad "register"
+	out=$(pr_keys $a)
+	printf '%s\n' "$out" | sed 's/^/   keys| /'
+	printf '%s\n' "$out" | grep -q 0xa1 && printf '%s\n' "$out" | grep -q 0xb1 && ok "READ KEYS lists both" || bad "READ KEYS"
+	sg_persist --out --reserve --param-rk=0xa1 --prout-type=1 /dev/$a >/dev/null 2>&1 &&
+		ok "A reserved (type 1, Write Exclusive)" || bad "reserve"
+	out=$(pr_resv $b)
+	printf '%s\n' "$out" | sed 's/^/   resv(B)| /'
+	printf '%s\n' "$out" | grep -q "Key=0xa1" && printf '%s\n' "$out" | grep -qi "Write Exclusive" &&
+		ok "READ RESERVATION from B shows A's key 0xa1, Write Exclusive" || bad "READ RESERVATION from B"
+	# the one write the reservation must refuse
+	out=$(dd if=/dev/zero of=/dev/$b bs=4k count=1 seek=100 oflag=direct 2>&1)
+	rc=$?
+	note "dd from B: rc=$rc $out"
+	[ $rc != 0 ] && printf '%s' "$out" | grep -q "Invalid exchange" && dmesg | grep -qi 'reservation conflict' &&
+		ok "B's write failed with RESERVATION CONFLICT (EBADE to dd)" || bad "B's write was not refused by the reservation"
+	dd if=/dev/$b of=/dev/null bs=4k count=1 iflag=direct status=none && ok "B may still read (Write Exclusive)" || bad "B's read failed"
+	dd if=/dev/zero of=/dev/$a bs=4k count=1 seek=100 oflag=direct status=none && ok "A (holder) may write" || bad "A's write failed"
+	sg_persist --out --release --param-rk=0xa1 --prout-type=1 /dev/$a >/dev/null 2>&1 && ok "A released" || bad "release"
+	out=$(pr_resv $b)
+	printf '%s\n' "$out" | grep -qi "no reservation" && ok "no reservation held after release" || bad "after release: $out"
+	dd if=/dev/zero of=/dev/$b bs=4k count=1 seek=100 oflag=direct status=none && ok "B may write after the release" || bad "B's write after release"
+	# preempt: A reserves again, B takes over and removes A's registration.
+	# Write Exclusive again, not Exclusive Access: udev re-reads a disk that
+	# was opened for writing (sg_persist) when it is closed, and under EA
+	# those reads from the unregistered A would conflict too.
+	sg_persist --out --reserve --param-rk=0xa1 --prout-type=1 /dev/$a >/dev/null 2>&1 || bad "second reserve"
+	sg_persist --out --preempt --param-rk=0xb1 --param-sark=0xa1 --prout-type=1 /dev/$b >/dev/null 2>&1 &&
+		ok "B preempted A's reservation" || bad "preempt"
+	out=$(pr_resv $b; pr_keys $b)
+	printf '%s\n' "$out" | sed 's/^/   after preempt(B)| /'
+	printf '%s\n' "$out" | grep -q "Key=0xb1" && ! printf '%s\n' "$out" | grep -q 0xa1 &&
+		ok "after preempt B (0xb1) holds the reservation, A's key is gone" || bad "preempt result"
+	# A's next command gets UNIT ATTENTION, REGISTRATIONS PREEMPTED (2A/05):
+	# our TUR, or a read udev makes first (the kernel then logs "Parameters
+	# changed" for A's device, which is what it prints for 2A/xx)
+	local hctl
+	hctl=$(basename "$(readlink -f /sys/block/$a/device)")
+	out=$(sg_turs -vv /dev/$a 2>&1)
+	printf '%s\n' "$out" | sed 's/^/   A TUR| /'
+	if printf '%s\n' "$out" | grep -qi "Registrations preempted"; then
+		ok "A's TUR got UNIT ATTENTION, registrations preempted"
+	elif dmesg | grep -q "sd $hctl: Parameters changed"; then
+		ok "A was given the UNIT ATTENTION (2A/xx: the kernel logged 'sd $hctl: Parameters changed')"
+	else
+		bad "A got no REGISTRATIONS PREEMPTED unit attention"
+	fi
+	sg_persist --out --clear --param-rk=0xb1 /dev/$b >/dev/null 2>&1 && ok "B cleared all keys" || bad "clear"
+	out=$(pr_keys $a)
+	printf '%s\n' "$out" | grep -qi "there are NO registered" && ok "no keys left" || bad "keys left: $out"
+	iscsiadm -m node -T $IQN -p 127.0.0.1:3260 -I ifaceB --logout >/dev/null 2>&1 && ok "B logged out" || bad "B logout"
+	n=$(dmesg | grep -c 'reservation conflict')
+	[ "$n" = 1 ] && ok "the kernel logged exactly one reservation conflict (B's write)" ||
+		bad "$n reservation conflicts in the kernel log, expected 1"
+	kcheck step5 'reservation conflict|critical nexus error|FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_OK|Parameters changed'
+}
+
+step6() {
+	kbegin
+	local d s fpid base pid rc t0
+	d=$(cat /run/ini-diskA)
+	s=$(cat /run/ini-sessA)
+	note "replacement_timeout of session $s: $(cat /sys/class/iscsi_session/session$s/recovery_tmo) s"
+	base=$(writes_done $d)
+	fio --name=k --filename=/dev/$d --size=24M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=4 --direct=1 \
+		--verify=crc32c --do_verify=1 >/tmp/fio6.out 2>&1 &
+	fpid=$!
+	wait_for 300 more_writes $d "$base" 400 || note "fio wrote less than 400 blocks in 60 s"
+	pid=$(daemon_pid)
+	if kill -0 $fpid 2>/dev/null; then
+		kill -9 "$pid" && ok "kill -9 tiercached (pid $pid) after $(($(writes_done $d) - base)) writes, fio still running"
+	else
+		bad "fio ended before the kill: make it longer"
+	fi
+	wait_for 150 eval '! kill -0 '"$pid"' 2>/dev/null' || bad "tiercached $pid did not die"
+	wait_for 150 eval '[ "$(sess_state '"$s"')" = FAILED ]' && ok "the kernel saw the connection drop (session $s FAILED)" ||
+		bad "session $s state $(sess_state "$s") after the kill"
+	sleep 2 # the daemon stays away a while, as a crashed one would
+	t0=$(cut -d' ' -f1 /proc/uptime)
+	setsid tiercached -c /etc/tiercached.conf >>/var/log/tiercached-restart.log 2>&1 </dev/null &
+	wait_for 300 test -S /run/tiercache/control.sock || true
+	wait_for 600 eval '[ "$(sess_state '"$s"')" = LOGGED_IN ]' &&
+		ok "the session logged in again $(awk -v a="$t0" '{printf "%.1f", $1 - a}' /proc/uptime) s after the restart" ||
+		bad "session $s state $(sess_state "$s") 120 s after the restart"
+	wait_for 1500 eval '! kill -0 '"$fpid"' 2>/dev/null' || { bad "fio still running 300 s later"; kill $fpid; }
+	wait $fpid
+	rc=$?
+	fio_ok /tmp/fio6.out $rc "fio across the kill -9 and restart: no error, crc32c verify of all 24 MiB passed"
+	note "restarted daemon's log:"
+	sed 's/^/   log| /' /var/log/tiercached-restart.log | head -30
+	kcheck step6 'conn error|connection[0-9:]* .*error|detected conn error|session recovery|recovery timer|iscsid|Connection refused|ping timeout|nop'
+}
+
+# map_of DEV: the multipath map DEV is a path of (nothing while it is none's)
+map_of() { multipathd show paths raw format "%d %m" 2>/dev/null | awk -v d="$1" '$1==d && $2!="[orphan]"{print $2}'; }
+map_made() { local m; m=$(map_of "$1"); [ -n "$m" ] && [ -e "/dev/mapper/$m" ]; }
+mp_active() { multipathd show paths raw format "%d %m %t %T" 2>/dev/null | awk -v m="$1" '$2==m && $3=="active" && $4=="ready"' | wc -l; }
+mp_has() { [ "$(mp_active "$1")" -eq "$2" ]; }
+
+step7() {
+	kbegin
+	local s2 d1 d2 map fpid base base2 rc
+	d1=$(cat /run/ini-diskA)
+	iscsiadm -m node -T $IQN -p 127.0.0.2:3260 --login 2>&1 | sed 's/^/   login| /'
+	s2=$(sess_of $IQN 127.0.0.2) && wait_for 150 has_disk "$s2" 0 || { bad "no session to 127.0.0.2"; kcheck step7; return; }
+	d2=$(disk_of "$s2" 0)
+	ok "second path: session $s2 to 127.0.0.2:3260, LUN 0 is /dev/$d2"
+	cat >/etc/multipath.conf <<'CONF'
+defaults {
+	user_friendly_names yes
+	find_multipaths no
+	polling_interval 2
+}
+blacklist {
+	devnode "^vd[a-z]"
+	wwid "1TIERCACHtcini0003"
+}
+devices {
+	device {
+		vendor "TIERCACH"
+		product ".*"
+		path_grouping_policy multibus
+		path_selector "round-robin 0"
+		path_checker tur
+		no_path_retry 12
+	}
+}
+CONF
+	udevadm settle -t 30
+	multipathd >/dev/null 2>&1 || bad "multipathd did not start"
+	wait_for 150 map_made "$d1" ||
+		{ bad "multipathd made no map for /dev/$d1"; multipath -ll; multipathd show paths; kcheck step7; return; }
+	map=$(map_of "$d1")
+	wait_for 150 mp_has "$map" 2
+	multipath -ll "$map" | sed 's/^/   mp| /'
+	[ "$(mp_active "$map")" = 2 ] && multipath -ll "$map" | grep -q "$d1 " && multipath -ll "$map" | grep -q "$d2 " &&
+		ok "multipath map $map has 2 active paths ($d1, $d2)" || { bad "map $map: $(mp_active "$map") active paths"; kcheck step7; return; }
+	base=$(writes_done $d1)
+	base2=$(writes_done $d2)
+	fio --name=m --filename=/dev/mapper/$map --size=24M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=8 --direct=1 \
+		--verify=crc32c --do_verify=1 >/tmp/fio7.out 2>&1 &
+	fpid=$!
+	wait_for 300 more_writes $d1 "$base" 100 && wait_for 300 more_writes $d2 "$base2" 100 &&
+		ok "I/O on /dev/mapper/$map goes over both paths ($(($(writes_done $d1) - base)) writes on $d1, $(($(writes_done $d2) - base2)) on $d2)" ||
+		bad "I/O did not use both paths: $(($(writes_done $d1) - base)) writes on $d1, $(($(writes_done $d2) - base2)) on $d2"
+	kill -0 $fpid 2>/dev/null || bad "fio ended before the path went down: make it longer"
+	iscsiadm -m node -T $IQN -p 127.0.0.2:3260 --logout 2>&1 | sed 's/^/   logout| /'
+	wait_for 150 mp_has "$map" 1 && ok "path $d2 (127.0.0.2) logged out under I/O: 1 active path left, fio $(kill -0 $fpid 2>/dev/null && echo still running || echo had ended)" ||
+		bad "after the logout $(mp_active "$map") active paths"
+	wait_for 1500 eval '! kill -0 '"$fpid"' 2>/dev/null' || { bad "fio still running 300 s later"; kill $fpid; }
+	wait $fpid
+	rc=$?
+	fio_ok /tmp/fio7.out $rc "fio on /dev/mapper/$map across the path loss: no error, crc32c verify passed"
+	iscsiadm -m node -T $IQN -p 127.0.0.2:3260 --login 2>&1 | sed 's/^/   login| /'
+	wait_for 300 mp_has "$map" 2
+	multipath -ll "$map" | sed 's/^/   mp| /'
+	[ "$(mp_active "$map")" = 2 ] && ok "the path logged back in: $map has 2 active paths again" ||
+		bad "after the re-login $(mp_active "$map") active paths"
+	echo "$map" >/run/ini-map
+	kcheck step7 'multipath|failing path|remaining active paths|Synchronizing SCSI cache'
+}
+
+# chap_login ALGS [PASSWORD_IN]: log in to the CHAP target offering ALGS, mutual
+# CHAP with PASSWORD_IN (default the right one); tcpdump records the login on lo
+chap_login() {
+	local algs=$1 pin=${2:-mutualsecr5678} rc
+	local -a set=(node.session.auth.authmethod CHAP node.session.auth.chap_algs "$algs"
+		node.session.auth.username hostchap node.session.auth.password chapsecret1234
+		node.session.auth.username_in tgtchap node.session.auth.password_in "$pin"
+		node.session.initial_login_retry_max 1)
+	local i
+	for ((i = 0; i < ${#set[@]}; i += 2)); do
+		iscsiadm -m node -T $CHAP_IQN -p 127.0.0.1:3260 -o update -n "${set[i]}" -v "${set[i + 1]}" || return 9
+	done
+	rm -f /tmp/chap.pcap
+	tcpdump --immediate-mode -i lo -s 0 -U -w /tmp/chap.pcap 'tcp port 3260' >/tmp/tcpdump.out 2>&1 &
+	local tp=$!
+	wait_for 50 grep -q listening /tmp/tcpdump.out
+	timeout 60 iscsiadm -m node -T $CHAP_IQN -p 127.0.0.1:3260 --login >/tmp/chap-login.out 2>&1
+	rc=$?
+	sleep 0.5
+	kill $tp; wait $tp 2>/dev/null
+	# the target's answer to CHAP_A=...: CHAP_A=<chosen> with CHAP_I and CHAP_C
+	CHOSEN=$(tcpdump -r /tmp/chap.pcap -A 2>/dev/null | tr '\0' '\n' | grep -a -o 'CHAP_A=[0-9]*' | sort -u | tr '\n' ' ')
+	# the target's mutual answer: its name and response
+	TGT_ANSWERED=$(tcpdump -r /tmp/chap.pcap -A 2>/dev/null | tr '\0' '\n' | grep -a -c 'CHAP_N=tgtchap')
+	udevadm settle -t 30 # let udev's probe of the new disk end before it goes
+	iscsiadm -m node -T $CHAP_IQN -p 127.0.0.1:3260 --logout >/dev/null 2>&1
+	return $rc
+}
+
+step9() {
+	kbegin
+	local out rc
+	if chap_login "SHA3-256,SHA256,MD5"; then
+		note "wire: $CHOSEN"
+		[ "$CHOSEN" = "CHAP_A=8 " ] && ok "CHAP (mutual) offering SHA3-256,SHA256,MD5: logged in with SHA3-256 (CHAP_A=8)" ||
+			bad "CHAP offering SHA3-256,SHA256,MD5: target answered $CHOSEN"
+	else
+		bad "CHAP login offering SHA3-256,SHA256,MD5: $(cat /tmp/chap-login.out)"
+	fi
+	if chap_login "SHA256,MD5"; then
+		note "wire: $CHOSEN"
+		[ "$CHOSEN" = "CHAP_A=7 " ] && ok "CHAP (mutual) offering SHA256,MD5: logged in with SHA-256 (CHAP_A=7)" ||
+			bad "CHAP offering SHA256,MD5: target answered $CHOSEN"
+	else
+		bad "CHAP login offering SHA256,MD5: $(cat /tmp/chap-login.out)"
+	fi
+	if chap_login "MD5"; then
+		note "wire: $CHOSEN"
+		[ "$CHOSEN" = "CHAP_A=5 " ] && ok "CHAP (mutual) offering MD5 only: logged in with MD5 (CHAP_A=5)" ||
+			bad "CHAP offering MD5: target answered $CHOSEN"
+	else
+		bad "CHAP login offering MD5: $(cat /tmp/chap-login.out)"
+	fi
+	chap_login "SHA256" wrongmutual5678
+	rc=$?
+	case $rc in
+	0) bad "login succeeded although the target's mutual secret is not the one the initiator expects" ;;
+	19 | 24)
+		# 19: iscsid refused the target's proof (a non-retryable login failure)
+		[ "$TGT_ANSWERED" -gt 0 ] &&
+			ok "a wrong mutual secret: the target answered as tgtchap, the initiator refused its proof (iscsiadm rc $rc)" ||
+			bad "the login with a wrong mutual secret failed before the target's mutual answer"
+		;;
+	*) bad "the login with a wrong mutual secret failed for another reason: $(cat /tmp/chap-login.out 2>/dev/null)" ;;
+	esac
+	out=$(grep -E 'hostchap|vmchap|CHAP|chap' /var/log/tiercached.log /var/log/tiercached-restart.log 2>/dev/null | tail -8)
+	note "daemon log lines of these logins:"
+	printf '%s\n' "$out" | sed 's/^/   log| /'
+	kcheck step9 'authentication|auth|login|conn error|connection[0-9:]* .*error'
+}
+
+step10() {
+	kbegin
+	local s a0 a1 sg0 sg1 out rc
+	s=$(cat /run/ini-sessA)
+	a0=$(cat /run/ini-diskA)
+	a1=$(disk_of "$s" 1) || { bad "no LUN 1 on session $s"; kcheck step10; return; }
+	sg0=$(ls /sys/block/$a0/device/scsi_generic/)
+	sg1=$(ls /sys/block/$a1/device/scsi_generic/)
+	note "LUN 0 /dev/$a0 /dev/$sg0, LUN 1 /dev/$a1 /dev/$sg1"
+	# LUN 1 (16 MiB, no cache) gets random data; it is copied onto the first
+	# 16 MiB of LUN 0 (write-back cache) by the target itself
+	head -c 16M /dev/urandom >/tmp/l1.bin
+	dd if=/tmp/l1.bin of=/dev/$a1 bs=1M oflag=direct status=none || bad "filling LUN 1"
+	# ODX with ddpt: Debian 12's ddpt 0.97 builds POPULATE TOKEN parameter
+	# lists we must refuse: with skip=LBA,NUM lists it writes the range
+	# descriptor one byte early (NUMBER OF LOGICAL BLOCKS reads 0x00800000:
+	# LBA OUT OF RANGE), without them it asks for 0 blocks (INVALID FIELD IN
+	# PARAMETER LIST, byte 14); seen on the wire with tcpdump. So not here.
+	skip "ODX with ddpt --odx: bookworm's ddpt 0.97 sends malformed POPULATE TOKEN range descriptors (the target refuses them, rightly)"
+	dd if=/dev/zero of=/dev/$a0 bs=1M count=16 oflag=direct status=none
+	out=$(timeout 300 sg_xcopy if=/dev/$sg1 of=/dev/$sg0 bs=512 count=32768 2>&1)
+	rc=$?
+	printf '%s\n' "$out" | sed 's/^/   sg_xcopy| /'
+	[ $rc = 0 ] && ok "EXTENDED COPY (LID1, sg_xcopy) LUN 1 -> LUN 0, 16 MiB" || bad "sg_xcopy rc=$rc"
+	cmp /tmp/l1.bin <(dd if=/dev/$a0 bs=1M count=16 iflag=direct status=none) &&
+		ok "cmp: the first 16 MiB of LUN 0 equal LUN 1 after the target-side copy" || bad "LUN 0 differs from LUN 1 after the copy"
+	kcheck step10
+}
+
+"$@"
+EOF
+chmod 755 "$R/sbin/ini-steps"
+}
+
+build() {
+	local K=$W/kroot IR=$W/ini-initrd KVER
+	[ -x "$BUILD/tiercached" ] || { echo "FAIL: build $BUILD/tiercached first"; exit 1; }
+	KVER=$(ls "$K/lib/modules" | head -1)
+	depmod -b "$K" "$KVER"
+	rm -rf "$IR"
+	mkdir -p "$IR"/{bin,etc,proc,sys,dev,newroot}
+	cp /bin/busybox "$IR/bin/busybox"
+	for m in virtio_pci virtio_blk ext4 crc32c_generic; do
+		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
+	done | awk '!s[$0]++' >"$W/ini-modlist-initrd.txt"
+	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$IR/$(dirname "$rel")"; cp "$ko" "$IR/$rel"; done <"$W/ini-modlist-initrd.txt"
+	sed "s#^$K##" "$W/ini-modlist-initrd.txt" >"$IR/etc/modlist"
+	cat >"$IR/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
+for ko in $(cat /etc/modlist); do insmod "$ko" 2>/dev/null; done
+for i in $(seq 1 50); do [ -b /dev/vda ] && break; sleep 0.1; done
+mkdir -p /newroot
+mount -t ext4 -o rw /dev/vda /newroot || { echo "mount /dev/vda FAILED"; exec sh; }
+mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
+exec switch_root /newroot /sbin/tc-init
+EOF
+	chmod 755 "$IR/init"
+	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/ini-initrd.cpio"
+	cp "$K/boot/vmlinuz-$KVER" "$W/ini-vmlinuz"
+	for m in $ROOT_MODS; do
+		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
+	done | awk '!s[$0]++' >"$W/ini-modlist-root.txt"
+	rm -rf "$R/lib/modules"
+	mkdir -p "$R/lib/modules/$KVER"
+	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$R/$(dirname "$rel")"; cp "$ko" "$R/$rel"; done <"$W/ini-modlist-root.txt"
+	cp "$K/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KVER/"
+	depmod -b "$R" "$KVER"
+	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$R/usr/sbin/"
+	# libraries the guest root lacks (same Debian release, so never replace one)
+	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u |
+		while read -r lib; do
+			[ -e "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ] || cp "$(readlink -f "$lib")" "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
+		done
+	write_guest_init
+	write_guest_steps
+	write_conf
+	# the initiator's own name and timeouts; no records from an earlier run
+	echo "InitiatorName=iqn.2026-11.io.tiercache:hosta" >"$R/etc/iscsi/initiatorname.iscsi"
+	sed -i -e 's/^node.session.timeo.replacement_timeout = .*/node.session.timeo.replacement_timeout = 120/' \
+		"$R/etc/iscsi/iscsid.conf"
+	rm -rf "$R"/etc/iscsi/{nodes,send_targets,ifaces} "$R"/etc/multipath.conf "$R"/etc/multipath/{bindings,wwids}
+	rm -f "$W/ini-root.img" "$W/ini-data.img"
+	mkfs.ext4 -q -F -L tcroot -d "$R" "$W/ini-root.img" 1G
+	# the daemon's state_dir, backing files and cache legs: a fresh filesystem each run
+	mkfs.ext4 -q -F -L tcdata "$W/ini-data.img" 512M
+}
+
+boot() {
+	rm -f "$W/ini-serial.log"
+	local t0
+	t0=$(now)
+	qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp 1 -display none -monitor none \
+		-serial file:"$W/ini-serial.log" -no-reboot -kernel "$W/ini-vmlinuz" -initrd "$W/ini-initrd.cpio" \
+		-append "console=ttyS0 quiet panic=-1" \
+		-drive file="$W/ini-root.img",if=virtio,format=raw,cache=unsafe \
+		-drive file="$W/ini-data.img",if=virtio,format=raw,cache=unsafe \
+		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:$PORT-:3260,hostfwd=tcp:127.0.0.1:$DBGPORT-:2323 \
+		-device virtio-net-pci,netdev=n0 >"$W/ini-qemu.out" 2>&1 &
+	echo $! >"$W/ini-qemu.pid"
+	local rc=0
+	vm_wait_ready "$W/ini-serial.log" "$W/ini-qemu.pid" 1500 || rc=1
+	echo "BOOT: qemu start -> target ready: $(since "$t0") s"
+	grep -E 'PROBE|tiercached:' "$W/ini-serial.log" || true
+	return $rc
+}
+
+# gsh SCRIPT: run SCRIPT with bash in the guest, stdin /dev/null (so fio and
+# friends cannot eat the rest of it), at most TMO seconds
+gsh() {
+	local tmo=${TMO:-900}
+	printf 'echo %s | base64 -d >/tmp/gsh.sh\ntimeout %s bash /tmp/gsh.sh </dev/null 2>&1\nexit\n' \
+		"$(printf '%s' "$*" | base64 -w0)" "$tmo" | socat -t "$((tmo + 30))" - TCP:127.0.0.1:$DBGPORT
+}
+
+RC=0
+check() {
+	local n t0 out title
+	for n in $STEPS; do
+		case $n in
+		1) title="discovery, login, our disk" ;;
+		2) title="the kernel's view of our limits" ;;
+		3) title="ext4 + fio verify + fsck + sums" ;;
+		4) title="fstrim and blkdiscard" ;;
+		5) title="persistent reservations from two initiator names" ;;
+		6) title="kill -9 of tiercached under fio" ;;
+		7) title="dm-multipath over two portals, one path lost under I/O" ;;
+		9) title="(extra) CHAP: SHA3-256, SHA-256, MD5, mutual" ;;
+		10) title="(extra) ODX with ddpt, EXTENDED COPY with sg_xcopy" ;;
+		esac
+		echo "== step $n: $title"
+		t0=$(now)
+		out=$(gsh "/sbin/ini-steps step$n") || true
+		echo "$out"
+		echo "   (step $n: $(since "$t0") s)"
+		echo "$out" | grep -q '^FAIL: ' && RC=1
+		echo "$out" | grep -qE '^(ok|SKIP): ' || { echo "FAIL: step $n printed no result"; RC=1; }
+	done
+	echo "== daemon log (errors and warnings)"
+	gsh 'grep -hiE "error|warn|fail|crash|recover" /var/log/tiercached.log /var/log/tiercached-restart.log 2>/dev/null | tail -40' || true
+}
+
+stop() { [ -f "$W/ini-qemu.pid" ] && kill "$(cat "$W/ini-qemu.pid")" 2>/dev/null; rm -f "$W/ini-qemu.pid"; true; }
+
+case "${1:-all}" in
+setup) setup ;;
+build) build ;;
+boot) boot ;;
+check) check; exit $RC ;;
+stop) stop ;;
+gsh) shift; gsh "$*" ;;
+# push: copy the current step script into the running guest (while debugging)
+push) write_guest_steps; gsh "echo $(base64 -w0 "$R/sbin/ini-steps") | base64 -d >/sbin/ini-steps" ;;
+all) vm_all "kernel iSCSI initiator (open-iscsi, multipath) + tiercached system test" setup ;;
+*) echo "usage: $0 [setup|build|boot|check|stop|gsh CMD|push|all]"; exit 2 ;;
+esac

@@ -54,6 +54,12 @@ pass "mutual CHAP: libiscsi accepts the target's proof"
 inq "$(url alice%alicesecret123 '?target_user=tgtuser&target_password=notthesecret1')" &&
 	fail "libiscsi accepted a mutual answer made with another secret"
 pass "mutual CHAP answer depends on the mutual secret"
+# the login line names how the initiator authenticated (libiscsi: MD5)
+grep -q "logged in to $iqn (TSIH [0-9]*, auth CHAP MD5, " "$T/daemon.log" ||
+	fail "the one-way login's log line does not say 'auth CHAP MD5': $(grep -m1 'logged in to' "$T/daemon.log")"
+grep -q "logged in to $iqn (TSIH [0-9]*, auth CHAP MD5 mutual, " "$T/daemon.log" ||
+	fail "the mutual login's log line does not say 'auth CHAP MD5 mutual'"
+pass "the login lines name the CHAP algorithm, and mutual when it was"
 inq "$(url alice%wrongsecret99)" && fail "wrong CHAP secret logged in"
 pass "wrong CHAP secret refused"
 inq "$(url mallory%alicesecret123)" && fail "unknown CHAP user logged in"

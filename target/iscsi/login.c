@@ -56,6 +56,7 @@ struct iscsi_login {
 	 * any login may read it) */
 	const char *chap_user, *chap_secret, *mutual_user, *mutual_secret;
 	bool authenticated;
+	bool mutual_done;          /* we proved ourselves to the initiator too */
 	enum chap_state chap;
 	struct iscsi_chap chal;
 	char initiator[ISCSI_NAME_MAX];
@@ -334,6 +335,7 @@ static uint16_t check_chap_response(struct iscsi_conn *c, const struct iscsi_kv 
 		iscsi_text_add(out, "CHAP_N", L->mutual_user);
 		iscsi_text_add(out, "CHAP_R", mutual);
 		OPENSSL_cleanse(mutual, sizeof(mutual));
+		L->mutual_done = true;
 	}
 	L->chap = CHAP_DONE;
 	L->authenticated = true;
@@ -358,10 +360,16 @@ static void enter_full_feature(struct iscsi_conn *c, const uint8_t *req, uint8_t
 	/* The response above went out under login rules; digests start now. */
 	c->params = L->params;
 	c->state = CONN_FULL_FEATURE;
-	log_info("iSCSI %s: %s logged in to %s (TSIH %u, HeaderDigest %s, DataDigest %s, "
+	const enum chap_alg alg = L->authenticated ? L->chal.alg : CHAP_ALG_NONE;
+	log_info("iSCSI %s: %s logged in to %s (TSIH %u, auth %s%s, HeaderDigest %s, DataDigest %s, "
 		 "MaxRecvDataSegmentLength %u/%u, MaxBurstLength %u, FirstBurstLength %u, "
 		 "InitialR2T %s, ImmediateData %s)",
 		 c->peer, L->initiator, L->discovery ? "discovery" : L->tgt->iqn, s->tsih,
+		 alg == CHAP_ALG_SHA3_256 ? "CHAP SHA3-256"
+		 : alg == CHAP_ALG_SHA256 ? "CHAP SHA-256"
+		 : alg == CHAP_ALG_MD5	  ? "CHAP MD5"
+					  : "None",
+		 L->mutual_done ? " mutual" : "",
 		 c->params.header_digest ? "CRC32C" : "None",
 		 c->params.data_digest ? "CRC32C" : "None", c->params.initiator_mrdsl,
 		 c->params.target_mrdsl, c->params.max_burst, c->params.first_burst,

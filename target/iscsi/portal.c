@@ -256,7 +256,6 @@ int iscsi_portal_start(const struct iscsi_portal_cfg *cfg, char *err, size_t err
 		listeners[nlisteners].fd = fd;
 		listeners[nlisteners].on_event = on_accept;
 		nlisteners++;
-		log_info("iSCSI portal listening on %s:%u", cfg->listen[i].addr, cfg->listen[i].port);
 	}
 	if (worker_post(worker_get(0), watch_listeners, NULL) < 0) {
 		snprintf(err, errlen, "out of memory starting the iSCSI portal");

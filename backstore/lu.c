@@ -168,7 +168,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 	if (pr_load(lu, err, errlen) < 0)
 		goto fail;
 	lu_space_init(lu, cfg->space_warn);
-	lu->io_timeout_ms = cfg->io_timeout_ms;
+	atomic_init(&lu->io_timeout_ms, cfg->io_timeout_ms);
 
 	pthread_mutex_lock(&walk_lock);
 	pthread_mutex_lock(&registry_lock);

@@ -244,7 +244,7 @@ struct scsi_lu {
 	uint64_t scan_posted[LU_SCAN_WORDS];
 
 	/* io_timeout (lu_timeout.c): commands overdue now, and ever */
-	uint32_t io_timeout_ms;
+	_Atomic uint32_t io_timeout_ms; /* scsi_lu_set_io_timeout: a reload may change it */
 	atomic_uint overdue_now;
 	_Atomic uint64_t overdue_total;
 

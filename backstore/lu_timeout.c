@@ -29,7 +29,8 @@
 bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms)
 {
 	struct scsi_lu *lu = cmd->lu;
-	if (!lu || !lu->io_timeout_ms || age_ms < lu->io_timeout_ms || cmd->overdue)
+	uint32_t tmo = lu ? atomic_load_explicit(&lu->io_timeout_ms, memory_order_relaxed) : 0;
+	if (!tmo || age_ms < tmo || cmd->overdue)
 		return false;
 	cmd->overdue = true;
 	sbc_write_fence(cmd);
@@ -37,7 +38,7 @@ bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms)
 	if (atomic_fetch_add(&lu->overdue_now, 1) == 0)
 		log_err("lun \"%s\": the backing store has held a command longer than io_timeout (%u s); hosts "
 			"are answered ABORTED COMMAND, and later writes to its blocks wait until the store "
-			"gives it back", lu->name, lu->io_timeout_ms / 1000);
+			"gives it back", lu->name, tmo / 1000);
 	return true;
 }
 
@@ -57,7 +58,12 @@ size_t scsi_cmd_overdue_sense(const struct scsi_cmd *cmd, uint8_t *buf, size_t c
 
 void scsi_lu_overdue(const struct scsi_lu *lu, struct scsi_lu_overdue *out)
 {
-	out->io_timeout_ms = lu->io_timeout_ms;
+	out->io_timeout_ms = atomic_load_explicit(&lu->io_timeout_ms, memory_order_relaxed);
 	out->now = atomic_load(&lu->overdue_now);
 	out->total = atomic_load(&lu->overdue_total);
+}
+
+void scsi_lu_set_io_timeout(struct scsi_lu *lu, uint32_t io_timeout_ms)
+{
+	atomic_store_explicit(&lu->io_timeout_ms, io_timeout_ms, memory_order_relaxed);
 }

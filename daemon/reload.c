@@ -246,7 +246,10 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		LUN_FIELD(ol->ceph_timeout != nl->ceph_timeout, "ceph_timeout")
 		LUN_FIELD(ol->gateways != nl->gateways, "gateways")
 		LUN_FIELD(ol->space_warn != nl->space_warn, "space_warn")
-		LUN_FIELD(ol->io_timeout != nl->io_timeout, "io_timeout")
+		/* through TCMU, LIO's cmd_time_out was set from it when the device
+		 * was set up: a longer io_timeout would let the kernel fail a
+		 * command before it is fenced here */
+		LUN_FIELD(ol->io_timeout != nl->io_timeout && n->tcmu_enable, "io_timeout (with [tcmu] enable)")
 #undef LUN_FIELD
 		if (count != before) {
 			if (!dup_into(&nl->backing, ol->backing) || !dup_into(&nl->serial, ol->serial) ||
@@ -257,7 +260,8 @@ static int keep_unreloadable(struct config *o, struct config *n)
 			nl->backing_buffered = ol->backing_buffered;
 			nl->gateways = ol->gateways;
 			nl->space_warn = ol->space_warn;
-			nl->io_timeout = ol->io_timeout;
+			if (n->tcmu_enable)
+				nl->io_timeout = ol->io_timeout;
 			nl->size = ol->size;
 			nl->block_size = ol->block_size;
 			nl->write_cache = ol->write_cache;
@@ -577,6 +581,19 @@ static void reload_swap_config(struct reload *r)
 	ctl_cache_update(r->n, r->vols);
 	control_unlock();
 	worker_set_poll_us(r->n->poll_us); /* takes effect at each worker's next wait */
+	/* io_timeout of the LUNs that stay: for the next look at each command */
+	for (int i = 0; i < r->nl; i++) {
+		const struct cfg_lun *nl = &r->n->luns[i], *ol = config_find_lun(r->o, nl->name);
+		if (r->lu_new[i] || !ol || ol->io_timeout == nl->io_timeout || !r->lus[i])
+			continue;
+		char was[16] = "off", now[16] = "off";
+		if (ol->io_timeout)
+			snprintf(was, sizeof(was), "%u s", ol->io_timeout);
+		if (nl->io_timeout)
+			snprintf(now, sizeof(now), "%u s", nl->io_timeout);
+		scsi_lu_set_io_timeout(r->lus[i], nl->io_timeout * 1000u);
+		log_info("reload: [lun %s] io_timeout %s -> %s, for commands from now on", nl->name, was, now);
+	}
 	{
 		struct config **v = realloc(d->old_cfgs, sizeof(*v) * (size_t)(d->nold_cfgs + 1));
 		if (v) {

@@ -206,7 +206,11 @@ tc_freeze_fs() {
 	tc_until 10 test -e "$T/ff/held" ||
 		skip "cannot mount the FUSE file system: $(head -c 200 "$T/freeze_fs.log")"
 }
-tc_freeze() { kill -USR1 "$TC_FF_PID"; }
+# tc_freeze returns once freeze_fs says it is frozen: the signal is handled
+# when one of its threads next runs, and a request arriving before that
+# would pass (a busy machine made a GET LBA STATUS pass that way)
+tc_frozen() { [ "$(awk '{ print $1 }' "$T/ff/held")" = 1 ]; }
+tc_freeze() { kill -USR1 "$TC_FF_PID"; tc_until 10 tc_frozen || fail "freeze_fs did not freeze within 10 s"; }
 tc_thaw() { kill -USR2 "$TC_FF_PID"; }
 tc_held() { awk '{ print $2 }' "$T/ff/held"; }
 

@@ -25,7 +25,11 @@ import json, sys
 l = json.load(sys.stdin)["luns"][0]["timeouts"]
 print(l["overdue_now"], l["overdue_total"], l["io_timeout_s"])'; }
 
+# direct: io_timeout = 2 from the start; buffered: 30 at the start, then 2
+# by a reload (SIGHUP), so every check of the probe runs on the reloaded value
 for io in direct buffered; do
+	tmo0=2
+	[ $io = buffered ] && tmo0=30
 	port=$(tc_free_port)
 	base=iscsi://127.0.0.1:$port/iqn.2026-12.io.tiercache:stuck
 	tc_conf_head "$port" | sed -e "s|^\[daemon\]|&\nworkers = 1|" >"$T/t.conf"
@@ -40,7 +44,7 @@ backing = $T/ff/disk
 size = 64M
 backing_io = $io
 write_cache = yes
-io_timeout = 2
+io_timeout = $tmo0
 
 [lun other]
 backing = $T/other.img
@@ -50,9 +54,18 @@ CONF
 	[ -f "$T/daemon.log" ] && mv "$T/daemon.log" "$T/daemon-before-$io.log"
 	tc_start "$T/t.conf"
 	set -- $(overdue)
-	[ "$3" = 2 ] || fail "status gives io_timeout $3 s, the config 2"
+	[ "$3" = $tmo0 ] || fail "status gives io_timeout $3 s, the config $tmo0"
+	if [ $tmo0 != 2 ]; then
+		sed -i 's/^io_timeout = 30$/io_timeout = 2/' "$T/t.conf"
+		kill -HUP "$TC_PID"
+		tc_wait_for 30 "the reload to apply io_timeout = 2" \
+			grep -q 'reload: \[lun stuck\] io_timeout 30 s -> 2 s' "$T/daemon.log"
+		set -- $(overdue)
+		[ "$3" = 2 ] || fail "after the reload status gives io_timeout $3 s, want 2"
+		pass "backing_io = $io: a reload took io_timeout from 30 s to 2 s"
+	fi
 
-	if ! "$T/stuck_probe" "$base/0" "$base/1" "$TC_FF_PID" 2 >"$T/probe-$io.out" 2>&1; then
+	if ! STUCK_PROBE_HELD=$T/ff/held "$T/stuck_probe" "$base/0" "$base/1" "$TC_FF_PID" 2 >"$T/probe-$io.out" 2>&1; then
 		tc_thaw
 		fail "backing_io = $io: $(grep -av '^ok' "$T/probe-$io.out" | tr '\n' ' ')"
 	fi

@@ -194,6 +194,31 @@ static bool sense_is_timeout(const struct op *o)
 	       o->ascq == 0x2e02;
 }
 
+/*
+ * Freeze the store and wait until freeze_fs says it is frozen (its held
+ * file, STUCK_PROBE_HELD, reads "1 ..."): the signal is handled when one
+ * of its threads next runs, and a request arriving before that passes.
+ */
+static void freeze(void)
+{
+	const char *held = getenv("STUCK_PROBE_HELD");
+	kill(ff_pid, SIGUSR1);
+	for (int i = 0; held && i < 1000; i++) {
+		char b[64] = "";
+		FILE *f = fopen(held, "r");
+		if (f) {
+			if (!fgets(b, sizeof(b), f))
+				b[0] = 0;
+			fclose(f);
+		}
+		if (b[0] == '1')
+			return;
+		usleep(10000);
+	}
+	if (held)
+		check(false, "freeze_fs did not say it was frozen within 10 s");
+}
+
 static void phase_commands(void)
 {
 	struct op w = { .name = "WRITE(10) 4K" }, r = { .name = "READ(10) 64K" }, s = { .name = "SYNCHRONIZE CACHE(10)" },
@@ -327,7 +352,7 @@ int main(int argc, char **argv)
 	clear_ua(is, lun_stuck);
 	clear_ua(is, lun_other);
 
-	kill(ff_pid, SIGUSR1);
+	freeze();
 	phase_commands();
 	phase_tmfs();
 	phase_fence();

@@ -82,6 +82,8 @@ struct rbd_bdev {
 	 * writes fail at once with -EDQUOT; read by the I/O path */
 	atomic_bool pool_full;
 	bool space_unknown_logged;  /* the space monitor's thread only */
+	bool alloc_known;           /* and the last count of the image's allocation */
+	uint64_t alloc_bytes, alloc_at_ms, alloc_cost_ms;
 
 	/* rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;

@@ -13,21 +13,26 @@
  * images with the fast-diff feature (the object map says which objects
  * exist); elsewhere it is left unknown rather than listing every object.
  *
- * Out of space: when a pool reaches its quota (or the cluster its full
- * ratio), Ceph marks it full and librados holds every write to it, overwrites
- * and discards included, until the mark goes: librbd's writes would hang
- * until ceph_timeout and then end BUSY, and a host would retry them forever.
- * So while the last look saw the pool full, writes, discards and zeroing
+ * Out of space: when a pool reaches its quota (or its OSDs their full
+ * ratio), Ceph marks it full in the OSD map (flags full_quota, full) and
+ * librados holds every write to it, overwrites and discards included, until
+ * the mark goes: librbd's writes would hang until ceph_timeout and then end
+ * BUSY, and a host would retry them forever. So while the last look found
+ * that mark (osd pool ls detail: the flags, not the statistics, which lag
+ * and read zero after a manager fails over), writes, discards and zeroing
  * fail at once with -EDQUOT, which the backstore answers with DATA PROTECT,
  * SPACE ALLOCATION FAILED WRITE PROTECT (07/27/07) and the write-back cache
  * takes as "keep the data dirty, take only overwrites of cached blocks";
  * a write that was already held and timed out while the pool is full ends
- * the same way. Reads go on. The next look that finds room (quota raised,
- * images or snapshots removed) lets writes through again, with no restart.
+ * the same way. Reads go on. The next look that finds the mark gone (quota
+ * raised, images or snapshots removed) lets writes through again, with no
+ * restart; a look that cannot tell drops the verdict, and Ceph decides.
+ * The pool is found by its id, so a rename is followed.
  *
  * Threading: rbd_space runs on the space monitor's thread (it may block, up
- * to the cluster's operation timeout) inside the handles; pool_full is an
- * atomic read by the I/O path.
+ * to the cluster's operation timeout per monitor command); each cluster call
+ * is inside the handles on its own, so a handle swap waits for one call at
+ * most. pool_full is an atomic read by the I/O path.
  */
 #include "bdev/rbd_int.h"
 
@@ -37,17 +42,17 @@
 #include <json-c/json.h>
 #include <string.h>
 
-/* Run a monitor command {"prefix": PREFIX, "format": "json"[, "pool": POOL]}
+/* Run a monitor command {"prefix": PREFIX, "format": "json"[, KEY: VAL]}
  * and parse its answer: 0 and *out (json_object_put it), or -errno. */
-static int mon_json(rados_t cluster, const char *prefix, const char *pool, struct json_object **out)
+static int mon_json(rados_t cluster, const char *prefix, const char *key, const char *val, struct json_object **out)
 {
 	struct json_object *c = json_object_new_object();
 	if (!c)
 		return -ENOMEM;
 	json_object_object_add(c, "prefix", json_object_new_string(prefix));
 	json_object_object_add(c, "format", json_object_new_string("json"));
-	if (pool)
-		json_object_object_add(c, "pool", json_object_new_string(pool));
+	if (key)
+		json_object_object_add(c, key, json_object_new_string(val));
 	const char *cmd[1] = {json_object_to_json_string_ext(c, JSON_C_TO_STRING_PLAIN)};
 	char *outbuf = NULL, *outs = NULL;
 	size_t outlen = 0, outslen = 0;
@@ -117,35 +122,114 @@ static int image_alloc(struct rbd_bdev *rb, uint64_t *alloc)
 	return r < 0 ? r : 0;
 }
 
-static void set_full(struct rbd_bdev *rb, bool full, uint64_t quota, uint64_t used)
+/* Does the OSD map mark pool id full (its quota, or OSDs at their full
+ * ratio)? 1, 0, or -ENOENT when the pool is not listed. These flags are
+ * what makes librados hold writes, so they decide, not the statistics. */
+static int pool_marked_full(struct json_object *ls, int64_t id, bool *quota)
+{
+	if (!json_object_is_type(ls, json_type_array))
+		return -EBADMSG;
+	for (size_t i = 0; i < json_object_array_length(ls); i++) {
+		struct json_object *p = json_object_array_get_idx(ls, i), *v;
+		if (!json_object_object_get_ex(p, "pool_id", &v) || json_object_get_int64(v) != id)
+			continue;
+		const char *names = json_object_object_get_ex(p, "flags_names", &v) ? json_object_get_string(v) : NULL;
+		bool full = false;
+		*quota = false;
+		for (const char *f = names; f && *f;) {
+			size_t n = strcspn(f, ",");
+			if ((n == 4 && !strncmp(f, "full", 4)) || (n == 10 && !strncmp(f, "full_quota", 10)))
+				full = true;
+			if (n == 10 && !strncmp(f, "full_quota", 10))
+				*quota = true;
+			f += n + (f[n] == ',');
+		}
+		return full;
+	}
+	return -ENOENT;
+}
+
+static void set_full(struct rbd_bdev *rb, const char *pool, bool full, bool by_quota)
 {
 	if (atomic_exchange(&rb->pool_full, full) == full)
 		return;
 	if (!full)
-		log_info("rbd %s: pool %s has room again (%llu bytes stored%s); writes are taken again", rb->spec,
-			 rb->pool, (unsigned long long)used, quota ? " against its quota" : "");
-	else if (quota)
-		log_err("rbd %s: pool %s is full: %llu bytes stored, quota %llu; writes fail with SPACE "
-			"ALLOCATION FAILED until the quota is raised (ceph osd pool set-quota %s max_bytes N) "
-			"or data is removed",
-			rb->spec, rb->pool, (unsigned long long)used, (unsigned long long)quota, rb->pool);
+		log_info("rbd %s: pool %s has room again; writes are taken again", rb->spec, pool);
+	else if (by_quota)
+		log_err("rbd %s: pool %s is full (its quota): writes fail with SPACE ALLOCATION FAILED until the "
+			"quota is raised (ceph osd pool set-quota %s max_bytes N) or data is removed",
+			rb->spec, pool, pool);
 	else
-		log_err("rbd %s: pool %s is full: the cluster can store nothing more in it; writes fail with SPACE "
-			"ALLOCATION FAILED until OSD space is added or data is removed",
-			rb->spec, rb->pool);
+		log_err("rbd %s: pool %s is full (its OSDs are): writes fail with SPACE ALLOCATION FAILED until "
+			"OSD space is added or data is removed",
+			rb->spec, pool);
+}
+
+/* Run one monitor command inside the handles (never across a handle swap). */
+static int mon_json_in(struct rbd_bdev *rb, const char *prefix, const char *key, const char *val,
+		       struct json_object **out)
+{
+	*out = NULL;
+	if (!rbd_handles_enter(rb))
+		return -ENOTCONN;
+	int r = mon_json(rb->cluster, prefix, key, val, out);
+	rbd_handles_exit(rb);
+	return r;
+}
+
+/* The image's allocation, recounted at most once per 20 times what the
+ * last count took (an object map walk is cheap on small images, not on a
+ * 100 TiB one, and one thread serves every LU). */
+static int image_alloc_paced(struct rbd_bdev *rb, uint64_t *alloc)
+{
+	uint64_t t0 = now_ms();
+	if (rb->alloc_known && t0 - rb->alloc_at_ms < 20 * rb->alloc_cost_ms) {
+		*alloc = rb->alloc_bytes;
+		return 0;
+	}
+	if (!rbd_handles_enter(rb))
+		return -ENOTCONN;
+	int r = image_alloc(rb, alloc);
+	rbd_handles_exit(rb);
+	rb->alloc_known = r == 0;
+	rb->alloc_bytes = *alloc;
+	rb->alloc_at_ms = now_ms();
+	rb->alloc_cost_ms = rb->alloc_at_ms - t0;
+	return r;
 }
 
 int rbd_space(struct bdev *dev, struct bdev_space *out)
 {
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
-	struct json_object *quota = NULL, *df = NULL;
+	struct json_object *ls = NULL, *quota = NULL, *df = NULL, *st = NULL, *v;
+	char pool[RBD_NAME_MAX];
+	bool by_quota = false;
 
+	/* the pool by its id: a renamed pool keeps it, and a new pool that
+	 * takes the old name is not ours */
 	if (!rbd_handles_enter(rb))
 		return -ENOTCONN;
-	int r = mon_json(rb->cluster, "osd pool get-quota", rb->pool, &quota);
+	int64_t id = rados_ioctx_get_id(rb->ioctx);
+	int r = rados_pool_reverse_lookup(rb->cluster, id, pool, sizeof(pool));
+	rbd_handles_exit(rb);
+	if (r >= 0)
+		r = mon_json_in(rb, "osd pool ls", "detail", "detail", &ls);
+	int full = r >= 0 ? pool_marked_full(ls, id, &by_quota) : r;
+	if (full < 0) {
+		/* no verdict: let the cluster hold writes rather than refuse them
+		 * on an old one */
+		if (atomic_exchange(&rb->pool_full, false))
+			log_warn("rbd %s: cannot tell whether its pool is still full (%s); writes go to the cluster "
+				 "again", rb->spec, strerror(-full));
+		r = full;
+		goto out;
+	}
+	set_full(rb, pool, full, by_quota);
+
+	r = mon_json_in(rb, "osd pool get-quota", "pool", pool, &quota);
 	if (r == 0)
-		r = mon_json(rb->cluster, "df", NULL, &df);
-	struct json_object *st = df ? df_pool_stats(df, rb->pool) : NULL, *v;
+		r = mon_json_in(rb, "df", NULL, NULL, &df);
+	st = df ? df_pool_stats(df, pool) : NULL;
 	if (r == 0 && (!st || !json_object_object_get_ex(st, "max_avail", &v)))
 		r = -ENOENT;
 	if (r == -ENOENT) {
@@ -154,7 +238,7 @@ int rbd_space(struct bdev *dev, struct bdev_space *out)
 		if (!rb->space_unknown_logged)
 			log_info("rbd %s: the cluster has no usage statistics for pool %s (is a ceph-mgr running?): "
 				 "its space is unknown until it has",
-				 rb->spec, rb->pool);
+				 rb->spec, pool);
 		rb->space_unknown_logged = true;
 		r = -ENOTSUP;
 		goto out;
@@ -164,8 +248,6 @@ int rbd_space(struct bdev *dev, struct bdev_space *out)
 	rb->space_unknown_logged = false;
 
 	uint64_t qbytes = json_u64(quota, "quota_max_bytes", 0);
-	uint64_t qobjs = json_u64(quota, "quota_max_objects", 0);
-	uint64_t objs = json_u64(quota, "current_num_objects", json_u64(st, "objects", 0));
 	uint64_t used = json_u64(quota, "current_num_bytes", json_u64(st, "stored", 0));
 	uint64_t max_avail = json_u64(st, "max_avail", 0);
 	if (qbytes) {
@@ -176,10 +258,10 @@ int rbd_space(struct bdev *dev, struct bdev_space *out)
 		out->pool_bytes = used + max_avail;
 		out->pool_free = max_avail;
 	}
-	out->alloc_known = image_alloc(rb, &out->alloc) == 0;
-	set_full(rb, (qbytes && used >= qbytes) || (qobjs && objs >= qobjs) || !max_avail, qbytes, used);
+	out->alloc_known = image_alloc_paced(rb, &out->alloc) == 0;
 out:
-	rbd_handles_exit(rb);
+	if (ls)
+		json_object_put(ls);
 	if (quota)
 		json_object_put(quota);
 	if (df)

@@ -17,7 +17,9 @@
  * becomes a fence there (sbc_write_fence), so that no newer write to its
  * blocks, nor a COMPARE AND WRITE, reaches the device before it is back:
  * when the store wakes up, the old write lands first and the new one over
- * it, as the host ordered them.
+ * it, as the host ordered them. One that is still waiting for its turn in
+ * the interlock has sent nothing: it is cancelled (scsi_cmd_cancel) and
+ * never lands.
  *
  * Threading: scsi_cmd_overdue on the command's worker; the counts are
  * atomics, read by status from any thread.
@@ -34,6 +36,9 @@ bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms)
 		return false;
 	cmd->overdue = true;
 	sbc_write_fence(cmd);
+	/* one still queued in the interlock never reached the device: it
+	 * leaves the queue (and its fence with it) instead of landing later */
+	sbc_cmd_cancel(cmd);
 	atomic_fetch_add(&lu->overdue_total, 1);
 	if (atomic_fetch_add(&lu->overdue_now, 1) == 0)
 		log_err("lun \"%s\": the backing store has held a command longer than io_timeout (%u s); hosts "

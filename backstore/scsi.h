@@ -368,9 +368,10 @@ struct scsi_lu_overdue {
 	uint64_t now, total;
 };
 void scsi_lu_overdue(const struct scsi_lu *lu, struct scsi_lu_overdue *out);
-/* A new io_timeout (0 = never) for commands from now on (a reload). Any
- * thread. LIO's cmd_time_out of a TCMU device keeps its value until the
- * device is set up again. */
+/* A new io_timeout (0 = never), a reload's: each command is measured
+ * against it at its next look, those in flight too. Any thread. LIO's
+ * cmd_time_out of a TCMU device keeps its value until the device is set
+ * up again. */
 void scsi_lu_set_io_timeout(struct scsi_lu *lu, uint32_t io_timeout_ms);
 
 /* ---- task management (SAM-5), after the front end has dealt with its

@@ -247,9 +247,10 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		LUN_FIELD(ol->gateways != nl->gateways, "gateways")
 		LUN_FIELD(ol->space_warn != nl->space_warn, "space_warn")
 		/* through TCMU, LIO's cmd_time_out was set from it when the device
-		 * was set up: a longer io_timeout would let the kernel fail a
-		 * command before it is fenced here */
-		LUN_FIELD(ol->io_timeout != nl->io_timeout && n->tcmu_enable, "io_timeout (with [tcmu] enable)")
+		 * was set up: a longer io_timeout (or off) would let the kernel fail
+		 * a command before it is fenced here; a shorter one is safe */
+		bool tmo_longer = ol->io_timeout && (!nl->io_timeout || nl->io_timeout > ol->io_timeout);
+		LUN_FIELD(tmo_longer && n->tcmu_enable, "a longer io_timeout (with [tcmu] enable)")
 #undef LUN_FIELD
 		if (count != before) {
 			if (!dup_into(&nl->backing, ol->backing) || !dup_into(&nl->serial, ol->serial) ||
@@ -260,7 +261,7 @@ static int keep_unreloadable(struct config *o, struct config *n)
 			nl->backing_buffered = ol->backing_buffered;
 			nl->gateways = ol->gateways;
 			nl->space_warn = ol->space_warn;
-			if (n->tcmu_enable)
+			if (tmo_longer && n->tcmu_enable)
 				nl->io_timeout = ol->io_timeout;
 			nl->size = ol->size;
 			nl->block_size = ol->block_size;
@@ -592,7 +593,7 @@ static void reload_swap_config(struct reload *r)
 		if (nl->io_timeout)
 			snprintf(now, sizeof(now), "%u s", nl->io_timeout);
 		scsi_lu_set_io_timeout(r->lus[i], nl->io_timeout * 1000u);
-		log_info("reload: [lun %s] io_timeout %s -> %s, for commands from now on", nl->name, was, now);
+		log_info("reload: [lun %s] io_timeout %s -> %s, for the commands in flight too", nl->name, was, now);
 	}
 	{
 		struct config **v = realloc(d->old_cfgs, sizeof(*v) * (size_t)(d->nold_cfgs + 1));

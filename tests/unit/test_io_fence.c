@@ -272,6 +272,12 @@ int main(void)
 	struct job *cw = write10(0, 506, 4, 'c');
 	usleep(200000);
 	check(held_writes(f) == h0 + 1 && !is_done(cw), "cancel: a later write C of 506-509 still waits behind A");
+	/* D, queued too, passes io_timeout while it waits: the host is told it
+	 * failed, so it leaves the queue rather than land after C */
+	struct job *dw = write10(0, 504, 4, 'd');
+	usleep(200000);
+	check(!is_done(dw) && overdue(0, dw), "cancel: write D of 504-507, queued behind A, passes io_timeout");
+	check(wait_job(dw) && held_writes(f) == h0 + 1, "cancel: D ends without reaching the device");
 	struct job *cjobs[2] = { a, cw };
 	bool cdone = drain_newest_first(f, cjobs, 2);
 	uint8_t cg[12 * BS];
@@ -284,6 +290,7 @@ int main(void)
 	free(a);
 	free(b);
 	free(cw);
+	free(dw);
 
 	worker_post(worker_get(0), nexus_close_on_worker, &nj);
 	sem_wait(&nj.done);

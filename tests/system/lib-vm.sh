@@ -176,3 +176,56 @@ vm_wait_ready() {
 	done
 	grep -q TARGET-READY "$serial"
 }
+
+# vm_root_boot ROOT PREFIX "MODULES": what a debootstrap'ed guest root needs
+# to boot Debian's kernel ($VMDIR/kroot): $W/PREFIX-vmlinuz, and an initrd
+# $W/PREFIX-initrd.cpio (busybox, the virtio disk and ext4 modules) that
+# mounts /dev/vda and switch_roots into its /sbin/tc-init; in ROOT, MODULES
+# with their dependencies (for modprobe), and build/tiercached and
+# build/tierctl with the libraries the root lacks (same Debian release, so
+# none is ever replaced). Lists in $W/PREFIX-modlist-{initrd,root}.txt.
+vm_root_boot() {
+	local R=$1 P=$2 mods=$3 K=$VMDIR/kroot IR KVER m ko rel f lib
+	[ -n "$R" ] && [ -n "$P" ] && [ -d "$K/lib/modules" ] || { echo "FAIL: vm_root_boot: no root, prefix or kernel"; return 1; }
+	[ -x "$BUILD/tiercached" ] || { echo "FAIL: build $BUILD/tiercached first"; return 1; }
+	IR=$W/$P-initrd
+	KVER=$(ls "$K/lib/modules" | head -1)
+	depmod -b "$K" "$KVER"
+	rm -rf "$IR"
+	mkdir -p "$IR"/{bin,etc,proc,sys,dev,newroot}
+	cp /bin/busybox "$IR/bin/busybox"
+	for m in virtio_pci virtio_blk ext4 crc32c_generic; do
+		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
+	done | awk '!s[$0]++' >"$W/$P-modlist-initrd.txt"
+	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$IR/$(dirname "$rel")"; cp "$ko" "$IR/$rel"; done <"$W/$P-modlist-initrd.txt"
+	sed "s#^$K##" "$W/$P-modlist-initrd.txt" >"$IR/etc/modlist"
+	cat >"$IR/init" <<'INIT'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
+for ko in $(cat /etc/modlist); do insmod "$ko" 2>/dev/null; done
+for i in $(seq 1 50); do [ -b /dev/vda ] && break; sleep 0.1; done
+mkdir -p /newroot
+mount -t ext4 -o rw /dev/vda /newroot || { echo "mount /dev/vda FAILED"; exec sh; }
+mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
+exec switch_root /newroot /sbin/tc-init
+INIT
+	chmod 755 "$IR/init"
+	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/$P-initrd.cpio"
+	cp "$K/boot/vmlinuz-$KVER" "$W/$P-vmlinuz"
+	for m in $mods; do
+		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
+	done | awk '!s[$0]++' >"$W/$P-modlist-root.txt"
+	rm -rf "$R/lib/modules"
+	mkdir -p "$R/lib/modules/$KVER"
+	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$R/$(dirname "$rel")"; cp "$ko" "$R/$rel"; done <"$W/$P-modlist-root.txt"
+	cp "$K/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KVER/"
+	depmod -b "$R" "$KVER"
+	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$R/usr/sbin/"
+	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u |
+		while read -r lib; do
+			[ -e "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ] ||
+				cp "$(readlink -f "$lib")" "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
+		done
+}

@@ -668,47 +668,7 @@ chmod 755 "$R/sbin/ini-steps"
 }
 
 build() {
-	local K=$W/kroot IR=$W/ini-initrd KVER
-	[ -x "$BUILD/tiercached" ] || { echo "FAIL: build $BUILD/tiercached first"; exit 1; }
-	KVER=$(ls "$K/lib/modules" | head -1)
-	depmod -b "$K" "$KVER"
-	rm -rf "$IR"
-	mkdir -p "$IR"/{bin,etc,proc,sys,dev,newroot}
-	cp /bin/busybox "$IR/bin/busybox"
-	for m in virtio_pci virtio_blk ext4 crc32c_generic; do
-		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
-	done | awk '!s[$0]++' >"$W/ini-modlist-initrd.txt"
-	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$IR/$(dirname "$rel")"; cp "$ko" "$IR/$rel"; done <"$W/ini-modlist-initrd.txt"
-	sed "s#^$K##" "$W/ini-modlist-initrd.txt" >"$IR/etc/modlist"
-	cat >"$IR/init" <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
-for ko in $(cat /etc/modlist); do insmod "$ko" 2>/dev/null; done
-for i in $(seq 1 50); do [ -b /dev/vda ] && break; sleep 0.1; done
-mkdir -p /newroot
-mount -t ext4 -o rw /dev/vda /newroot || { echo "mount /dev/vda FAILED"; exec sh; }
-mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
-exec switch_root /newroot /sbin/tc-init
-EOF
-	chmod 755 "$IR/init"
-	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/ini-initrd.cpio"
-	cp "$K/boot/vmlinuz-$KVER" "$W/ini-vmlinuz"
-	for m in $ROOT_MODS; do
-		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
-	done | awk '!s[$0]++' >"$W/ini-modlist-root.txt"
-	rm -rf "$R/lib/modules"
-	mkdir -p "$R/lib/modules/$KVER"
-	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$R/$(dirname "$rel")"; cp "$ko" "$R/$rel"; done <"$W/ini-modlist-root.txt"
-	cp "$K/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KVER/"
-	depmod -b "$R" "$KVER"
-	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$R/usr/sbin/"
-	# libraries the guest root lacks (same Debian release, so never replace one)
-	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u |
-		while read -r lib; do
-			[ -e "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ] || cp "$(readlink -f "$lib")" "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
-		done
+	vm_root_boot "$R" ini "$ROOT_MODS" || exit 1
 	write_guest_init
 	write_guest_steps
 	write_conf

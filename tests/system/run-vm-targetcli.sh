@@ -31,7 +31,8 @@ MEM=${MEM:-1024}
 IQN=iqn.2026-11.io.tiercache:vmcli
 URL=iscsi://127.0.0.1:$PORT/$IQN/0
 mkdir -p "$W"
-. tests/system/lib-vm.sh # now, since, vm_nvme_*
+VMDIR=$W # lib-vm.sh: where the kernel is
+. tests/system/lib-vm.sh # now, since, vm_nvme_*, vm_root_boot
 
 setup() {
 	bash tests/system/run-vm-tcmu.sh setup # qemu, busybox, the kernel package
@@ -130,48 +131,8 @@ EOF
 }
 
 build() {
-	local K=$W/kroot IR=$W/targetcli-initrd KVER
-	[ -x "$BUILD/tiercached" ] || { echo "FAIL: build $BUILD/tiercached first"; exit 1; }
-	KVER=$(ls "$K/lib/modules" | head -1)
-	depmod -b "$K" "$KVER"
-	rm -rf "$IR"
-	mkdir -p "$IR"/{bin,etc,proc,sys,dev,newroot}
-	cp /bin/busybox "$IR/bin/busybox"
-	for m in virtio_pci virtio_blk ext4 crc32c_generic; do
-		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
-	done | awk '!s[$0]++' >"$W/targetcli-modlist-initrd.txt"
-	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$IR/$(dirname "$rel")"; cp "$ko" "$IR/$rel"; done <"$W/targetcli-modlist-initrd.txt"
-	sed "s#^$K##" "$W/targetcli-modlist-initrd.txt" >"$IR/etc/modlist"
-	cat >"$IR/init" <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
-for ko in $(cat /etc/modlist); do insmod "$ko" 2>/dev/null; done
-for i in $(seq 1 50); do [ -b /dev/vda ] && break; sleep 0.1; done
-mkdir -p /newroot
-mount -t ext4 -o rw /dev/vda /newroot || { echo "mount /dev/vda FAILED"; exec sh; }
-mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
-exec switch_root /newroot /sbin/tc-init
-EOF
-	chmod 755 "$IR/init"
-	(cd "$IR" && find . -print0 | cpio --null -o -H newc --quiet) >"$W/targetcli-initrd.cpio"
-	cp "$K/boot/vmlinuz-$KVER" "$W/vmlinuz"
-	for m in configfs target_core_mod target_core_user target_core_iblock target_core_file target_core_pscsi \
-		iscsi_target_mod virtio_net crc32c_generic virtio_blk ext4 virtio_pci nvme; do
-		modprobe -d "$K" -S "$KVER" --show-depends $m | awk '$1=="insmod"{print $2}'
-	done | awk '!s[$0]++' >"$W/targetcli-modlist-root.txt"
-	rm -rf "$R/lib/modules"
-	mkdir -p "$R/lib/modules/$KVER"
-	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$R/$(dirname "$rel")"; cp "$ko" "$R/$rel"; done <"$W/targetcli-modlist-root.txt"
-	cp "$K/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KVER/"
-	depmod -b "$R" "$KVER"
-	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$R/usr/sbin/"
-	# libraries the guest root lacks (same Debian release, so never replace one)
-	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u |
-		while read -r lib; do
-			[ -e "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")" ] || cp "$(readlink -f "$lib")" "$R/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
-		done
+	vm_root_boot "$R" targetcli "configfs target_core_mod target_core_user target_core_iblock target_core_file
+		target_core_pscsi iscsi_target_mod virtio_net crc32c_generic virtio_blk ext4 virtio_pci nvme" || exit 1
 	write_guest_init
 	write_conf
 	[ -s "$R/etc/machine-id" ] || chroot "$R" dbus-uuidgen --ensure=/etc/machine-id
@@ -186,7 +147,7 @@ boot() {
 	local t0
 	t0=$(now)
 	qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp 1 -display none -monitor none \
-		-serial file:"$W/targetcli-serial.log" -no-reboot -kernel "$W/vmlinuz" -initrd "$W/targetcli-initrd.cpio" \
+		-serial file:"$W/targetcli-serial.log" -no-reboot -kernel "$W/targetcli-vmlinuz" -initrd "$W/targetcli-initrd.cpio" \
 		-append "console=ttyS0 quiet panic=-1$(vm_nvme_append)" \
 		-drive file="$W/targetcli-root.img",if=virtio,format=raw,cache=unsafe \
 		-drive file="$W/cli-backing.img",if=virtio,format=raw,cache=unsafe \

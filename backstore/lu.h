@@ -588,8 +588,6 @@ void sbc_write_end(struct scsi_lu *lu, struct range_lock *rl);
  * so its late landing never overwrites a newer write. Its worker.
  */
 void sbc_write_fence(struct scsi_cmd *cmd);
-/* scsi_cmd_cancel for the interlock: see scsi.h. */
-bool sbc_cmd_cancel(struct scsi_cmd *cmd);
 
 /* pr.c */
 enum scsi_rc pr_in(struct scsi_cmd *cmd);

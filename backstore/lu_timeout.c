@@ -38,7 +38,7 @@ bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms)
 	sbc_write_fence(cmd);
 	/* one still queued in the interlock never reached the device: it
 	 * leaves the queue (and its fence with it) instead of landing later */
-	sbc_cmd_cancel(cmd);
+	scsi_cmd_cancel(cmd);
 	atomic_fetch_add(&lu->overdue_total, 1);
 	if (atomic_fetch_add(&lu->overdue_now, 1) == 0)
 		log_err("lun \"%s\": the backing store has held a command longer than io_timeout (%u s); hosts "

@@ -311,7 +311,7 @@ bool sbc_caw_begin(struct scsi_lu *lu, struct range_lock *rl, struct scsi_cmd *c
 }
 
 /*
- * On the command's worker, posted by sbc_cmd_cancel. An entry not yet
+ * On the command's worker, posted by scsi_cmd_cancel. An entry not yet
  * granted has sent nothing to the device and nobody has posted its resume
  * (granting and posting happen together, under lu->mutex): taking it out of
  * lu->ranges under the same lock ends its place in the interlock as if it
@@ -339,7 +339,7 @@ static void cancel_run(void *arg)
 	rl->cancelled(rl);
 }
 
-bool sbc_cmd_cancel(struct scsi_cmd *cmd)
+bool scsi_cmd_cancel(struct scsi_cmd *cmd)
 {
 	struct range_lock *rl = cmd->wlock;
 	if (!rl || rl->fast || !rl->cancelled || rl->worker != worker_self())
@@ -352,11 +352,6 @@ bool sbc_cmd_cancel(struct scsi_cmd *cmd)
 	bool posted = !rl->granted && worker_post(rl->worker, cancel_run, rl) == 0;
 	pthread_mutex_unlock(&lu->mutex);
 	return posted;
-}
-
-bool scsi_cmd_cancel(struct scsi_cmd *cmd)
-{
-	return sbc_cmd_cancel(cmd);
 }
 
 /* ---------------------------------------------------------------- */

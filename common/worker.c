@@ -1,8 +1,8 @@
 /*
  * worker.c - per-core event loops: epoll for sockets, io_uring for block I/O.
  *
- * The loop: epoll_wait (bounded so ticks run), dispatch ready handlers
- * (sockets, posted calls, the io_uring eventfd), then until nothing is left:
+ * The loop: wait (bounded so ticks run), dispatch ready handlers (sockets,
+ * posted calls, block I/O completions), then until nothing is left:
  * submit every SQE queued during the iteration in one io_uring_submit,
  * handle the completions already posted (page-cache hits complete inside
  * the submit: no second wait, no eventfd round trip), and run the batch-end
@@ -10,9 +10,23 @@
  * Completions of block I/O are therefore processed on the same thread that
  * submitted them.
  *
- * The completion eventfd is watched edge-triggered and never read: the
- * kernel wakes epoll on every signal, and the completion queue itself says
- * what is there, so reading the counter would be one syscall for nothing.
+ * The wait has one point, io_uring_enter (the ring wait). Each watched file
+ * descriptor has a one-shot poll in the ring, armed again after its handler
+ * ran (arming looks at the file's state, so a level-triggered socket a
+ * handler did not drain completes it at once: epoll's level semantics).
+ * A socket that becomes readable and a leg read that completes both end the
+ * same sleep, the iteration's SQEs are submitted by the same call that
+ * waits, and no epoll_wait is left on the command path. The ring runs its
+ * completion work cooperatively (IORING_SETUP_COOP_TASKRUN, Linux 5.19): a
+ * completion wakes a sleeping worker but does not interrupt a running one,
+ * whose next entry to the kernel picks it up (IORING_SQ_TASKRUN says so).
+ *
+ * The older loop is kept for kernels without the ring's timed wait (5.11)
+ * and where TIERCACHE_RING_WAIT=0 asks for it: epoll_wait is the wait, and
+ * completions reach it through an eventfd registered with the ring, watched
+ * edge-triggered and never read (the kernel wakes epoll on every signal,
+ * and the completion queue itself says what is there, so reading the
+ * counter would be one syscall for nothing).
  */
 #include "common/worker.h"
 
@@ -27,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -45,7 +60,8 @@ struct worker {
 	struct io_uring ring;
 	unsigned sq_pending;
 	unsigned inflight;         /* SQEs taken whose CQE is not reaped yet */
-	struct ev_handler ring_ev; /* eventfd signalled by io_uring completions */
+	struct ev_handler ring_ev; /* eventfd signalled by io_uring completions (epoll wait) */
+	struct ev_watch *watches;  /* ring wait: every watch slot not freed yet */
 	struct ev_handler post_ev; /* eventfd signalled by worker_post */
 	struct cds_wfcq_head post_head;
 	struct cds_wfcq_tail post_tail;
@@ -68,6 +84,24 @@ static unsigned nworkers;
 static atomic_uint rr_next;
 static __thread struct worker *self;
 static _Atomic uint64_t poll_ns; /* worker_set_poll_us */
+static bool ring_wait;           /* one wait point, in io_uring_enter */
+
+/*
+ * Ring wait: the watch of one file descriptor. Owned by the worker, not by
+ * the handler, so that a poll completing after worker_unwatch (its handler
+ * may be freed by then) finds memory that is still ours: the slot is freed
+ * only once no poll of it is in flight.
+ */
+struct ev_watch {
+	struct io_op op;        /* the poll's user_data */
+	struct ev_handler *h;   /* NULL once unwatched */
+	uint32_t events;        /* what the handler asked for */
+	uint32_t armed_mask;    /* what the poll in flight waits for */
+	bool armed;             /* a poll is in flight */
+	bool removing;          /* a POLL_REMOVE of it is queued or in flight */
+	bool dispatching;       /* its handler runs: unwatch must not free it */
+	struct ev_watch *prev, *next; /* worker->watches */
+};
 
 uint64_t now_ms(void)
 {
@@ -103,7 +137,7 @@ void worker_set_poll_us(unsigned us)
  */
 #define POLL_MAX_INFLIGHT 4
 
-static int worker_wait(struct worker *w, struct epoll_event *evs, int timeout)
+static int worker_wait_epoll(struct worker *w, struct epoll_event *evs, int timeout)
 {
 	uint64_t budget = atomic_load_explicit(&poll_ns, memory_order_relaxed);
 	int n;
@@ -120,6 +154,60 @@ static int worker_wait(struct worker *w, struct epoll_event *evs, int timeout)
 	if (n > 0 && budget)
 		w->last_event_ns = now_ns();
 	return n;
+}
+
+const char *worker_wait_kind(void)
+{
+	return ring_wait ? "io_uring" : "epoll";
+}
+
+/* Completions posted, or completion work the kernel holds for our next entry. */
+static bool ring_has_work(struct worker *w)
+{
+	return io_uring_cq_ready(&w->ring) ||
+	       (IO_URING_READ_ONCE(*w->ring.sq.kflags) & IORING_SQ_TASKRUN);
+}
+
+static unsigned reap(struct worker *w);
+
+/*
+ * The ring wait: submit what the iteration queued and sleep until a
+ * completion (block I/O, or a watched descriptor's poll) or the timeout,
+ * in one io_uring_enter; then handle the completions, which runs the
+ * handlers of ready descriptors. Same poll budget as the epoll wait.
+ */
+static int worker_wait_ring(struct worker *w, int timeout)
+{
+	uint64_t budget = atomic_load_explicit(&poll_ns, memory_order_relaxed);
+	struct io_uring_cqe *cqe;
+
+	if (budget && timeout && w->inflight <= POLL_MAX_INFLIGHT) {
+		worker_flush();
+		for (uint64_t t = now_ns(); t - w->last_event_ns < budget; t = now_ns())
+			if (ring_has_work(w)) {
+				timeout = 0;
+				break;
+			}
+	}
+	if (timeout) {
+		struct __kernel_timespec ts = {
+			.tv_sec = timeout / 1000, .tv_nsec = (long long)(timeout % 1000) * 1000000,
+		};
+		int r = io_uring_submit_and_wait_timeout(&w->ring, &cqe, 1, &ts, NULL);
+		if (r < 0 && r != -ETIME && r != -EINTR)
+			log_err("io_uring wait failed: %s", strerror(-r));
+		w->sq_pending = 0;
+	} else {
+		worker_flush();
+	}
+	if (reap(w) && budget)
+		w->last_event_ns = now_ns();
+	return 0;
+}
+
+static int worker_wait(struct worker *w, struct epoll_event *evs, int timeout)
+{
+	return ring_wait ? worker_wait_ring(w, timeout) : worker_wait_epoll(w, evs, timeout);
 }
 
 unsigned workers_count(void) { return nworkers; }
@@ -139,20 +227,29 @@ static void drain_eventfd(int fd)
 	(void)r;
 }
 
-/* Handle every completion posted so far. */
-static void reap(struct worker *w)
+static void on_watch_cqe(struct io_op *op, int res);
+/* The user_data of POLL_REMOVEs: their own CQE means nothing (the poll's says it all). */
+static void poll_remove_done(struct io_op *op, int res) { (void)op; (void)res; }
+static struct io_op poll_remove_op = { .done = poll_remove_done };
+
+/* Handle every completion posted so far; how many there were. */
+static unsigned reap(struct worker *w)
 {
 	struct io_uring_cqe *cqe;
+	unsigned n = 0;
 
 	while (io_uring_peek_cqe(&w->ring, &cqe) == 0) {
 		struct io_op *op = io_uring_cqe_get_data(cqe);
 		int res = cqe->res;
 		/* Release the slot before the callback, which may submit more. */
 		io_uring_cqe_seen(&w->ring, cqe);
-		w->inflight--;
+		if (!op || (op->done != on_watch_cqe && op != &poll_remove_op))
+			w->inflight--;
+		n++;
 		if (op)
 			op->done(op, res);
 	}
+	return n;
 }
 
 /* Edge-triggered: the counter is never read (see the top of the file). */
@@ -194,6 +291,18 @@ static void run_batch_end(struct worker *w)
 /* Submit, handle what completed, let connections write: until quiet. */
 static void finish_iteration(struct worker *w)
 {
+	if (ring_wait) {
+		/*
+		 * The wait submits: what completes inline (page-cache hits)
+		 * completes in it and ends it at once, and what does not is
+		 * waited for in the same system call.
+		 */
+		for (int round = 0; round < BATCH_ROUNDS && w->batch_head; round++) {
+			run_batch_end(w);
+			reap(w);
+		}
+		return;
+	}
 	for (int round = 0; round < BATCH_ROUNDS; round++) {
 		worker_flush();
 		reap(w);
@@ -280,21 +389,138 @@ void worker_post_call(struct worker *w, struct worker_call *c, void (*fn)(void *
 	post_enqueue(w, c, fn, arg);
 }
 
+/* An SQE that is not an operation in flight (a poll, a poll's removal). */
+static struct io_uring_sqe *ring_ctl_sqe(struct worker *w)
+{
+	struct io_uring_sqe *sqe = worker_sqe();
+	w->inflight--;
+	return sqe;
+}
+
+static void watch_arm(struct worker *w, struct ev_watch *s)
+{
+	struct io_uring_sqe *sqe = ring_ctl_sqe(w);
+	io_uring_prep_poll_add(sqe, s->h->fd, s->events);
+	io_uring_sqe_set_data(sqe, &s->op);
+	s->armed = true;
+	s->armed_mask = s->events;
+}
+
+static void watch_remove(struct worker *w, struct ev_watch *s)
+{
+	if (s->removing)
+		return;
+	struct io_uring_sqe *sqe = ring_ctl_sqe(w);
+	io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)&s->op);
+	io_uring_sqe_set_data(sqe, &poll_remove_op);
+	s->removing = true;
+}
+
+static void watch_free(struct worker *w, struct ev_watch *s)
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		w->watches = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	free(s);
+}
+
+/*
+ * A watched descriptor's poll ended: run its handler with what is ready
+ * (of what it asks for now), then arm the poll again unless it was
+ * unwatched meanwhile. -ECANCELED is our own removal (a rewatch widening
+ * the mask): arm again with the new mask.
+ */
+static void on_watch_cqe(struct io_op *op, int res)
+{
+	struct ev_watch *s = (struct ev_watch *)((char *)op - offsetof(struct ev_watch, op));
+	struct worker *w = self;
+
+	s->armed = false;
+	s->removing = false;
+	if (!s->h) {
+		watch_free(w, s);
+		return;
+	}
+	uint32_t ev;
+	if (res == -ECANCELED) {
+		ev = 0;
+	} else if (res < 0) {
+		log_err("worker %u: cannot poll fd %d: %s", w->idx, s->h->fd, strerror(-res));
+		ev = EPOLLERR; /* the handler stops watching it; not armed again */
+	} else {
+		ev = (uint32_t)res & (s->events | EPOLLERR | EPOLLHUP);
+	}
+	if (ev) {
+		s->dispatching = true;
+		s->h->on_event(s->h, ev);
+		s->dispatching = false;
+		if (!s->h) {
+			watch_free(w, s);
+			return;
+		}
+	}
+	if (res >= 0 || res == -ECANCELED)
+		watch_arm(w, s);
+}
+
 int worker_watch(struct ev_handler *h, uint32_t events)
 {
-	struct epoll_event ev = { .events = events, .data.ptr = h };
-	return epoll_ctl(self->epfd, EPOLL_CTL_ADD, h->fd, &ev) ? -errno : 0;
+	if (!ring_wait) {
+		struct epoll_event ev = { .events = events, .data.ptr = h };
+		return epoll_ctl(self->epfd, EPOLL_CTL_ADD, h->fd, &ev) ? -errno : 0;
+	}
+	if (h->watch)
+		return -EEXIST;
+	struct ev_watch *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	struct worker *w = self;
+	s->op.done = on_watch_cqe;
+	s->h = h;
+	s->events = events;
+	s->next = w->watches;
+	if (s->next)
+		s->next->prev = s;
+	w->watches = s;
+	h->watch = s;
+	watch_arm(w, s);
+	return 0;
 }
 
 int worker_rewatch(struct ev_handler *h, uint32_t events)
 {
-	struct epoll_event ev = { .events = events, .data.ptr = h };
-	return epoll_ctl(self->epfd, EPOLL_CTL_MOD, h->fd, &ev) ? -errno : 0;
+	if (!ring_wait) {
+		struct epoll_event ev = { .events = events, .data.ptr = h };
+		return epoll_ctl(self->epfd, EPOLL_CTL_MOD, h->fd, &ev) ? -errno : 0;
+	}
+	struct ev_watch *s = h->watch;
+	if (!s)
+		return -ENOENT;
+	s->events = events;
+	/* narrower: the poll in flight stays, what it reports is filtered */
+	if (s->armed && (events & ~s->armed_mask))
+		watch_remove(self, s);
+	return 0;
 }
 
 void worker_unwatch(struct ev_handler *h)
 {
-	epoll_ctl(self->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+	if (!ring_wait) {
+		epoll_ctl(self->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+		return;
+	}
+	struct ev_watch *s = h->watch;
+	if (!s)
+		return;
+	h->watch = NULL;
+	s->h = NULL;
+	if (s->armed)
+		watch_remove(self, s); /* freed when the poll's CQE comes */
+	else if (!s->dispatching)
+		watch_free(self, s);
 }
 
 void worker_flush(void)
@@ -391,7 +617,8 @@ static void *worker_main(void *arg)
 	rcu_register_thread();
 	snprintf(name, sizeof(name), "tc-worker%u", w->idx);
 	pthread_setname_np(pthread_self(), name);
-	worker_watch(&w->ring_ev, EPOLLIN | EPOLLET);
+	if (!ring_wait)
+		worker_watch(&w->ring_ev, EPOLLIN | EPOLLET);
 	worker_watch(&w->post_ev, EPOLLIN);
 	w->next_tick_ms = now_ms() + 1000;
 
@@ -440,7 +667,13 @@ static int worker_init(struct worker *w, unsigned idx)
 	if (w->epfd < 0)
 		return -errno;
 	memset(&p, 0, sizeof(p));
+	if (ring_wait)
+		p.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
 	r = io_uring_queue_init_params(RING_ENTRIES, &w->ring, &p);
+	if (r == -EINVAL && p.flags) { /* before 5.19: completions interrupt the worker */
+		memset(&p, 0, sizeof(p));
+		r = io_uring_queue_init_params(RING_ENTRIES, &w->ring, &p);
+	}
 	if (r < 0) {
 		log_err("io_uring setup failed (%s); tiercached needs Linux 5.6 or newer "
 			"with io_uring enabled (sysctl kernel.io_uring_disabled=0)", strerror(-r));
@@ -452,10 +685,17 @@ static int worker_init(struct worker *w, unsigned idx)
 	w->post_ev.on_event = on_post_event;
 	if (w->ring_ev.fd < 0 || w->post_ev.fd < 0)
 		return -errno;
-	r = io_uring_register_eventfd(&w->ring, w->ring_ev.fd);
-	if (r < 0)
-		return r;
+	/* the ring wait passes its timeout to io_uring_enter (Linux 5.11) */
+	if (!(w->ring.features & IORING_FEAT_EXT_ARG))
+		ring_wait = false;
 	return 0;
+}
+
+/* TIERCACHE_RING_WAIT=0 in the environment: the epoll wait, as on old kernels. */
+static bool ring_wait_wanted(void)
+{
+	const char *e = getenv("TIERCACHE_RING_WAIT");
+	return !e || strcmp(e, "0") != 0;
 }
 
 int workers_start(unsigned n)
@@ -469,11 +709,19 @@ int workers_start(unsigned n)
 	workers = calloc(n, sizeof(*workers));
 	if (!workers)
 		return -ENOMEM;
+	ring_wait = ring_wait_wanted();
 	for (unsigned i = 0; i < n; i++) {
 		int r = worker_init(&workers[i], i);
 		if (r < 0)
 			return r;
 	}
+	for (unsigned i = 0; i < n && !ring_wait; i++) {
+		int r = io_uring_register_eventfd(&workers[i].ring, workers[i].ring_ev.fd);
+		if (r < 0)
+			return r;
+	}
+	log_info("%u workers, waiting in %s", n,
+		 ring_wait ? "io_uring (one wait point)" : "epoll (completions through an eventfd)");
 	nworkers = n;
 	for (unsigned i = 0; i < n; i++) {
 		int r = pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]);
@@ -510,6 +758,8 @@ void workers_stop(void)
 				free(c);
 		}
 		io_uring_queue_exit(&workers[i].ring);
+		while (workers[i].watches)
+			watch_free(&workers[i], workers[i].watches);
 		close(workers[i].epfd);
 		close(workers[i].ring_ev.fd);
 		close(workers[i].post_ev.fd);

@@ -1,8 +1,8 @@
 /*
  * worker.h - the daemon's threads: one event loop per core.
  *
- * Each worker thread owns an epoll set, an io_uring and a queue of posted
- * calls. Everything a connection does (PDU parsing, SCSI emulation, block
+ * Each worker thread owns an io_uring (its one wait point; an epoll set on
+ * kernels without the ring's timed wait) and a queue of posted calls. Everything a connection does (PDU parsing, SCSI emulation, block
  * I/O submission and completion) runs on the one worker that owns it, so the
  * per-command path takes no lock: the thread is the lock.
  *
@@ -35,10 +35,16 @@
 struct io_uring_sqe;
 struct worker;
 
-/* A file descriptor watched by a worker's epoll set. */
+/*
+ * A file descriptor watched by a worker (epoll event bits; level-triggered
+ * unless EPOLLET, which only the epoll wait supports). Zero-initialize it:
+ * watch is the worker's, set while watched.
+ */
+struct ev_watch;
 struct ev_handler {
 	int fd;
 	void (*on_event)(struct ev_handler *h, uint32_t epoll_events);
+	struct ev_watch *watch;
 };
 
 /*
@@ -73,6 +79,12 @@ int workers_start(unsigned n);
  * sleeps at once). Trades CPU for latency at low queue depth.
  */
 void worker_set_poll_us(unsigned us);
+/*
+ * How the workers wait, once started: "io_uring" (one wait point: the
+ * watched descriptors are polls in the ring) or "epoll" (kernels before
+ * 5.11, or TIERCACHE_RING_WAIT=0 in the environment at start).
+ */
+const char *worker_wait_kind(void);
 /* Stop all workers after their current iteration and join them. */
 void workers_stop(void);
 unsigned workers_count(void);
@@ -108,7 +120,8 @@ struct worker_call {
 };
 void worker_post_call(struct worker *w, struct worker_call *c, void (*fn)(void *arg), void *arg);
 
-/* epoll registration on the calling worker's set (EPOLLIN/EPOLLOUT/...). */
+/* Watch a descriptor on the calling worker (EPOLLIN/EPOLLOUT/...): a poll
+ * in its ring, or its epoll set. Unwatch before closing the descriptor. */
 int worker_watch(struct ev_handler *h, uint32_t events);
 int worker_rewatch(struct ev_handler *h, uint32_t events);
 void worker_unwatch(struct ev_handler *h);

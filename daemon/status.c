@@ -61,6 +61,7 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 	(void)req;
 	json_object_object_add(resp, "version", json_object_new_string(TC_VERSION));
 	json_object_object_add(resp, "uptime_s", json_object_new_int64((int64_t)((now_ms() - started_ms) / 1000)));
+	json_object_object_add(resp, "worker_wait", json_object_new_string(worker_wait_kind()));
 	for (int i = 0; i < cfg->nluns; i++) {
 		struct cfg_lun *l = &cfg->luns[i];
 		struct json_object *o = json_object_new_object();

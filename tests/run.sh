@@ -4,6 +4,7 @@
 #   unit tests      build/tests/test_*          (C programs, exit 0 = pass)
 #   TSan builds     build/tests/tsan/test_*     (the map and policy under TSan)
 #   shell tests     tests/test_*.sh             (exit 0 pass, 77 skip)
+#   epoll wait      epoll_shell_tests again     (TIERCACHE_RING_WAIT=0)
 #   fuzz regression build/fuzz/fuzz_* over tests/fuzz/regress/NAME/ (inputs
 #                                                that once crashed or hung a
 #                                                harness: each must run clean)
@@ -19,7 +20,7 @@
 set -u
 cd "$(dirname "$0")/.."
 logs=build/test-logs
-mkdir -p "$logs/unit" "$logs/tsan" "$logs/fuzz" "$logs/fuzz-regress" "$logs/asan"
+mkdir -p "$logs/unit" "$logs/tsan" "$logs/fuzz" "$logs/fuzz-regress" "$logs/asan" "$logs/epoll"
 filter=${1:-}
 passed=0 failed=0 skipped=0
 failures=()
@@ -65,6 +66,19 @@ done
 for t in tests/test_*.sh; do
 	[ -f "$t" ] || continue
 	run_one "$(basename "$t" .sh)" bash "$t"
+done
+
+# The workers' older wait (epoll, completions through an eventfd), the one
+# kernels before 5.11 get, forced with TIERCACHE_RING_WAIT=0: these shell
+# tests run again on it, as epoll/NAME (tests/unit/test_worker_watch.c runs
+# its cases under both, tests/test_worker_wait.sh tells them apart).
+epoll_shell_tests="test_iscsi_data_path test_cache_modes_iscsi test_worker_poll test_iscsi_raw_protocol"
+for name in $epoll_shell_tests; do
+	if [ -f "tests/$name.sh" ]; then
+		run_one "epoll/$name" env TIERCACHE_RING_WAIT=0 bash "tests/$name.sh"
+	else
+		run_one "epoll/$name" sh -c "echo 'tests/$name.sh (in epoll_shell_tests) does not exist'; exit 1"
+	fi
 done
 
 # AddressSanitizer + UndefinedBehaviorSanitizer builds (make asan): every

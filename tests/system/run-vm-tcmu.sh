@@ -230,9 +230,13 @@ echo 33554432 > $C/vm0/attrib/dev_size || echo SIZE-REFUSED
 mkdir $C/bad; echo -n dev_config=tiercache/nosuch > $C/bad/control; echo -n dev_size=1048576 > $C/bad/control
 echo -n 1 > $C/bad/enable || echo BAD-ENABLE-REFUSED; rmdir $C/bad' >"$W/reconfig.out" 2>&1 || true
 	cat "$W/reconfig.out"
-	out=$(gsh 'tierctl status; echo ===LOG; cat /var/log/tiercached.log; echo ===INFO; cat /sys/kernel/config/target/core/user_0/vm0/info; cat /sys/class/uio/uio0/name; echo CMD_TIME_OUT=$(cat /sys/kernel/config/target/core/user_0/vm0/attrib/cmd_time_out)')
+	out=$(gsh 'tierctl status; echo ===LOG; cat /var/log/tiercached.log; echo ===INFO; cat /sys/kernel/config/target/core/user_0/vm0/info; cat /sys/class/uio/uio0/name; echo CMD_TIME_OUT=$(cat /sys/kernel/config/target/core/user_0/vm0/attrib/cmd_time_out); echo KERNEL=$(uname -r)')
 	echo "$out"
 	echo "$out" | grep -q "first command from LIO through the TCMU ring" && ok "daemon log: commands arrived through the TCMU ring" || bad "no TCMU ring line in the daemon log"
+	# Debian 12's kernel (6.1) has what the one wait point needs (5.11, 5.19)
+	echo "$out" | grep -q "waiting in io_uring (one wait point)" &&
+		ok "daemon log: on the guest's $(echo "$out" | sed -n 's/^KERNEL=//p' | tr -d '\r') kernel the workers wait in io_uring, the TCMU ring's fd polled there" ||
+		bad "the workers do not wait in io_uring on the guest's kernel: $(echo "$out" | grep -m1 'workers, waiting')"
 	echo "$out" | grep -q "attached to \[lun vm0\]" && ok "daemon log: LIO device attached to [lun vm0]" || bad "no attach line"
 	grep -q WCE-SET-OK "$W/reconfig.out" && echo "$out" | grep -q "write cache of \[lun vm0\] turned on" &&
 		ok "reconfig: LIO emulate_write_cache=1 turned the LU's write cache on (MODE SELECT)" || bad "write cache reconfig"

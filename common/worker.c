@@ -21,6 +21,14 @@
  * completion wakes a sleeping worker but does not interrupt a running one,
  * whose next entry to the kernel picks it up (IORING_SQ_TASKRUN says so).
  *
+ * A polled file stays open until the ring lets go of its poll, which
+ * after a kill -9 is some milliseconds after the process is gone: a
+ * listening socket would still accept connections, and bind() by the next
+ * daemon fail, meanwhile. So descriptors that must close with the process
+ * (listening sockets, device files: worker_watch_file) stay in the
+ * worker's epoll set, which holds no reference to them, and the ring polls
+ * that set.
+ *
  * The older loop is kept for kernels without the ring's timed wait (5.11)
  * and where TIERCACHE_RING_WAIT=0 asks for it: epoll_wait is the wait, and
  * completions reach it through an eventfd registered with the ring, watched
@@ -62,6 +70,7 @@ struct worker {
 	unsigned inflight;         /* SQEs taken whose CQE is not reaped yet */
 	struct ev_handler ring_ev; /* eventfd signalled by io_uring completions (epoll wait) */
 	struct ev_watch *watches;  /* ring wait: every watch slot not freed yet */
+	struct io_op epoll_op;     /* ring wait: the poll of epfd (worker_watch_file's descriptors) */
 	struct ev_handler post_ev; /* eventfd signalled by worker_post */
 	struct cds_wfcq_head post_head;
 	struct cds_wfcq_tail post_tail;
@@ -85,6 +94,7 @@ static atomic_uint rr_next;
 static __thread struct worker *self;
 static _Atomic uint64_t poll_ns; /* worker_set_poll_us */
 static bool ring_wait;           /* one wait point, in io_uring_enter */
+static struct ev_watch *const IN_EPOLL = (struct ev_watch *)&ring_wait; /* h->watch of a file in epfd */
 
 /*
  * Ring wait: the watch of one file descriptor. Owned by the worker, not by
@@ -228,6 +238,7 @@ static void drain_eventfd(int fd)
 }
 
 static void on_watch_cqe(struct io_op *op, int res);
+static void on_epoll_cqe(struct io_op *op, int res);
 /* The user_data of POLL_REMOVEs: their own CQE means nothing (the poll's says it all). */
 static void poll_remove_done(struct io_op *op, int res) { (void)op; (void)res; }
 static struct io_op poll_remove_op = { .done = poll_remove_done };
@@ -243,7 +254,7 @@ static unsigned reap(struct worker *w)
 		int res = cqe->res;
 		/* Release the slot before the callback, which may submit more. */
 		io_uring_cqe_seen(&w->ring, cqe);
-		if (!op || (op->done != on_watch_cqe && op != &poll_remove_op))
+		if (!op || (op->done != on_watch_cqe && op != &poll_remove_op && op->done != on_epoll_cqe))
 			w->inflight--;
 		n++;
 		if (op)
@@ -466,6 +477,43 @@ static void on_watch_cqe(struct io_op *op, int res)
 		watch_arm(w, s);
 }
 
+/*
+ * Ring wait: the epoll set of worker_watch_file's descriptors became
+ * readable. Handle what it has (its handlers run here, as the others run
+ * in reap) and arm its poll again: arming looks at the set's ready list,
+ * where level-triggered descriptors still ready are put back.
+ */
+static void epoll_arm(struct worker *w)
+{
+	struct io_uring_sqe *sqe = ring_ctl_sqe(w);
+	io_uring_prep_poll_add(sqe, w->epfd, POLLIN);
+	io_uring_sqe_set_data(sqe, &w->epoll_op);
+}
+
+static void on_epoll_cqe(struct io_op *op, int res)
+{
+	struct worker *w = (struct worker *)((char *)op - offsetof(struct worker, epoll_op));
+	struct epoll_event evs[MAX_EVENTS];
+	if (res == -ECANCELED)
+		return; /* the ring is going away */
+	int n = epoll_wait(w->epfd, evs, MAX_EVENTS, 0);
+	for (int i = 0; i < n; i++) {
+		struct ev_handler *h = evs[i].data.ptr;
+		h->on_event(h, evs[i].events);
+	}
+	epoll_arm(w);
+}
+
+int worker_watch_file(struct ev_handler *h, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = h };
+	if (epoll_ctl(self->epfd, EPOLL_CTL_ADD, h->fd, &ev))
+		return -errno;
+	if (ring_wait)
+		h->watch = IN_EPOLL;
+	return 0;
+}
+
 int worker_watch(struct ev_handler *h, uint32_t events)
 {
 	if (!ring_wait) {
@@ -499,6 +547,10 @@ int worker_rewatch(struct ev_handler *h, uint32_t events)
 	struct ev_watch *s = h->watch;
 	if (!s)
 		return -ENOENT;
+	if (s == IN_EPOLL) {
+		struct epoll_event ev = { .events = events, .data.ptr = h };
+		return epoll_ctl(self->epfd, EPOLL_CTL_MOD, h->fd, &ev) ? -errno : 0;
+	}
 	s->events = events;
 	/* narrower: the poll in flight stays, what it reports is filtered */
 	if (s->armed && (events & ~s->armed_mask))
@@ -516,6 +568,10 @@ void worker_unwatch(struct ev_handler *h)
 	if (!s)
 		return;
 	h->watch = NULL;
+	if (s == IN_EPOLL) {
+		epoll_ctl(self->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+		return;
+	}
 	s->h = NULL;
 	if (s->armed)
 		watch_remove(self, s); /* freed when the poll's CQE comes */
@@ -619,6 +675,8 @@ static void *worker_main(void *arg)
 	pthread_setname_np(pthread_self(), name);
 	if (!ring_wait)
 		worker_watch(&w->ring_ev, EPOLLIN | EPOLLET);
+	else
+		epoll_arm(w);
 	worker_watch(&w->post_ev, EPOLLIN);
 	w->next_tick_ms = now_ms() + 1000;
 
@@ -679,6 +737,7 @@ static int worker_init(struct worker *w, unsigned idx)
 			"with io_uring enabled (sysctl kernel.io_uring_disabled=0)", strerror(-r));
 		return r;
 	}
+	w->epoll_op.done = on_epoll_cqe;
 	w->ring_ev.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	w->ring_ev.on_event = on_ring_event;
 	w->post_ev.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -123,6 +123,14 @@ void worker_post_call(struct worker *w, struct worker_call *c, void (*fn)(void *
 /* Watch a descriptor on the calling worker (EPOLLIN/EPOLLOUT/...): a poll
  * in its ring, or its epoll set. Unwatch before closing the descriptor. */
 int worker_watch(struct ev_handler *h, uint32_t events);
+/*
+ * The same for a descriptor whose file must close the moment the process
+ * dies (a listening socket: the next daemon binds its port; a device file),
+ * which a poll in the ring would keep open for a while after a kill -9:
+ * it waits in the worker's epoll set, which the ring polls. Rewatch and
+ * unwatch it as any other.
+ */
+int worker_watch_file(struct ev_handler *h, uint32_t events);
 int worker_rewatch(struct ev_handler *h, uint32_t events);
 void worker_unwatch(struct ev_handler *h);
 

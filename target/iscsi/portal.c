@@ -164,7 +164,7 @@ static void watch_listeners(void *arg)
 {
 	(void)arg;
 	for (int i = 0; i < nlisteners; i++)
-		if (worker_watch(&listeners[i], EPOLLIN) < 0)
+		if (worker_watch_file(&listeners[i], EPOLLIN) < 0)
 			log_err("iSCSI: cannot watch listening socket %d", listeners[i].fd);
 }
 

@@ -307,7 +307,7 @@ static void attach_mode_done(struct scsi_cmd *sc, void *arg)
 	tcmu_dev_set_write_cache_enabled(td->dev, td->wce);
 	td->ev.fd = tcmu_dev_get_fd(td->dev);
 	td->ev.on_event = on_ring;
-	int r = worker_watch(&td->ev, EPOLLIN);
+	int r = worker_watch_file(&td->ev, EPOLLIN);
 	if (r < 0) {
 		snprintf(td->reason, sizeof(td->reason), "cannot watch %s: %s", td->uio, strerror(-r));
 		attach_fail(td);

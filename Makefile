@@ -20,7 +20,7 @@
 
 CC ?= cc
 BUILD ?= build
-PKGS := liburing liburcu liburcu-cds libisal libcrypto inih json-c libsystemd libnvme
+PKGS := liburing liburcu liburcu-cds libisal libcrypto inih json-c libsystemd libnvme libmicrohttpd
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)

@@ -130,6 +130,12 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
 		return NULL;
 	}
+	if (lu_stats_init(lu) < 0) {
+		free(lu->scan_call);
+		free(lu);
+		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
+		return NULL;
+	}
 	lu->name = strdup(cfg->name ? cfg->name : "lun");
 	lu->state_dir = cfg->state_dir ? strdup(cfg->state_dir) : NULL;
 	copy_padded(lu->serial, sizeof(lu->serial), cfg->serial, lu->name);
@@ -216,6 +222,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 	bdev_close(lu->dev);
 	pthread_mutex_destroy(&lu->mutex);
 	free(lu->scan_call);
+	free(lu->stat);
 	free(lu->name);
 	free(lu->state_dir);
 	free(lu);
@@ -347,6 +354,22 @@ void scsi_target_free(struct scsi_target *t)
 const char *scsi_target_name(const struct scsi_target *t)
 {
 	return t->iqn;
+}
+
+void scsi_target_count_refused(struct scsi_target *t)
+{
+	atomic_fetch_add_explicit(&t->logins_refused, 1, memory_order_relaxed);
+}
+
+void scsi_target_counts(struct scsi_target *t, unsigned *sessions, uint64_t *refused)
+{
+	unsigned n = 0;
+	pthread_mutex_lock(&t->lock);
+	for (struct scsi_nexus *x = t->nexuses; x; x = x->tgt_next)
+		n++;
+	pthread_mutex_unlock(&t->lock);
+	*sessions = n;
+	*refused = atomic_load_explicit(&t->logins_refused, memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------------ */

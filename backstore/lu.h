@@ -34,6 +34,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ */
 /* Opcodes (SPC-4, SBC-3)                                              */
@@ -186,6 +187,17 @@ struct range_lock {
 	};
 };
 
+/* One thread's counts of completed commands (lu_stats.c); slot i is worker
+ * i's alone (plain stores), the last one is shared by other threads (atomic adds). */
+struct lu_stat_slot {
+	_Atomic uint64_t cmds[SCSI_IO_KINDS];
+	_Atomic uint64_t bytes[2];
+	_Atomic uint64_t sense_keys[16];
+	_Atomic uint64_t busy, resv_conflicts, task_set_full, aborted;
+	_Atomic uint64_t lat[SCSI_IO_KINDS][SCSI_OUTCOMES][SCSI_LAT_BUCKETS];
+	_Atomic uint64_t lat_sum_ns[SCSI_IO_KINDS][SCSI_OUTCOMES];
+} __attribute__((aligned(64)));
+
 /* One worker's count of commands in flight on an LU, alone on its 64 bytes. */
 #define LU_INFLIGHT_SLOTS 64
 struct lu_inflight {
@@ -277,6 +289,10 @@ struct scsi_lu {
 	 * cache line between cores; see lu_inflight_add. */
 	struct lu_inflight inflight[LU_INFLIGHT_SLOTS];
 
+	/* completed commands, per worker (lu_stats.c): nstat slots, the last shared */
+	struct lu_stat_slot *stat;
+	unsigned nstat;
+
 	/* xcopy: registry of open LUs */
 	struct scsi_lu *next_open;
 };
@@ -296,6 +312,7 @@ struct scsi_target {
 	int nmaps;
 	bool retired;           /* removed from the configuration: no new nexus */
 	struct scsi_nexus *nexuses; /* every open nexus, linked by tgt_next */
+	_Atomic uint64_t logins_refused; /* scsi_target_count_refused */
 };
 
 /* One (nexus, LU) pair: where unit attentions wait. */
@@ -451,6 +468,15 @@ void lu_overdue_back(struct scsi_lu *lu);
  * scsi_cmd_submit, for a handler's SCSI_RC_DONE, and the two asynchronous
  * paths a handler returns SCSI_RC_PENDING for (sbc.c's sbc_io_finish,
  * xcopy.c's xc_finish). */
+static inline uint64_t lu_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+void lu_stats_count(struct scsi_lu *lu, const struct scsi_cmd *cmd);
+int lu_stats_init(struct scsi_lu *lu);
+
 static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *held = cmd->held_lu;
@@ -463,6 +489,8 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 	cmd->held_lu = NULL;
 	if (__builtin_expect(cmd->overdue, 0))
 		lu_overdue_back(cmd->lu);
+	if (held)
+		lu_stats_count(held, cmd);
 	cmd->done(cmd);
 	if (held)
 		lu_inflight_add(held, -1);

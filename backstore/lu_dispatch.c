@@ -389,6 +389,8 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->data_fd_lu = NULL;
 	cmd->wlock = NULL;
 	cmd->overdue = false;
+	cmd->outcome = 0;
+	cmd->start_ns = lu_now_ns();
 	nl = scsi_cmd_nlu(cmd);
 	cmd->lu = nl ? nl->lu : NULL;
 	cmd->held_lu = cmd->lu;

@@ -390,6 +390,8 @@ void sbc_io_done(struct sbc_io *io, int err)
 static void io_bdev_done(struct bdev_req *req, int err)
 {
 	struct sbc_io *io = req->priv;
+	if (req->outcome > io->cmd->outcome)
+		io->cmd->outcome = req->outcome;
 	io->next(io, err);
 }
 
@@ -404,6 +406,7 @@ void sbc_io_submit(struct sbc_io *io, enum bdev_op op, unsigned flags, uint64_t 
 	io->req.iovcnt = iovcnt;
 	io->req.done = io_bdev_done;
 	io->req.priv = io;
+	io->req.outcome = BDEV_OUT_NONE;
 	io->next = next;
 	bdev_submit(io->cmd->lu->dev, &io->req);
 }

@@ -193,6 +193,8 @@ struct scsi_cmd {
 	uint32_t bs_once;         /* debug builds: in flight or completed (lu.h) */
 	struct range_lock *wlock; /* its place in the write interlock, while it has one */
 	bool overdue;             /* answered by the front end already (scsi_cmd_overdue) */
+	uint8_t outcome;          /* how the device served it: the worst BDEV_OUT_* of its requests */
+	uint64_t start_ns;        /* submitted (CLOCK_MONOTONIC), for the latency histograms */
 	void *bs_priv;
 	uint64_t bs_scratch[52];
 };
@@ -285,6 +287,10 @@ struct scsi_target *scsi_target_new(const char *iqn);
 int scsi_target_map(struct scsi_target *t, uint64_t lun, struct scsi_lu *lu);
 void scsi_target_free(struct scsi_target *t);
 const char *scsi_target_name(const struct scsi_target *t);
+/* For metrics, any thread: a login to t was refused (the front end counts
+ * it); t's open sessions (I_T nexuses) and refused logins so far. */
+void scsi_target_count_refused(struct scsi_target *t);
+void scsi_target_counts(struct scsi_target *t, unsigned *sessions, uint64_t *refused);
 
 /*
  * Configuration reload (main thread, workers running). scsi_target_unmap
@@ -362,6 +368,35 @@ bool scsi_cmd_cancel(struct scsi_cmd *cmd);
 /* The sense of an overdue command (ABORTED COMMAND, COMMAND TIMEOUT DURING
  * PROCESSING) in the LU's format: its length. */
 size_t scsi_cmd_overdue_sense(const struct scsi_cmd *cmd, uint8_t *buf, size_t cap);
+/*
+ * Per-LU statistics (lu_stats.c), for metrics: counted when a command
+ * completes, by the completing worker in a slot of its own (no lock, no
+ * shared cache line on the command path), summed by scsi_lu_stats on any
+ * thread. Kinds by opcode: READ(6/10/12/16), WRITE(6/10/12/16), WRITE AND
+ * VERIFY, WRITE SAME and COMPARE AND WRITE are reads and writes; the rest
+ * "other". Outcomes of reads and writes come from the device (a cache
+ * volume says hit, partial, miss or bypass; any other device is the
+ * backing store); other commands have none. Latency is from submit to
+ * completion, in buckets whose upper bounds are scsi_lat_bound_ns(i).
+ */
+enum scsi_io_kind { SCSI_IO_READ, SCSI_IO_WRITE, SCSI_IO_OTHER, SCSI_IO_KINDS };
+enum scsi_outcome { SCSI_OUT_HIT, SCSI_OUT_PARTIAL, SCSI_OUT_MISS, SCSI_OUT_BYPASS, SCSI_OUT_BACKING,
+		    SCSI_OUT_NONE, SCSI_OUTCOMES };
+#define SCSI_LAT_BUCKETS 16 /* 25 us, 50 us, ... doubling, 409.6 ms; the last one +Inf */
+static inline uint64_t scsi_lat_bound_ns(unsigned i) { return 25000ull << i; }
+struct scsi_lu_stats {
+	uint64_t cmds[SCSI_IO_KINDS];
+	uint64_t bytes[2];                  /* read, written */
+	uint64_t sense_keys[16];            /* CHECK CONDITIONs by sense key */
+	uint64_t busy, resv_conflicts, task_set_full, aborted; /* other statuses */
+	uint64_t lat[SCSI_IO_KINDS][SCSI_OUTCOMES][SCSI_LAT_BUCKETS]; /* per bucket, not cumulative */
+	uint64_t lat_sum_ns[SCSI_IO_KINDS][SCSI_OUTCOMES];
+	uint64_t inflight;
+};
+const char *scsi_io_kind_name(enum scsi_io_kind k);  /* "read", "write", "other" */
+const char *scsi_outcome_name(enum scsi_outcome o);  /* "hit", ..., "backing", "none" */
+void scsi_lu_stats(const struct scsi_lu *lu, struct scsi_lu_stats *out);
+
 /* Commands of lu past io_timeout now, and since it opened (status). */
 struct scsi_lu_overdue {
 	uint32_t io_timeout_ms;

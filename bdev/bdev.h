@@ -62,6 +62,10 @@ struct bdev_space {
 	bool alloc_known;    /* alloc is filled in */
 };
 
+/* How a cache volume served a request, worst last (a command of several
+ * requests takes the largest). BDEV_OUT_NONE: not a cache volume. */
+enum bdev_outcome { BDEV_OUT_NONE, BDEV_OUT_HIT, BDEV_OUT_PARTIAL, BDEV_OUT_MISS, BDEV_OUT_BYPASS };
+
 struct bdev_req {
 	enum bdev_op op;
 	unsigned flags;
@@ -72,6 +76,9 @@ struct bdev_req {
 	/* err: 0, or -errno (-EIO medium error, -ENOSPC out of space...). */
 	void (*done)(struct bdev_req *req, int err);
 	void *priv;             /* owner's */
+	/* how the device served it, set before done(): a cache volume's
+	 * BDEV_OUT_*; every other device leaves what the caller put there */
+	uint8_t outcome;
 	/* implementation's scratch, untouched by callers */
 	struct io_op io;
 	struct bdev *dev;

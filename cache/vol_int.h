@@ -95,12 +95,20 @@ struct vsub {                   /* extra subs of a partial read */
 	int iovcnt;
 };
 
+/* How a request's pieces went (vreq.how), for bdev_req.outcome */
+#define VH_HIT 0x01     /* a read all from the legs */
+#define VH_PARTIAL 0x02 /* a read part from the legs, part from the backing store */
+#define VH_MISS 0x04    /* a read from the backing store */
+#define VH_CACHE 0x08   /* a write to the legs */
+#define VH_BACKING 0x10 /* a write to the backing store */
+
 struct vreq {
 	struct vreq *next_free;
 	struct cache_vol *v;
 	struct bdev_req *up;
 	int pending;
 	int err;
+	uint8_t how;            /* VH_*, of every piece */
 	uint64_t flush_covers;  /* FLUSH: bw_volatile when it was sent */
 	struct bdev_req sub;    /* pass-through, flush */
 	struct worker_batch_end later; /* completion after a submit that did it all */

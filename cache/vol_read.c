@@ -107,10 +107,12 @@ void piece_read(struct piece *p)
 			left -= n;
 		}
 		atomic_fetch_add(whole ? &cs->st.read_hits : &cs->st.read_partial, 1);
+		p->parent->how |= whole ? VH_HIT : VH_PARTIAL;
 		if (!whole && vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror))
 			vol_topup_start(v, p->slot, p->key);
 	} else {
 		atomic_fetch_add(&cs->st.read_misses, 1);
+		p->parent->how |= VH_MISS;
 		if (add_read_sub(p, false, p->first, p->count) < 0)
 			p->err = -ENOMEM;
 		if (vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror) &&

@@ -60,6 +60,7 @@ static void to_backing_cont(void *arg);
 void to_backing(struct piece *p)
 {
 	struct vreq *r = p->parent;
+	r->how |= VH_BACKING;
 	if (!piece_intent(p, to_backing_cont))
 		return;
 	p->stage = ST_BACKING;
@@ -171,6 +172,7 @@ static int wb_trips(struct piece *p)
 void to_cache(struct piece *p)
 {
 	struct cache_set *cs = p->parent->v->cs;
+	p->parent->how |= VH_CACHE;
 	if (!piece_intent(p, to_cache_cont))
 		return;
 	if (needs_log(p)) {
@@ -336,6 +338,7 @@ void backing_then_invalidate(struct piece *p)
 		return;
 	if (!piece_intent(p, backing_then_invalidate_cont))
 		return; /* parked: comes back here, destage check included */
+	p->parent->how |= VH_BACKING;
 	p->stage = ST_BACKING_INVAL;
 	unsigned fl = p->parent->up->flags & BDEV_F_FUA;
 	/*

@@ -142,12 +142,25 @@ void vol_slice_free(struct iovec *iov, struct iovec *inl)
 
 /* ---- completion of requests and pieces ---------------------------------- */
 
+static uint8_t vreq_outcome(uint8_t how)
+{
+	if (how & (VH_CACHE | VH_BACKING))
+		return how & VH_BACKING ? BDEV_OUT_BYPASS : BDEV_OUT_HIT;
+	if ((how & VH_PARTIAL) || ((how & VH_HIT) && (how & VH_MISS)))
+		return BDEV_OUT_PARTIAL;
+	if (how & VH_MISS)
+		return BDEV_OUT_MISS;
+	return how & VH_HIT ? BDEV_OUT_HIT : BDEV_OUT_NONE;
+}
+
 static void vreq_put(struct vreq *r)
 {
 	if (--r->pending)
 		return;
 	struct bdev_req *up = r->up;
 	int err = r->err;
+	if (r->how)
+		up->outcome = vreq_outcome(r->how);
 	atomic_fetch_sub(&r->v->cs->fg_inflight, 1);
 	POOL_PUT(vreq_free, r);
 	up->done(up, err);
@@ -268,6 +281,7 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 	r->v = v;
 	r->up = req;
 	r->err = 0;
+	r->how = 0;
 	r->pending = 1;
 	atomic_fetch_add(&cs->fg_inflight, 1);
 	atomic_store_explicit(&cs->last_io_ms, now_ms(), memory_order_relaxed);

@@ -316,6 +316,8 @@ void config_free(struct config *cfg)
 		free(cfg->listen[i].addr);
 	for (int i = 0; i < cfg->ntcmu_portal; i++)
 		free(cfg->tcmu_portal[i].addr);
+	for (int i = 0; i < cfg->nmetrics; i++)
+		free(cfg->metrics[i].addr);
 	for (int i = 0; i < cfg->ntargets; i++) {
 		struct cfg_target *t = &cfg->targets[i];
 		free(t->iqn);

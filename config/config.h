@@ -7,7 +7,7 @@
  * refuse exactly the same files.
  *
  * Sections:
- *   [daemon]        state_dir, control_socket, workers, poll_us, log_level,
+ *   [daemon]        state_dir, control_socket, workers, poll_us, log_level, metrics,
  *                   nop_interval, nop_timeout, space_interval
  *   [portal]        listen (repeatable; host:port, [v6]:port), port_group,
  *                   discovery_chap_user/_secret, discovery_mutual_user/_secret
@@ -122,6 +122,8 @@ struct config {
 	unsigned nop_timeout;    /* seconds to wait for the ping's answer */
 	bool nop_interval_set;   /* given in the file (0 there means off; absent means 30) */
 	unsigned space_interval; /* seconds between looks at the backing stores' space (default 10) */
+	struct cfg_listen metrics[CFG_MAX_LISTEN]; /* Prometheus /metrics (daemon/metrics.c); none = off */
+	int nmetrics;
 	/* [portal] */
 	struct cfg_listen listen[CFG_MAX_LISTEN];
 	int nlisten;

@@ -113,6 +113,8 @@ bool cfg_valid_iscsi_name(const char *n)
 	return true;
 }
 
+static int add_address(struct parse_state *ps, const char *key, const char *val, struct cfg_listen *arr, int *n);
+
 int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 {
 	struct config *cfg = ps->cfg;
@@ -158,6 +160,14 @@ int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 		}
 		else
 			cfg->nop_timeout = (unsigned)u;
+	} else if (!strcmp(key, "metrics")) {
+		/* the port is not optional here: 3260 (the portal's default) would be wrong */
+		const char *close = val[0] == '[' ? strchr(val, ']') : val;
+		if (!close || !strchr(close, ':')) {
+			cfg_fail_at(ps, ps->line, "[daemon] metrics = %s: give ADDRESS:PORT, e.g. 127.0.0.1:9642", val);
+			return 0;
+		}
+		return add_address(ps, "[daemon] metrics", val, cfg->metrics, &cfg->nmetrics);
 	} else if (!strcmp(key, "space_interval")) {
 		if (cfg_parse_uint(val, 3600, &u) || u == 0) {
 			cfg_fail_at(ps, ps->line, "[daemon] space_interval = %s: give seconds from 1 to 3600", val);
@@ -167,7 +177,7 @@ int cfg_handle_daemon(struct parse_state *ps, const char *key, const char *val)
 	} else {
 		cfg_fail_at(ps, ps->line,
 			"[daemon] has no key \"%s\"; known keys: state_dir, control_socket, workers, poll_us, "
-			"log_level, nop_interval, nop_timeout, space_interval",
+			"log_level, metrics, nop_interval, nop_timeout, space_interval",
 			key);
 		return 0;
 	}

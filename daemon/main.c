@@ -18,6 +18,7 @@
 #include "daemon/ctl_cache.h"
 #include "daemon/daemon.h"
 #include "daemon/leg_health.h"
+#include "daemon/metrics.h"
 #include "daemon/watchdog.h"
 #include "target/iscsi/portal.h"
 #include "target/tcmu/tcmu.h"
@@ -340,6 +341,16 @@ int main(int argc, char **argv)
 		teardown(&d);
 		return 1;
 	}
+	if (metrics_start(&d) < 0) { /* it said why */
+		control_stop();
+		leg_health_stop();
+		scsi_space_monitor_stop();
+		iscsi_portal_drain();
+		shutdown_caches(&d);
+		workers_stop();
+		teardown(&d);
+		return 1;
+	}
 	sd_notify(0, "READY=1\nSTATUS=serving");
 	log_info("ready: %d target(s), %d LUN(s), %u worker thread(s)", d.cfg->ntargets, d.cfg->nluns,
 		 workers_count());
@@ -367,6 +378,7 @@ int main(int argc, char **argv)
 	}
 	sd_notify(0, "STOPPING=1");
 	watchdog_stop();
+	metrics_stop();
 	control_stop();
 	ctl_cache_stop();
 	leg_health_stop();

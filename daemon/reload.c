@@ -152,6 +152,12 @@ static int keep_unreloadable(struct config *o, struct config *n)
 		n->space_interval = o->space_interval;
 		count++;
 	}
+	if (!listen_eq(o->metrics, o->nmetrics, n->metrics, n->nmetrics)) {
+		needs_restart(n, n->nmetrics ? n->metrics[0].line : 0, "[daemon] metrics");
+		if (!copy_listen(n->metrics, &n->nmetrics, o->metrics, o->nmetrics))
+			return -1;
+		count++;
+	}
 	if (o->port_group != n->port_group) {
 		needs_restart(n, n->port_group_line, "[portal] port_group");
 		n->port_group = o->port_group;

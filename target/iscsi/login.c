@@ -150,10 +150,33 @@ static void send_login_rsp(struct iscsi_conn *c, const uint8_t *req, uint8_t fla
 	L->first_response_sent = true;
 }
 
+/* Logins since start, for metrics: accepted, refused (class 2: the
+ * initiator's fault), failed (class 3: ours). */
+static _Atomic uint64_t logins_ok, logins_refused, logins_failed;
+
+void iscsi_login_counts(uint64_t *ok, uint64_t *refused, uint64_t *failed)
+{
+	*ok = atomic_load_explicit(&logins_ok, memory_order_relaxed);
+	*refused = atomic_load_explicit(&logins_refused, memory_order_relaxed);
+	*failed = atomic_load_explicit(&logins_failed, memory_order_relaxed);
+}
+
+static void count_refused(const struct iscsi_login *L, bool ours)
+{
+	if (ours) {
+		atomic_fetch_add_explicit(&logins_failed, 1, memory_order_relaxed);
+		return;
+	}
+	atomic_fetch_add_explicit(&logins_refused, 1, memory_order_relaxed);
+	if (L->tgt && L->tgt->scsi)
+		scsi_target_count_refused(L->tgt->scsi);
+}
+
 static void login_fail(struct iscsi_conn *c, const uint8_t *req, uint16_t status, const char *why)
 {
 	struct iscsi_login *L = c->login;
 	const char *who = L->initiator[0] ? L->initiator : "an initiator";
+	count_refused(L, status >> 8 == 3);
 
 	if (status >> 8 == 3)
 		log_err("iSCSI %s: login of %s failed: %s (status 0x%04x)", c->peer, who, why, status);
@@ -174,6 +197,7 @@ static void chap_refused(struct iscsi_conn *c, const uint8_t *req, uint16_t stat
 	bool log_now;
 	uint32_t unlogged;
 	iscsi_auth_guard_fail(c->peer, &log_now, &unlogged);
+	count_refused(L, false);
 	const char *who = L->initiator[0] ? L->initiator : "an initiator";
 	if (log_now && unlogged)
 		log_warn("iSCSI %s: login of %s refused: %s (status 0x%04x); %u more failed or were turned away "
@@ -360,6 +384,7 @@ static void enter_full_feature(struct iscsi_conn *c, const uint8_t *req, uint8_t
 	/* The response above went out under login rules; digests start now. */
 	c->params = L->params;
 	c->state = CONN_FULL_FEATURE;
+	atomic_fetch_add_explicit(&logins_ok, 1, memory_order_relaxed);
 	const enum chap_alg alg = L->authenticated ? L->chal.alg : CHAP_ALG_NONE;
 	log_info("iSCSI %s: %s logged in to %s (TSIH %u, auth %s%s, HeaderDigest %s, DataDigest %s, "
 		 "MaxRecvDataSegmentLength %u/%u, MaxBurstLength %u, FirstBurstLength %u, "
@@ -432,6 +457,7 @@ void iscsi_login_pdu(struct iscsi_conn *c, const uint8_t *bhs, char *data, uint3
 		uint32_t wait;
 		if (iscsi_auth_guard_admit(c->peer, &wait) < 0) {
 			/* counted and logged with the failures (auth_guard.c) */
+			count_refused(L, false); /* turned away: the address failed too often */
 			send_login_rsp(c, bhs, (uint8_t)(csg << 2), ISCSI_LOGIN_SERVICE_UNAVAILABLE, 0, NULL, 0,
 				       true);
 			return;

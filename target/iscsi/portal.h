@@ -79,4 +79,8 @@ void iscsi_portal_close_target(const struct scsi_target *scsi);
  */
 void iscsi_portal_drain(void);
 
+/* Logins since start (any thread): accepted, refused (the initiator's
+ * fault: status class 2), failed (the target's: class 3). */
+void iscsi_login_counts(uint64_t *ok, uint64_t *refused, uint64_t *failed);
+
 #endif

@@ -361,6 +361,43 @@ static void test_poll(void)
 	}
 }
 
+static void test_metrics(void)
+{
+	static const struct {
+		const char *text;
+		int ok;
+		const char *addr;
+		unsigned port;
+	} cases[] = {
+		{ "[daemon]\nworkers = 1\n", 1, NULL, 0 },
+		{ "[daemon]\nmetrics = 127.0.0.1:9642\n", 1, "127.0.0.1", 9642 },
+		{ "[daemon]\nmetrics = [::1]:9100\n", 1, "::1", 9100 },
+		{ "[daemon]\nmetrics = 127.0.0.1\n", 0, NULL, 0 },   /* no port: not the portal's 3260 */
+		{ "[daemon]\nmetrics = [::1]\n", 0, NULL, 0 },
+		{ "[daemon]\nmetrics = 127.0.0.1:0\n", 0, NULL, 0 },
+		{ "[daemon]\nmetrics = 127.0.0.1:70000\n", 0, NULL, 0 },
+		{ "[daemon]\nmetrics = 127.0.0.1:9642\nmetrics = 127.0.0.1:9642\n", 0, NULL, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(cases[i].text, "metrics.conf", &cfg, err, sizeof(err));
+		CHECK((r == 0) == cases[i].ok, "metrics case %zu: parse %s (%s)", i, r ? "refused" : "accepted", err);
+		if (!cases[i].ok)
+			CHECK(strstr(err, "metrics") != NULL, "metrics case %zu: the error names the key: %s", i, err);
+		if (r)
+			continue;
+		if (cases[i].addr)
+			CHECK(cfg->nmetrics == 1 && !strcmp(cfg->metrics[0].addr, cases[i].addr) &&
+				      cfg->metrics[0].port == cases[i].port,
+			      "metrics case %zu: %d address(es), %s:%u", i, cfg->nmetrics,
+			      cfg->nmetrics ? cfg->metrics[0].addr : "-", cfg->nmetrics ? cfg->metrics[0].port : 0);
+		else
+			CHECK(cfg->nmetrics == 0, "metrics case %zu: off by default", i);
+		config_free(cfg);
+	}
+}
+
 static void test_rbd_lun(void)
 {
 	struct config *cfg = NULL;
@@ -390,6 +427,7 @@ int main(void)
 	test_nop();
 	test_space_warn();
 	test_poll();
+	test_metrics();
 	test_rbd_lun();
 	test_good();
 	test_cache_sections();

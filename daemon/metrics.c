@@ -318,6 +318,10 @@ static void cache_metrics(struct out *o, const struct config *cfg)
 	EACH_SET gauge(o, "tiercache_cache_hit_ratio", lab, st[i].hit_ratio);
 	family(o, "tiercache_cache_dirty_bytes", "gauge", "Data in the cache not yet written to the backing store.");
 	EACH_SET gauge(o, "tiercache_cache_dirty_bytes", lab, (double)st[i].dirty_bytes);
+	family(o, "tiercache_cache_dirty_target_bytes", "gauge",
+	       "Dirty data the cleaner lets stay while the LUNs are busy ([cache] dirty_target of the cache's room).");
+	EACH_SET gauge(o, "tiercache_cache_dirty_target_bytes", lab,
+		       (double)cfg->caches[i].dirty_target / 100.0 * st[i].nslots * st[i].extent_size);
 	family(o, "tiercache_cache_extents", "gauge", "Extents the cache holds (used) and can hold (total).");
 	EACH_SET {
 		snprintf(l, sizeof(l), "%s,state=\"used\"", lab);

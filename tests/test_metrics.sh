@@ -16,7 +16,11 @@
 #    python3-prometheus-client reads, with the same counts;
 #  - a real Prometheus server scrapes it: up is 1 and PromQL queries of the
 #    read count and of the hit histograms return what the client sent;
-#  - anything but /metrics is 404.
+#  - anything but /metrics is 404;
+#  - contrib/: the alert rules pass promtool check rules and their own
+#    promtool test rules, and under load every PromQL expression of the
+#    Grafana dashboard returns data from that Prometheus (at least one
+#    series with a number, not NaN).
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 TB=$TC_ROOT/build/tierbench
@@ -163,3 +167,30 @@ reads=$(query 'tiercache_lun_commands_total{lun="write-back",op="read"}')
 hits=$(query 'sum(tiercache_lun_latency_seconds_count{lun="write-back",outcome="hit"})')
 [ "$hits" = 5048 ] || fail "Prometheus's sum of hit histograms: ${hits:-nothing}, expected 5048"
 pass "Prometheus scrapes it: up 1, the read count and the hit histograms' count as sent"
+
+# contrib/: the alert rules, and the dashboard's queries against this Prometheus
+rules=$TC_ROOT/contrib/prometheus
+promtool check rules "$rules/tiercache-alerts.yml" >"$T/rules.out" 2>&1 || fail "promtool check rules: $(tail -3 "$T/rules.out")"
+(cd "$rules" && promtool test rules tiercache-alerts.test.yml) >"$T/rules.out" 2>&1 ||
+	fail "promtool test rules: $(head -12 "$T/rules.out")"
+pass "contrib alert rules: promtool check rules and test rules pass"
+"$TB" --json --no-progress -b 4k --rand -r 70 -t 1 -q 4 -T 60 --size 8M "$w" >/dev/null 2>&1 &
+load=$!
+trap 'kill $load $prom 2>/dev/null; _tc_cleanup' EXIT
+# rate() over a minute needs two scrapes of the load
+tc_wait_for 60 "Prometheus sees the load" eval '[ -n "$(query '"'"'sum(rate(tiercache_lun_commands_total{lun="write-back",op="read"}[1m])) > 0'"'"')" ]'
+/usr/bin/python3 -c '
+import json, sys
+for p in json.load(open(sys.argv[1]))["panels"]:
+    for t in p["targets"]:
+        print(p["title"] + "\t" + t["expr"])' "$TC_ROOT/contrib/grafana/tiercache.json" >"$T/exprs"
+[ -s "$T/exprs" ] || fail "no PromQL expression in contrib/grafana/tiercache.json"
+nexpr=0
+while IFS=$'\t' read -r title expr; do
+	promtool query instant "http://127.0.0.1:$pport" "$expr" >"$T/q.out" 2>&1 || fail "dashboard panel \"$title\": $expr: $(head -2 "$T/q.out")"
+	grep -qE '=> -?[0-9]' "$T/q.out" || fail "dashboard panel \"$title\": $expr returns no number: $(head -3 "$T/q.out")"
+	nexpr=$((nexpr + 1))
+done <"$T/exprs"
+kill "$load" 2>/dev/null
+wait "$load" 2>/dev/null
+pass "contrib Grafana dashboard: all $nexpr PromQL expressions return data under load"

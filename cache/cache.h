@@ -50,12 +50,19 @@ struct cache_set_cfg {
 	uint32_t admit_hits;    /* misses before promotion (policy) */
 	uint64_t seq_cutoff;    /* sequential bypass, bytes (0 = never) */
 	uint32_t dirty_target;  /* percent of slots the cleaner aims to keep dirty at most */
+	uint64_t destage_max;   /* destage bytes per second at most, flushes included (0 = no cap) */
+	uint32_t destage_max_iops; /* destage writes per second at most (0 = no cap) */
 	uint32_t leg_timeout_ms; /* a leg that takes longer to answer is failed (0 = never) */
 	uint32_t max_read_errors; /* unreadable ranges rewritten per leg within an hour before it is failed (0 = no limit) */
 	bool fault_injection;   /* tests only: legs wrapped by bdev_fault (tierctl leg fault) */
 };
 
 struct cache_set;
+
+/* The destage caps (cache_set_cfg's destage_max, destage_max_iops), changed
+ * while running (tierctl set, a reload): from the cleaner's next second.
+ * Any thread. */
+void cache_set_destage_max(struct cache_set *cs, uint64_t bps, uint32_t iops);
 
 /*
  * Open the legs (files are created at cfg->size when missing), then either

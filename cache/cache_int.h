@@ -711,6 +711,8 @@ struct cleaner *cleaner_new(struct cache_set *cs);
 void cleaner_free(struct cleaner *c);
 void cleaner_tick(struct cleaner *c);
 void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy);
+void cleaner_set_max(struct cleaner *c, uint64_t bps, uint32_t iops);
+void cleaner_get_max(struct cleaner *c, uint64_t *bps, uint32_t *iops);
 
 
 /* helpers shared by the files: synchronous I/O from the main thread */

@@ -15,7 +15,11 @@
  *    second, never below a trickle while anything is dirty. When foreground
  *    I/O has been idle for 2 s, or a flush was asked for, the limit is
  *    lifted. At most CLEAN_OPS extents are in flight, so foreground I/O is
- *    never starved of queue depth.
+ *    never starved of queue depth. The admin's caps (destage_max in bytes
+ *    and destage_max_iops in backing writes per second, cleaner_set_max)
+ *    hold always, a flush included: each second's budget is the smaller of
+ *    the rate and the cap, and what one second overspent (a destage is
+ *    started whole) is taken from the next.
  *  - Correctness under overwrite: a destage snapshots the slot's write
  *    generation under the slot lock (skipping slots with writes in flight)
  *    and marks the runs clean only if no write started since; the CLEAN
@@ -70,6 +74,9 @@ struct dirty_ent {
 struct cleaner {
 	struct cache_set *cs;
 	_Atomic uint64_t rate;
+	_Atomic uint64_t max_bps;   /* destage_max: bytes per second, 0 = no cap */
+	_Atomic uint32_t max_iops;  /* destage_max_iops: backing writes per second, 0 = no cap */
+	int64_t ops_budget;         /* backing writes left this second (with max_iops) */
 	_Atomic int inflight;
 	double integral;
 	int64_t budget;
@@ -285,6 +292,7 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 		bdev_submit(&cs->mirror.dev, &d->req[i]);
 	}
 	c->budget -= (int64_t)d->bytes;
+	c->ops_budget -= (int64_t)d->nruns;
 	return true;
 }
 
@@ -353,8 +361,10 @@ static void pump(struct cleaner *c)
 	if (mirror_all_failed(&cs->mirror) || c->stalled)
 		return;
 	bool regathered = false;
-	while (atomic_load(&c->inflight) < CLEAN_OPS && (c->unlimited || atomic_load(&cs->flush_req) ||
-							  c->budget > 0)) {
+	bool capped = atomic_load(&c->max_bps) || atomic_load(&c->max_iops);
+	while (atomic_load(&c->inflight) < CLEAN_OPS &&
+	       (c->unlimited || (!capped && atomic_load(&cs->flush_req)) ||
+		(c->budget > 0 && (!atomic_load(&c->max_iops) || c->ops_budget > 0)))) {
 		if (c->pos >= c->norder) {
 			if (regathered || !atomic_load(&cs->dirty_blocks))
 				return;
@@ -448,14 +458,35 @@ void cleaner_tick(struct cleaner *c)
 	double rate = error / 40.0 + c->integral / 10000.0;
 	if (rate < CLEAN_MIN_RATE)
 		rate = CLEAN_MIN_RATE;
-	c->unlimited = idle || atomic_load(&cs->flush_req);
-	if (c->unlimited)
+	uint64_t max_bps = atomic_load(&c->max_bps);
+	uint32_t max_iops = atomic_load(&c->max_iops);
+	bool capped = max_bps || max_iops;
+	c->unlimited = (idle || atomic_load(&cs->flush_req)) && !capped;
+	if (idle || atomic_load(&cs->flush_req))
 		rate = (double)CLEAN_MAX_RATE;
+	if (max_bps && rate > (double)max_bps)
+		rate = (double)max_bps;
 	atomic_store(&c->rate, dirty ? (uint64_t)rate : 0);
-	c->budget = dirty ? (int64_t)(rate > 1e12 ? 1e12 : rate) : 0;
+	/* what a capped second overspent comes out of the next */
+	int64_t carry = max_bps && c->budget < 0 ? c->budget : 0;
+	c->budget = dirty ? carry + (int64_t)(rate > 1e12 ? 1e12 : rate) : 0;
+	c->ops_budget = (max_iops && c->ops_budget < 0 ? c->ops_budget : 0) + max_iops;
 	c->stalled = false;
 	settle(c);
 	pump(c);
+}
+
+/* Any thread: the admin's caps, taken at the next tick (0 = none). */
+void cleaner_set_max(struct cleaner *c, uint64_t bps, uint32_t iops)
+{
+	atomic_store(&c->max_bps, bps);
+	atomic_store(&c->max_iops, iops);
+}
+
+void cleaner_get_max(struct cleaner *c, uint64_t *bps, uint32_t *iops)
+{
+	*bps = atomic_load(&c->max_bps);
+	*iops = atomic_load(&c->max_iops);
 }
 
 /* Any thread. */

@@ -634,6 +634,8 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		goto out;
 	}
 	cs->cleaner = cleaner_new(cs);
+	if (cs->cleaner)
+		cleaner_set_max(cs->cleaner, cfg->destage_max, cfg->destage_max_iops);
 	if (!cs->cleaner) {
 		cache_errf(err, errlen, "cache %s: out of memory", cfg->name);
 		goto out;

@@ -19,6 +19,11 @@ uint64_t cache_set_mem_bytes(const struct cache_set *cs)
 	       (cs->policy ? policy_mem_bytes(cs->policy) : 0);
 }
 
+void cache_set_destage_max(struct cache_set *cs, uint64_t bps, uint32_t iops)
+{
+	cleaner_set_max(cs->cleaner, bps, iops);
+}
+
 void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 {
 	memset(st, 0, sizeof(*st));
@@ -69,6 +74,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	st->destaged_bytes = atomic_load(&cs->st.destaged_bytes);
 	uint64_t busy;
 	cleaner_stats(cs->cleaner, &st->cleaner_rate_bps, &busy);
+	cleaner_get_max(cs->cleaner, &st->destage_max_bps, &st->destage_max_iops);
 	st->lost_ios = atomic_load(&cs->st.lost_ios);
 	st->leg_read_errors = atomic_load(&cs->st.read_errors);
 	st->leg_timeouts = atomic_load(&cs->st.leg_timeouts);

@@ -47,6 +47,8 @@ struct cache_set_status {
 	uint64_t promotions, evictions, destaged_bytes;
 	uint64_t topups;             /* fills of the invalid blocks of resident extents */
 	uint64_t cleaner_rate_bps;   /* current destage rate target */
+	uint64_t destage_max_bps;    /* the admin's caps (0 = none) */
+	uint32_t destage_max_iops;
 	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
 	uint64_t leg_read_errors;    /* reads a leg failed that the other served (queued for rewrite) */
 	uint64_t leg_timeouts;       /* requests a leg did not answer within leg_timeout */

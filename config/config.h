@@ -80,6 +80,8 @@ struct cfg_cache {
 	uint32_t admit_hits;   /* misses before promotion (default 2) */
 	uint64_t seq_cutoff;   /* sequential bypass (default 4 MiB; 0 = off) */
 	uint32_t dirty_target; /* percent (default 10) */
+	uint64_t destage_max;  /* bytes per second, 0 = no cap */
+	uint32_t destage_max_iops; /* backing writes per second, 0 = no cap */
 	unsigned leg_timeout;  /* seconds before a leg that does not answer is failed (default 10; 0 = never) */
 	uint32_t max_read_errors; /* rewritten unreadable ranges per leg and hour before it is failed (default 50; 0 = no limit) */
 	bool fault_injection;  /* tests only: tierctl leg fault may fail the legs */

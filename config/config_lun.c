@@ -226,6 +226,19 @@ int cfg_handle_cache(struct parse_state *ps, const char *key, const char *val)
 			return 0;
 		}
 		c->dirty_target = (uint32_t)u;
+	} else if (!strcmp(key, "destage_max")) {
+		if (config_parse_size(val, &c->destage_max) || (c->destage_max && c->destage_max < (64u << 10))) {
+			cfg_fail_at(ps, ps->line, "[cache %s] destage_max = %s: give bytes per second, at least 64K "
+				"(like 50M), or 0 for no cap", c->name, val);
+			return 0;
+		}
+	} else if (!strcmp(key, "destage_max_iops")) {
+		if (cfg_parse_uint(val, 10000000, &u)) {
+			cfg_fail_at(ps, ps->line, "[cache %s] destage_max_iops = %s: give backing writes per second, "
+				"or 0 for no cap", c->name, val);
+			return 0;
+		}
+		c->destage_max_iops = (uint32_t)u;
 	} else if (!strcmp(key, "leg_timeout")) {
 		const char *v = val;
 		size_t n = strlen(v);
@@ -259,7 +272,8 @@ int cfg_handle_cache(struct parse_state *ps, const char *key, const char *val)
 	} else {
 		cfg_fail_at(ps, ps->line,
 			"[cache %s] has no key \"%s\"; known keys: legs, allow_single_leg, size, extent, mode, "
-			"admit_hits, seq_cutoff, dirty_target, leg_timeout, max_read_errors", c->name, key);
+			"admit_hits, seq_cutoff, dirty_target, destage_max, destage_max_iops, leg_timeout, "
+			"max_read_errors", c->name, key);
 		return 0;
 	}
 	return 1;

@@ -17,8 +17,10 @@
 #include "daemon/control.h"
 #include "daemon/daemon.h"
 
+#include <errno.h>
 #include <json-c/json.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -186,6 +188,52 @@ static int ctl_detach(struct json_object *req, struct json_object *resp, void *a
 	return set_mode(resp, lun, CACHE_PASS_THROUGH);
 }
 
+/*
+ * tierctl set CACHE KEY VALUE: the settings a set changes while running,
+ * destage_max (bytes per second, 0 = no cap) and destage_max_iops. Until
+ * the next restart or a reload whose file changes them.
+ */
+static int ctl_set(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set"), *key = req_str(req, "key"), *val = req_str(req, "value");
+	if (!set || !key || !val)
+		return control_error(resp, "set needs CACHE KEY VALUE");
+	int i = 0;
+	while (i < g_cfg->ncaches && strcmp(g_cfg->caches[i].name, set))
+		i++;
+	if (i == g_cfg->ncaches || !g_sets[i])
+		return control_error(resp, "no open cache set %s", set);
+	struct cache_set_status st;
+	cache_set_status(g_sets[i], &st);
+	uint64_t bps = st.destage_max_bps, v;
+	uint32_t iops = st.destage_max_iops;
+	if (!strcmp(key, "destage_max")) {
+		if (config_parse_size(val, &v) || (v && v < (64u << 10)))
+			return control_error(resp, "destage_max %s: give bytes per second, at least 64K (like 50M), "
+					     "or 0 for no cap", val);
+		bps = v;
+	} else if (!strcmp(key, "destage_max_iops")) {
+		char *end;
+		errno = 0;
+		unsigned long u = strtoul(val, &end, 10);
+		if (errno || end == val || *end || u > 10000000)
+			return control_error(resp, "destage_max_iops %s: give backing writes per second, or 0 for no cap",
+					     val);
+		iops = (uint32_t)u;
+	} else {
+		return control_error(resp, "set %s: the keys a running set changes are destage_max and "
+				     "destage_max_iops", key);
+	}
+	cache_set_destage_max(g_sets[i], bps, iops);
+	log_info("cache %s: destage_max %llu B/s, destage_max_iops %u (0: no cap; tierctl set)", set,
+		 (unsigned long long)bps, iops);
+	json_object_object_add(resp, "set", json_object_new_string(set));
+	json_object_object_add(resp, "destage_max", json_object_new_int64((int64_t)bps));
+	json_object_object_add(resp, "destage_max_iops", json_object_new_int64(iops));
+	return 0;
+}
+
 static int ctl_leg_replace(struct json_object *req, struct json_object *resp, void *arg)
 {
 	(void)arg;
@@ -303,6 +351,8 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "evictions", st->evictions },
 		{ "destaged_bytes", st->destaged_bytes },
 		{ "cleaner_rate_bps", st->cleaner_rate_bps },
+		{ "destage_max", st->destage_max_bps },
+		{ "destage_max_iops", st->destage_max_iops },
 		{ "lost_ios", st->lost_ios },
 		{ "leg_read_errors", st->leg_read_errors },
 		{ "leg_timeouts", st->leg_timeouts },
@@ -351,6 +401,7 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 	control_register("flush", ctl_flush, NULL);
 	control_register("flush-progress", ctl_flush_progress, NULL);
 	control_register("mode", ctl_mode, NULL);
+	control_register("set", ctl_set, NULL);
 	control_register("detach", ctl_detach, NULL);
 	control_register("leg-replace", ctl_leg_replace, NULL);
 	control_register("leg-fail", ctl_leg_fail, NULL);

@@ -100,6 +100,8 @@ static int open_caches(struct daemon *d)
 			.admit_hits = c->admit_hits,
 			.seq_cutoff = c->seq_cutoff,
 			.dirty_target = c->dirty_target,
+			.destage_max = c->destage_max,
+			.destage_max_iops = c->destage_max_iops,
 			.leg_timeout_ms = c->leg_timeout * 1000u,
 			.max_read_errors = c->max_read_errors,
 			.fault_injection = c->fault_injection,

@@ -588,6 +588,15 @@ static void reload_swap_config(struct reload *r)
 	ctl_cache_update(r->n, r->vols);
 	control_unlock();
 	worker_set_poll_us(r->n->poll_us); /* takes effect at each worker's next wait */
+	/* destage caps: at once (the sets are the same, in the same order, when they apply) */
+	for (int i = 0; d->sets && i < r->n->ncaches && r->n->ncaches == r->o->ncaches; i++) {
+		const struct cfg_cache *nc = &r->n->caches[i], *oc = &r->o->caches[i];
+		if (!d->sets[i] || (nc->destage_max == oc->destage_max && nc->destage_max_iops == oc->destage_max_iops))
+			continue;
+		cache_set_destage_max(d->sets[i], nc->destage_max, nc->destage_max_iops);
+		log_info("reload: [cache %s] destage_max %llu B/s, destage_max_iops %u (0: no cap)", nc->name,
+			 (unsigned long long)nc->destage_max, nc->destage_max_iops);
+	}
 	/* io_timeout of the LUNs that stay: for the next look at each command */
 	for (int i = 0; i < r->nl; i++) {
 		const struct cfg_lun *nl = &r->n->luns[i], *ol = config_find_lun(r->o, nl->name);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/tiercache/control.sock"
@@ -36,6 +37,8 @@ static void usage(FILE *f)
 		"  flush [--wait]             destage all dirty data (and wait for it)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 flush, then run the LUN uncached\n"
+		"  set SET KEY VALUE          change a running cache set: destage_max (bytes per\n"
+		"                             second, like 50M; 0 = no cap) or destage_max_iops\n"
 		"  leg replace SET OLD NEW    resync a new leg in place of a failed OLD, online\n"
 		"  leg fail SET LEG           take a healthy leg out of service (to replace it)\n"
 		"  leg fault SET LEG MODE [OFFSET LENGTH]\n"
@@ -237,6 +240,10 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "mode") && nargs == 2) {
 		json_object_object_add(req, "lun", json_object_new_string(args[0]));
 		json_object_object_add(req, "mode", json_object_new_string(args[1]));
+	} else if (!strcmp(cmd, "set") && nargs == 3) {
+		json_object_object_add(req, "set", json_object_new_string(args[0]));
+		json_object_object_add(req, "key", json_object_new_string(args[1]));
+		json_object_object_add(req, "value", json_object_new_string(args[2]));
 	} else if (!strcmp(cmd, "detach") && nargs == 1) {
 		json_object_object_add(req, "lun", json_object_new_string(args[0]));
 	} else if (!strcmp(cmd, "leg") && nargs == 4 && !strcmp(args[0], "replace")) {
@@ -275,6 +282,18 @@ int main(int argc, char **argv)
 			return rc;
 		struct json_object *preq = json_object_new_object();
 		json_object_object_add(preq, "cmd", json_object_new_string("flush-progress"));
+		/*
+		 * The rate is measured over the last few seconds of samples (a
+		 * ring of them), the ETA is what is left at that rate. On a
+		 * terminal one line is redrawn; otherwise a plain line a second;
+		 * with --json a JSON object per sample on stdout.
+		 */
+		enum { NS = 25 }; /* 5 s of 200 ms samples */
+		double st[NS];
+		int64_t sd[NS];
+		int ns = 0;
+		double last_line = 0;
+		bool tty = isatty(2);
 		for (;;) {
 			resp = call(path, preq, &rc);
 			if (!resp)
@@ -286,20 +305,42 @@ int main(int argc, char **argv)
 			if (json_object_object_get_ex(resp, "waiting_for", &why))
 				snprintf(blocked, sizeof(blocked), "  waiting: %s", json_object_get_string(why));
 			json_object_put(resp);
-			if (!json && total > 0) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+			st[ns % NS] = now;
+			sd[ns % NS] = dirty;
+			ns++;
+			int oldest = ns > NS ? ns % NS : 0;
+			double span = now - st[oldest];
+			double rate = span > 0.5 ? (double)(sd[oldest] - dirty) / span : 0; /* bytes per second */
+			int64_t eta = rate > 0 ? (int64_t)((double)dirty / rate + 0.5) : -1;
+			char eta_s[32] = "unknown";
+			if (eta >= 0)
+				snprintf(eta_s, sizeof(eta_s), "%lld:%02lld", (long long)(eta / 60), (long long)(eta % 60));
+			if (json) {
+				printf("{\"dirty_bytes\": %lld, \"start_dirty_bytes\": %lld, \"rate_bytes_per_second\": %.0f, "
+				       "\"eta_seconds\": %lld}\n", (long long)dirty, (long long)total, rate < 0 ? 0 : rate,
+				       (long long)eta);
+				fflush(stdout);
+			} else if (total > 0 && (tty || dirty <= 0 || now - last_line >= 1.0)) {
 				int pct = (int)(100 - (dirty * 100) / total);
-				int bar = pct / 4;
-				/* on a terminal, \033[K: a shorter line than the last leaves no tail */
-				fprintf(stderr, "\rflushing [%-25.*s] %3d%%  %lld MiB dirty%s%s", bar,
-					"#########################", pct, (long long)(dirty >> 20), blocked,
-					isatty(2) ? "\033[K" : "");
+				char line[512];
+				snprintf(line, sizeof(line), "%3d%%  %lld MiB left  %.1f MiB/s  ETA %s%s", pct,
+					 (long long)(dirty >> 20), rate < 0 ? 0 : rate / 1048576.0, eta_s, blocked);
+				if (tty) /* \033[K: a shorter line than the last leaves no tail */
+					fprintf(stderr, "\rflushing [%-25.*s] %s\033[K", pct / 4, "#########################",
+						line);
+				else
+					fprintf(stderr, "flushing: %s\n", line);
+				last_line = now;
 			}
 			if (dirty <= 0)
 				break;
 			usleep(200000);
 		}
 		if (!json)
-			fprintf(stderr, "\nflush complete: no dirty data left\n");
+			fprintf(stderr, "%sflush complete: no dirty data left\n", tty ? "\n" : "");
 		json_object_put(preq);
 		return 0;
 	}

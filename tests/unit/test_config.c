@@ -398,6 +398,42 @@ static void test_metrics(void)
 	}
 }
 
+static void test_destage_caps(void)
+{
+	static const struct {
+		const char *line;
+		int ok;
+		uint64_t bps;
+		uint32_t iops;
+	} cases[] = {
+		{ "dirty_target = 10", 1, 0, 0 },
+		{ "destage_max = 50M", 1, 50u << 20, 0 },
+		{ "destage_max = 0", 1, 0, 0 },
+		{ "destage_max_iops = 500", 1, 0, 500 },
+		{ "destage_max = 1k", 0, 0, 0 },
+		{ "destage_max = fast", 0, 0, 0 },
+		{ "destage_max_iops = -1", 0, 0, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[256];
+		snprintf(text, sizeof(text), "[cache c]\nlegs = /a /b\n%s\n", cases[i].line);
+		struct config *cfg = NULL;
+		char err[512] = "";
+		int r = config_parse_string(text, "caps.conf", &cfg, err, sizeof(err));
+		CHECK((r == 0) == cases[i].ok, "caps case %zu (%s): parse %s (%s)", i, cases[i].line,
+		      r ? "refused" : "accepted", err);
+		if (!cases[i].ok)
+			CHECK(strstr(err, "destage_max") != NULL, "caps case %zu: the error names the key: %s", i, err);
+		if (r)
+			continue;
+		CHECK(cfg->ncaches == 1 && cfg->caches[0].destage_max == cases[i].bps &&
+			      cfg->caches[0].destage_max_iops == cases[i].iops,
+		      "caps case %zu: %llu B/s, %u IOPS", i, (unsigned long long)cfg->caches[0].destage_max,
+		      cfg->caches[0].destage_max_iops);
+		config_free(cfg);
+	}
+}
+
 static void test_rbd_lun(void)
 {
 	struct config *cfg = NULL;
@@ -428,6 +464,7 @@ int main(void)
 	test_space_warn();
 	test_poll();
 	test_metrics();
+	test_destage_caps();
 	test_rbd_lun();
 	test_good();
 	test_cache_sections();

@@ -81,7 +81,7 @@ $(BUILD)/libtiercache.a: $(LIB_OBJS)
 $(BUILD)/tiercached: $(DAEMON_OBJS) $(BUILD)/libtiercache.a
 	$(CC) $(TC_CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tierctl: $(BUILD)/obj/tools/tierctl.o $(BUILD)/libtiercache.a
+$(BUILD)/tierctl: $(BUILD)/obj/tools/tierctl.o $(BUILD)/obj/tools/tierctl_top.o $(BUILD)/libtiercache.a
 	$(CC) $(TC_CFLAGS) -o $@ $^ $(LDLIBS)
 
 # tierbench is the only program that links libiscsi (an initiator).

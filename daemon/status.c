@@ -93,6 +93,40 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 			json_object_object_add(t, "overdue_total", json_object_new_int64((int64_t)od.total));
 			json_object_object_add(o, "timeouts", t);
 		}
+		if (lu) {
+			/* what tierctl top shows: counts since start, latency buckets per kind */
+			struct scsi_lu_stats ls;
+			scsi_lu_stats(lu, &ls);
+			struct json_object *io = json_object_new_object();
+			for (int k = 0; k < SCSI_IO_KINDS; k++)
+				json_object_object_add(io, scsi_io_kind_name(k), json_object_new_int64((int64_t)ls.cmds[k]));
+			json_object_object_add(io, "read_bytes", json_object_new_int64((int64_t)ls.bytes[0]));
+			json_object_object_add(io, "write_bytes", json_object_new_int64((int64_t)ls.bytes[1]));
+			json_object_object_add(io, "in_flight", json_object_new_int64((int64_t)ls.inflight));
+			uint64_t hits = 0, reads = 0;
+			for (int b = 0; b < SCSI_LAT_BUCKETS; b++) {
+				hits += ls.lat[SCSI_IO_READ][SCSI_OUT_HIT][b];
+				for (int oc = 0; oc < SCSI_OUTCOMES; oc++)
+					reads += ls.lat[SCSI_IO_READ][oc][b];
+			}
+			json_object_object_add(io, "read_hits", json_object_new_int64((int64_t)hits));
+			json_object_object_add(io, "reads_served", json_object_new_int64((int64_t)reads));
+			struct json_object *bounds = json_object_new_array();
+			for (int b = 0; b < SCSI_LAT_BUCKETS - 1; b++)
+				json_object_array_add(bounds, json_object_new_int64((int64_t)(scsi_lat_bound_ns((unsigned)b) / 1000)));
+			json_object_object_add(io, "latency_bounds_us", bounds);
+			for (int k = 0; k < 2; k++) {
+				struct json_object *h = json_object_new_array();
+				for (int b = 0; b < SCSI_LAT_BUCKETS; b++) {
+					uint64_t n = 0;
+					for (int oc = 0; oc < SCSI_OUTCOMES; oc++)
+						n += ls.lat[k][oc][b];
+					json_object_array_add(h, json_object_new_int64((int64_t)n));
+				}
+				json_object_object_add(io, k ? "write_latency_buckets" : "read_latency_buckets", h);
+			}
+			json_object_object_add(o, "io", io);
+		}
 		struct scsi_lu_space sp;
 		if (lu && scsi_lu_space(lu, &sp)) {
 			struct json_object *s = json_object_new_object();

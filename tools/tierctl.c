@@ -11,6 +11,7 @@
  */
 #include "config/config.h"
 #include "config/targetcli.h"
+#include "tools/tierctl.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -34,6 +35,9 @@ static void usage(FILE *f)
 		"  status                     targets, LUNs (RBD: pool/image, cluster, lock owner, ALUA state),\n"
 		"                             cache sets, legs and health\n"
 		"  stats [--watch [SECS]]     I/O and cache counters (repeat every SECS)\n"
+		"  top [--interval S] [--count N]\n"
+		"                             per LUN IOPS, MB/s, latency percentiles, hit ratio;\n"
+		"                             per set dirty data, destage rate, legs (every S s)\n"
 		"  flush [--wait]             destage all dirty data (and wait for it)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 flush, then run the LUN uncached\n"
@@ -91,6 +95,11 @@ static struct json_object *call(const char *path, struct json_object *req, int *
 		*rc = 3;
 	}
 	return resp;
+}
+
+struct json_object *tierctl_call(const char *path, struct json_object *req, int *rc)
+{
+	return call(path, req, rc);
 }
 
 static void print_value(struct json_object *v, int indent);
@@ -219,6 +228,21 @@ int main(int argc, char **argv)
 	bool watch = false, wait = false;
 	int interval = 1;
 
+	if (!strcmp(cmd, "top")) {
+		int count = 0;
+		for (int i = 0; i < nargs; i++) {
+			if (!strcmp(args[i], "--interval") && i + 1 < nargs && atoi(args[i + 1]) > 0) {
+				interval = atoi(args[++i]);
+			} else if (!strcmp(args[i], "--count") && i + 1 < nargs && atoi(args[i + 1]) > 0) {
+				count = atoi(args[++i]);
+			} else {
+				usage(stderr);
+				return 2;
+			}
+		}
+		json_object_put(req);
+		return tierctl_top(path, interval, count);
+	}
 	if (!strcmp(cmd, "status") && nargs == 0) {
 	} else if (!strcmp(cmd, "stats")) {
 		for (int i = 0; i < nargs; i++) {

@@ -473,6 +473,22 @@ static void on_watch_cqe(struct io_op *op, int res)
 			return;
 		}
 	}
+	if (res > 0 && (res & EPOLLRDHUP) && !(s->events & EPOLLRDHUP)) {
+		/*
+		 * The ring's polls always report EPOLLRDHUP, epoll only when asked:
+		 * once the peer has shut down its side, a poll armed again would
+		 * complete at once, for ever, on a socket the handler is not
+		 * reading (a connection draining or held back by its transmit
+		 * queue). Such a descriptor goes on in the epoll set, with
+		 * epoll's exact semantics.
+		 */
+		struct epoll_event e = { .events = s->events, .data.ptr = s->h };
+		if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s->h->fd, &e) == 0) {
+			s->h->watch = IN_EPOLL;
+			watch_free(w, s);
+			return;
+		}
+	}
 	if (res >= 0 || res == -ECANCELED)
 		watch_arm(w, s);
 }
@@ -699,6 +715,10 @@ static void *worker_main(void *arg)
 		run_deferred(w);
 	}
 	run_posts(w);
+	if (ring_wait) { /* finish_iteration leaves submitting and reaping to the wait */
+		worker_flush();
+		reap(w);
+	}
 	finish_iteration(w);
 	for (int i = 0; i < 64 && w->batch_head; i++)
 		run_batch_end(w);

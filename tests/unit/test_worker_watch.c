@@ -17,6 +17,11 @@
  *             and an unwatch from a posted call with a poll in flight:
  *             nothing touches the freed handler (the ASan build checks)
  *             and no watch is left behind (LeakSanitizer at the end).
+ *   rdhup     a socket watched for nothing (a connection not reading) whose
+ *             peer shuts down its side: the worker stays idle (the ring's
+ *             polls report EPOLLRDHUP, which epoll does only when asked, so
+ *             a poll armed again would complete for ever), and a later
+ *             rewatch for EPOLLIN sees the end of the stream.
  * Each case runs twice per wait: with worker_watch, and with
  * worker_watch_file (under the ring wait, the epoll set the ring polls).
  * Every wait is for a condition, with a 10 s limit.
@@ -32,6 +37,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,7 +172,8 @@ static void do_unwatch_free(void *arg)
 	worker_unwatch(&p->ev);
 	close(p->ev.fd);
 	close(p->peer);
-	free(p);
+	/* deferred: an event of p may sit in the same epoll batch as this post */
+	worker_defer_free(p);
 }
 
 static void watch(struct probe *p, uint32_t ev) { want = ev; on_worker(do_watch, p); }
@@ -213,6 +220,30 @@ static void drain(int fd, size_t n)
 			break;
 		n -= (size_t)r;
 	}
+}
+
+/* CPU seconds the process used so far */
+static double cpu_now(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+	       ru.ru_stime.tv_usec / 1e6;
+}
+
+static void case_rdhup(void)
+{
+	struct probe *p = probe_new();
+	watch(p, 0); /* not reading: a connection draining or held back */
+	shutdown(p->peer, SHUT_WR);
+	double c0 = cpu_now();
+	usleep(500000);
+	double used = cpu_now() - c0;
+	CHECK(used < 0.2, "rdhup: the worker used %.2f s of CPU in 0.5 s over a half-closed socket nobody reads", used);
+	rewatch(p, EPOLLIN);
+	CHECK(wait_for(&p->in_calls, 1), "rdhup: no EPOLLIN (end of stream) after rewatch(EPOLLIN)");
+	printf("rdhup: %.2f s of CPU in 0.5 s over a half-closed idle socket; EPOLLIN after rewatch\n", used);
+	on_worker(do_unwatch_free, p);
 }
 
 static void cases(const char *mode, bool file)
@@ -276,6 +307,7 @@ static void cases(const char *mode, bool file)
 	CHECK(wait_for(&b->bytes, 1), "unwatch: b did not read");
 	on_worker(do_unwatch_free, b);
 	printf("unwatch: freed in and across handlers, and with a poll in flight\n");
+	case_rdhup();
 }
 
 static void run(const char *mode, const char *env)

@@ -400,26 +400,34 @@ static void cache_metrics(struct out *o, const struct config *cfg)
 static void target_metrics(struct out *o, const struct config *cfg)
 {
 	char l[320], e[300];
+	int n = dmn->targets ? cfg->ntargets : 0;
+	unsigned *sess = calloc(n ? (size_t)n : 1, sizeof(*sess));
+	uint64_t *refused_t = calloc(n ? (size_t)n : 1, sizeof(*refused_t));
+	if (!sess || !refused_t) {
+		o->oom = true;
+		free(sess);
+		free(refused_t);
+		return;
+	}
+	for (int i = 0; i < n; i++) /* one look (and one take of the target's lock) each */
+		if (dmn->targets[i])
+			scsi_target_counts(dmn->targets[i], &sess[i], &refused_t[i]);
 	family(o, "tiercache_target_sessions", "gauge", "Open sessions (I_T nexuses) of the target.");
-	for (int i = 0; dmn->targets && i < cfg->ntargets; i++) {
+	for (int i = 0; i < n; i++) {
 		if (!dmn->targets[i])
 			continue;
-		unsigned sess;
-		uint64_t refused;
-		scsi_target_counts(dmn->targets[i], &sess, &refused);
 		snprintf(l, sizeof(l), "target=\"%s\"", esc(cfg->targets[i].iqn, e, sizeof(e)));
-		gauge(o, "tiercache_target_sessions", l, sess);
+		gauge(o, "tiercache_target_sessions", l, sess[i]);
 	}
 	family(o, "tiercache_target_logins_refused", "counter", "Logins to the target refused (ACL, CHAP, parameters).");
-	for (int i = 0; dmn->targets && i < cfg->ntargets; i++) {
+	for (int i = 0; i < n; i++) {
 		if (!dmn->targets[i])
 			continue;
-		unsigned sess;
-		uint64_t refused;
-		scsi_target_counts(dmn->targets[i], &sess, &refused);
 		snprintf(l, sizeof(l), "target=\"%s\"", esc(cfg->targets[i].iqn, e, sizeof(e)));
-		counter(o, "tiercache_target_logins_refused", l, refused);
+		counter(o, "tiercache_target_logins_refused", l, refused_t[i]);
 	}
+	free(sess);
+	free(refused_t);
 	uint64_t ok, refused, failed;
 	iscsi_login_counts(&ok, &refused, &failed);
 	family(o, "tiercache_iscsi_logins", "counter",

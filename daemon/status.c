@@ -103,14 +103,10 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 			json_object_object_add(io, "read_bytes", json_object_new_int64((int64_t)ls.bytes[0]));
 			json_object_object_add(io, "write_bytes", json_object_new_int64((int64_t)ls.bytes[1]));
 			json_object_object_add(io, "in_flight", json_object_new_int64((int64_t)ls.inflight));
-			uint64_t hits = 0, reads = 0;
-			for (int b = 0; b < SCSI_LAT_BUCKETS; b++) {
+			uint64_t hits = 0; /* of the "read" count above */
+			for (int b = 0; b < SCSI_LAT_BUCKETS; b++)
 				hits += ls.lat[SCSI_IO_READ][SCSI_OUT_HIT][b];
-				for (int oc = 0; oc < SCSI_OUTCOMES; oc++)
-					reads += ls.lat[SCSI_IO_READ][oc][b];
-			}
 			json_object_object_add(io, "read_hits", json_object_new_int64((int64_t)hits));
-			json_object_object_add(io, "reads_served", json_object_new_int64((int64_t)reads));
 			struct json_object *bounds = json_object_new_array();
 			for (int b = 0; b < SCSI_LAT_BUCKETS - 1; b++)
 				json_object_array_add(bounds, json_object_new_int64((int64_t)(scsi_lat_bound_ns((unsigned)b) / 1000)));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tierctl top in a real terminal (a tmux pane): one LUN is driven at QD1
 # for 8 s, another left idle. While the load runs, the pane's row of the
-# driven LUN shows IOPS within 20% of what the client measured (the median
+# driven LUN shows IOPS within 20% of what the client measured (the mean
 # of four refreshes), the idle LUN's row shows 0, the write-back LUN's
 # reads are hits, and the cache set's legs are healthy.
 . "$(dirname "$0")/lib.sh"
@@ -41,10 +41,12 @@ for i in 1 2 3 4; do
 done
 wait "$load" || fail "tierbench: $(head -c 300 "$T/tb.json")"
 want=$(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["runs"][0]["iops"])' "$T/tb.json")
-med=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n 2p)
-echo "tierbench: $want IOPS; tierctl top: ${samples[*]} (the lower median $med); idle LUN: ${idle[*]}"
-python3 -c "import sys; sys.exit(0 if abs($med - $want) <= 0.2 * $want else 1)" ||
-	fail "tierctl top shows $med IOPS for the driven LUN, the client did $want (more than 20% off); pane: $(cat "$T/pane.4")"
+# the mean of four consecutive refreshes: single seconds of a QD1 load swing by
+# a third on a busy machine, their mean is the rate over those seconds
+mean=$(printf '%s\n' "${samples[@]}" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+echo "tierbench: $want IOPS; tierctl top: ${samples[*]} (mean $mean); idle LUN: ${idle[*]}"
+python3 -c "import sys; sys.exit(0 if abs($mean - $want) <= 0.2 * $want else 1)" ||
+	fail "tierctl top shows $mean IOPS for the driven LUN, the client did $want (more than 20% off); pane: $(cat "$T/pane.4")"
 for v in "${idle[@]}"; do
 	[ "$v" = 0 ] || fail "the idle LUN shows $v IOPS; pane: $(cat "$T/pane.4")"
 done
@@ -52,4 +54,4 @@ grep -E '^write-back ' "$T/pane.4" | awk '{ exit !($10 == 100) }' ||
 	fail "the write-back LUN's reads of written blocks are not all hits: $(grep -E '^write-back ' "$T/pane.4")"
 grep -E '^write-back .*healthy healthy' "$T/pane.4" >/dev/null ||
 	fail "the cache set's row does not show two healthy legs: $(grep -A3 '^CACHE' "$T/pane.4")"
-pass "tierctl top under tmux: the driven LUN at $med IOPS (client: $want), the idle one at 0, hits 100%, legs healthy"
+pass "tierctl top under tmux: the driven LUN at $mean IOPS (client: $want), the idle one at 0, hits 100%, legs healthy"

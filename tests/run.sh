@@ -88,7 +88,8 @@ done
 # on that, and its exit trap fails a test whose daemon log holds a report
 # (a daemon that died of one while the test was about to kill it anyway).
 # tests/unit/lsan.supp says why each leak suppression is there. Under ASan
-# test_cache_powercut recovers 60 power-cut images, not its thousands, and
+# test_cache_powercut recovers 60 power-cut images, not its thousands,
+# test_cache_crash_kill9 runs 10 kill cycles, not 20 (200 in check-long), and
 # the conformance run leaves tgtd out (the plain run compares against it).
 # test_cache_crash_kill9 once had its daemon not finish a SIGTERM shutdown
 # within 60 s here (stuck before the final checkpoint); tc_stop writes every
@@ -97,11 +98,14 @@ done
 # whose completions that spin kept it from reaping (fixed in cache/set.c,
 # tests/unit/test_cache_ckpt_stop.c).
 asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults test_cache_crash_kill9"
+asan_kill_cycles=10
+[ -n "${TC_LONG:-}" ] && asan_kill_cycles=200
 asan_env=(
 	ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:exitcode=66:detect_leaks=1"
 	LSAN_OPTIONS="suppressions=$PWD/tests/unit/lsan.supp:print_suppressions=0:exitcode=66"
 	UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=66"
 	PC_CUTS=60
+	TC_CYCLES="$asan_kill_cycles"
 	TC_CU_NO_TGT=1
 	TC_LOGS="$PWD/$logs/asan"
 )

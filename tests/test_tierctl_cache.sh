@@ -38,6 +38,14 @@ qemu-io -f raw "${args[@]}" "$url" >/dev/null || fail "qemu-io chunked write"
 dirty=$(ctl --json status | jget 'd["caches"][0]["dirty_bytes"]')
 [ "$dirty" -gt 0 ] || fail "no dirty bytes after 8 MiB of write-back writes (dirty=$dirty)"
 pass "status shows $dirty dirty bytes after write-back writes"
+
+# the global options also work after the command, where people type them
+after=$("$TC_ROOT/build/tierctl" status --json -c "$T/t.conf" | jget 'd["caches"][0]["name"]') ||
+	fail "tierctl status --json -c CONFIG (options after the command) failed"
+[ "$after" = fast ] || fail "tierctl status --json -c CONFIG answered $after, not the set fast"
+"$TC_ROOT/build/tierctl" status --config="$T/t.conf" | grep -q '^ *name: *fast' ||
+	fail "tierctl status --config=CONFIG did not print the plain status"
+pass "tierctl status --json -c CONFIG works as tierctl -c CONFIG --json status"
 # what was sent to each leg: sixteen 512 KiB writes went to both; with the
 # write cache off each was made durable (FUA, or a flush after it)
 io=$(ctl --json status | jget '[(l["io"]["writes"] >= 16, l["io"]["fua_writes"] + l["io"]["flushes"] >= 16) for l in d["caches"][0]["legs"]]')

@@ -2,6 +2,7 @@
  * tierctl - talk to a running tiercached over its control socket.
  *
  *   tierctl [-s SOCKET | -c CONFIG] [--json] COMMAND [ARGS]
+ *   (the options in brackets may also follow the command)
  *
  * Commands are sent as one JSON request; the daemon answers with one JSON
  * object. By default the answer is shown for people (nested keys indented,
@@ -51,7 +52,7 @@ static void usage(FILE *f)
 		"                             OFFSET LENGTH (reads, never healed), or ok\n"
 		"  targetcli                  print targetcli commands for LIO (needs -c CONFIG;\n"
 		"                             no daemon needed): pipe them into targetcli\n"
-		"options:\n"
+		"options (before or after the command):\n"
 		"  -s, --socket PATH          control socket (default " DEFAULT_SOCKET ")\n"
 		"  -c, --config FILE          take the socket path from the daemon's config\n"
 		"      --json                 print the daemon's JSON answer as it is\n");
@@ -220,6 +221,40 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *cmd = argv[optind++];
+	/* The global options also work after the command, where people type
+	 * them (tierctl status --json); what is left are the command's own. */
+	int kept = optind;
+	for (int i = optind; i < argc; i++) {
+		const char *a = argv[i];
+		const char *val = NULL;
+		bool takes = false;
+		if (!strcmp(a, "--json")) {
+			json = true;
+			continue;
+		}
+		if (!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-c") || !strcmp(a, "--config")) {
+			takes = true;
+			if (i + 1 >= argc) {
+				fprintf(stderr, "tierctl: %s needs a value\n", a);
+				return 2;
+			}
+			val = argv[++i];
+		} else if (!strncmp(a, "--socket=", 9) || !strncmp(a, "--config=", 9)) {
+			takes = true;
+			val = a + 9;
+		}
+		if (!takes) {
+			argv[kept++] = argv[i];
+			continue;
+		}
+		if (a[1] == 's' || !strncmp(a, "--socket", 8)) {
+			path = val;
+		} else {
+			conf = val;
+			path = socket_from_config(val);
+		}
+	}
+	argc = kept;
 	int nargs = argc - optind;
 	if (!strcmp(cmd, "targetcli"))
 		return print_targetcli(conf, nargs);

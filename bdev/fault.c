@@ -10,6 +10,13 @@
  * is cleared or the device closed, then fail with -EIO). It counts the
  * reads and writes it passed on, so a test can tell which leg served what.
  *
+ * It can also be slow in a known way instead of failing (BDEV_FAULT_DELAY):
+ * one request at a time, in arrival order, each held a fixed time before
+ * it goes to the inner device, and the next one starts when it completes:
+ * a single server with a fixed service time, whose queueing under random
+ * arrivals has a textbook answer (M/D/1) that tierbench's open-loop mode
+ * is checked against (tests/test_tierbench_rate.sh).
+ *
  * Never in production: the key exists so the daemon's own failure paths can
  * be tested under load on a host without device-mapper or a VM.
  *
@@ -19,6 +26,7 @@
 #include "bdev/fault.h"
 
 #include <errno.h>
+#include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -32,12 +40,28 @@ struct fault_bdev {
 	_Atomic uint64_t *bad;   /* a bit per 512-byte sector of the range: still bad */
 	uint64_t bad_words;
 	_Atomic uint64_t reads, writes, errors, held_reads, held_writes;
-	pthread_mutex_t lock;    /* held list */
+	pthread_mutex_t lock;    /* held list, delay queue */
 	struct held {
 		struct held *next;
 		struct bdev_req *req;
 		struct worker *w;
 	} *held;
+	_Atomic uint64_t delay_ns;
+	bool serving;            /* BDEV_FAULT_DELAY: a request is in service */
+	struct delayed *dq_head, *dq_tail; /* waiting for the server, oldest first */
+};
+
+/* A request going through the BDEV_FAULT_DELAY server. */
+struct delayed {
+	struct io_op op;                    /* the service time's timeout */
+	struct __kernel_timespec ts;
+	struct fault_bdev *f;
+	struct bdev_req *req;
+	struct worker *w;                   /* the submitter's: inner I/O and done run there */
+	struct worker_call call;
+	void (*done)(struct bdev_req *req, int err);
+	void *priv;
+	struct delayed *next;
 };
 
 struct fault_done {
@@ -70,11 +94,105 @@ static void fault_fail_on(struct worker *w, struct bdev_req *req, int err)
 	}
 }
 
+static void delay_start(struct delayed *d);
+
+/* The inner device answered the request in service: hand the server to the
+ * next one first (its service time starts now), then answer this one. */
+static void delay_inner_done(struct bdev_req *req, int err)
+{
+	struct delayed *d = req->priv;
+	struct fault_bdev *f = d->f;
+	req->done = d->done;
+	req->priv = d->priv;
+	free(d);
+	pthread_mutex_lock(&f->lock);
+	struct delayed *next = f->dq_head;
+	if (next) {
+		f->dq_head = next->next;
+		if (!f->dq_head)
+			f->dq_tail = NULL;
+	} else {
+		f->serving = false;
+	}
+	pthread_mutex_unlock(&f->lock);
+	if (next)
+		delay_start(next);
+	req->done(req, err);
+}
+
+/* On the submitter's worker once the service time is over. */
+static void delay_pass(void *arg)
+{
+	struct delayed *d = arg;
+	struct bdev_req *req = d->req;
+	if (req->op == BDEV_READ)
+		atomic_fetch_add(&d->f->reads, 1);
+	else if (req->op == BDEV_WRITE)
+		atomic_fetch_add(&d->f->writes, 1);
+	req->done = delay_inner_done;
+	req->priv = d;
+	bdev_submit(d->f->inner, req);
+}
+
+static void delay_fired(struct io_op *op, int res)
+{
+	(void)res; /* -ETIME: the time is up */
+	struct delayed *d = (struct delayed *)op;
+	if (d->w == worker_self())
+		delay_pass(d);
+	else
+		worker_post_call(d->w, &d->call, delay_pass, d);
+}
+
+/* Put d in service: its fixed time runs in this worker's ring. */
+static void delay_start(struct delayed *d)
+{
+	uint64_t ns = atomic_load(&d->f->delay_ns);
+	d->ts.tv_sec = (long long)(ns / 1000000000u);
+	d->ts.tv_nsec = (long long)(ns % 1000000000u);
+	d->op.done = delay_fired;
+	struct io_uring_sqe *sqe = worker_sqe();
+	io_uring_prep_timeout(sqe, &d->ts, 0, 0);
+	io_uring_sqe_set_data(sqe, &d->op);
+}
+
+static void delay_submit(struct fault_bdev *f, struct bdev_req *req)
+{
+	struct delayed *d = calloc(1, sizeof(*d));
+	if (!d) {
+		fault_fail_on(worker_self(), req, -EIO);
+		return;
+	}
+	d->f = f;
+	d->req = req;
+	d->w = worker_self();
+	d->done = req->done;
+	d->priv = req->priv;
+	pthread_mutex_lock(&f->lock);
+	bool start = !f->serving;
+	if (start) {
+		f->serving = true;
+	} else {
+		if (f->dq_tail)
+			f->dq_tail->next = d;
+		else
+			f->dq_head = d;
+		f->dq_tail = d;
+	}
+	pthread_mutex_unlock(&f->lock);
+	if (start)
+		delay_start(d);
+}
+
 static void fault_submit(struct bdev *dev, struct bdev_req *req)
 {
 	struct fault_bdev *f = (struct fault_bdev *)dev;
 	int mode = atomic_load(&f->mode);
 	bool rw = req->op == BDEV_READ || req->op == BDEV_WRITE;
+	if (mode == BDEV_FAULT_DELAY) {
+		delay_submit(f, req);
+		return;
+	}
 	if (mode == BDEV_FAULT_EIO) {
 		atomic_fetch_add(&f->errors, 1);
 		fault_fail_on(worker_self(), req, -EIO);
@@ -233,6 +351,12 @@ int bdev_fault_set(struct bdev *dev, enum bdev_fault mode, uint64_t off, uint64_
 			atomic_store(&f->bad[k], 0);
 		for (uint64_t k = 0; k < len / 512; k++)
 			atomic_fetch_or(&f->bad[k / 64], 1ull << (k % 64));
+	}
+	if (mode == BDEV_FAULT_DELAY) {
+		if (!off || off > 10000000u)
+			return -EINVAL;
+		atomic_store(&f->delay_ns, off * 1000u);
+		off = 0;
 	}
 	atomic_store(&f->bad_off, off);
 	atomic_store(&f->bad_len, len);

@@ -19,8 +19,14 @@
  * ranges while idle.)
  * BDEV_FAULT_HANG holds every request until the mode changes (they then
  * fail with -EIO).
+ * BDEV_FAULT_DELAY serves one request at a time, oldest first, each held
+ * off microseconds (1 to 10 s) before it goes to the inner device (a single
+ * server with a fixed service time). Requests already queued when the mode
+ * changes still go through the queue. Worker threads only; let the queue
+ * drain before the device closes.
  */
-enum bdev_fault { BDEV_FAULT_NONE, BDEV_FAULT_EIO, BDEV_FAULT_RANGE, BDEV_FAULT_HANG, BDEV_FAULT_STUCK };
+enum bdev_fault { BDEV_FAULT_NONE, BDEV_FAULT_EIO, BDEV_FAULT_RANGE, BDEV_FAULT_HANG, BDEV_FAULT_STUCK,
+		  BDEV_FAULT_DELAY };
 /* The modes that take a range (OFFSET LENGTH). */
 static inline bool bdev_fault_has_range(int mode)
 {

@@ -281,7 +281,7 @@ static int ctl_leg_fail(struct json_object *req, struct json_object *resp, void 
 	return control_error(resp, "there is no cache set named \"%s\"; tierctl status lists them", set);
 }
 
-/* tests only: tierctl leg fault SET LEG MODE [OFFSET LENGTH] */
+/* tests only: tierctl leg fault SET LEG MODE [OFFSET LENGTH | MICROSECONDS] */
 static int ctl_leg_fault(struct json_object *req, struct json_object *resp, void *arg)
 {
 	(void)arg;
@@ -301,10 +301,20 @@ static int ctl_leg_fault(struct json_object *req, struct json_object *resp, void
 		f = BDEV_FAULT_RANGE;
 	else if (!strcmp(mode, "stuck"))
 		f = BDEV_FAULT_STUCK;
+	else if (!strcmp(mode, "delay"))
+		f = BDEV_FAULT_DELAY;
 	else
 		return control_error(resp, "unknown fault \"%s\"; use eio, hang, range OFFSET LENGTH, stuck OFFSET "
-				     "LENGTH, or ok", mode);
+				     "LENGTH, delay MICROSECONDS, or ok", mode);
 	uint64_t off = 0, len = 0;
+	if (f == BDEV_FAULT_DELAY) {
+		char *end = NULL;
+		unsigned long long us = off_s ? strtoull(off_s, &end, 10) : 0;
+		if (!off_s || !*off_s || *end || !us || us > 10000000u)
+			return control_error(resp, "leg fault delay needs MICROSECONDS, 1 to 10000000: the fixed "
+					     "time each request takes, one at a time");
+		off = us;
+	}
 	if (bdev_fault_has_range(f) &&
 	    (!off_s || !len_s || config_parse_size(off_s, &off) || config_parse_size(len_s, &len) || !len))
 		return control_error(resp, "leg fault %s needs OFFSET LENGTH (bytes of the leg, like 1M 64K)", mode);

@@ -46,10 +46,11 @@ static void usage(FILE *f)
 		"                             second, like 50M; 0 = no cap) or destage_max_iops\n"
 		"  leg replace SET OLD NEW    resync a new leg in place of a failed OLD, online\n"
 		"  leg fail SET LEG           take a healthy leg out of service (to replace it)\n"
-		"  leg fault SET LEG MODE [OFFSET LENGTH]\n"
+		"  leg fault SET LEG MODE [OFFSET LENGTH | USEC]\n"
 		"                             tests only (a set with fault_injection = yes): make a\n"
 		"                             leg fail: eio, hang, range OFFSET LENGTH (reads), stuck\n"
-		"                             OFFSET LENGTH (reads, never healed), or ok\n"
+		"                             OFFSET LENGTH (reads, never healed), or ok; or slow:\n"
+		"                             delay USEC (one request at a time, USEC each)\n"
 		"  targetcli                  print targetcli commands for LIO (needs -c CONFIG;\n"
 		"                             no daemon needed): pipe them into targetcli\n"
 		"options (before or after the command):\n"
@@ -310,11 +311,13 @@ int main(int argc, char **argv)
 		json_object_object_add(req, "set", json_object_new_string(args[1]));
 		json_object_object_add(req, "old", json_object_new_string(args[2]));
 		json_object_object_add(req, "new", json_object_new_string(args[3]));
-	} else if (!strcmp(cmd, "leg") && (nargs == 4 || nargs == 6) && !strcmp(args[0], "fault")) {
+	} else if (!strcmp(cmd, "leg") && nargs >= 4 && nargs <= 6 && !strcmp(args[0], "fault")) {
 		cmd = "leg-fault";
 		json_object_object_add(req, "set", json_object_new_string(args[1]));
 		json_object_object_add(req, "leg", json_object_new_string(args[2]));
 		json_object_object_add(req, "fault", json_object_new_string(args[3]));
+		if (nargs == 5) /* delay USEC */
+			json_object_object_add(req, "offset", json_object_new_string(args[4]));
 		if (nargs == 6) {
 			json_object_object_add(req, "offset", json_object_new_string(args[4]));
 			json_object_object_add(req, "length", json_object_new_string(args[5]));

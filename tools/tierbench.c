@@ -13,6 +13,16 @@
  * the time a command waits in the client; nothing is derived from Little's
  * law.
  *
+ * That is a closed loop: each slot sends its next command when the last one
+ * ends, so a slow target lowers the load it is offered and hides its own
+ * tail (coordinated omission). --rate IOPS is the open loop hosts impose:
+ * commands arrive on a schedule (Poisson, or evenly spaced) whatever the
+ * target does, sessions x QD only caps what is in flight, and latency runs
+ * from each command's intended start. --rates R1,R2,... sweeps the offered
+ * load and --svg draws latency against it (the "hockey stick");
+ * --compare URL2 runs every row on a second target too, alternately, and
+ * prints the ratio.
+ *
  * Output: a table for people, --json for scripts, and a live progress line
  * when stdout is a terminal. --svg draws the sweep and cache on/off bars,
  * from this run or from saved --json documents (--from).
@@ -30,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #define DEFAULT_INITIATOR "iqn.2026-11.io.tiercache:tierbench"
@@ -82,6 +93,12 @@ struct opts {
 	uint64_t seed;
 	const char *from[MAX_FROM];
 	int nfrom;
+	double rate;             /* --rate: open loop */
+	char rates[512];         /* --rates: an open-loop sweep */
+	bool fixed_arrivals;
+	bool from_issue;
+	const char *compare;     /* --compare URL2 */
+	const char *label2;
 };
 
 static void usage(FILE *f)
@@ -109,7 +126,17 @@ static void usage(FILE *f)
 		"                           (sweeps: once, at the highest load)\n"
 		"      --verify             write stamped blocks, check every read, read all\n"
 		"                           written blocks back at the end (exit 1 on mismatch)\n"
-		"      --seed N             random seed (stamps and offsets)\n"
+		"      --seed N             random seed (stamps, offsets and arrivals)\n"
+		"open loop (latency as hosts feel it):\n"
+		"      --rate IOPS          commands arrive at IOPS per second whatever the target\n"
+		"                           does; -t x -q caps what is in flight (default 1x64);\n"
+		"                           latency runs from each command's intended start\n"
+		"      --rates R1,R2,...    one run per offered rate (latency vs load, --svg draws it)\n"
+		"      --arrivals poisson|fixed  random (default) or evenly spaced arrivals\n"
+		"      --latency-from intended|issue  issue: measure from the send instead (the\n"
+		"                           coordinated-omission error of closed-loop tools)\n"
+		"      --compare URL2       run every row on URL2 too, alternately, with ratios\n"
+		"      --label2 TEXT        name of URL2's configuration (default \"B\")\n"
 		"output:\n"
 		"      --json               JSON on stdout instead of the table\n"
 		"      --svg FILE           charts: sweep (IOPS and latency vs load), bars per\n"
@@ -233,17 +260,18 @@ static void fmt_lat(char *buf, size_t len, double ns)
 static void print_row(const char *name, const char *load, uint64_t ios, uint64_t bytes,
 		      double secs, const struct tb_hist *h, double cpu)
 {
-	char avg[16], p50[16], p99[16], p999[16], max[16], sd[16];
+	char avg[16], p50[16], p99[16], p999[16], p9999[16], max[16], sd[16];
 	fmt_lat(avg, sizeof(avg), tb_hist_mean(h));
 	fmt_lat(p50, sizeof(p50), (double)tb_hist_quantile(h, 0.50));
 	fmt_lat(p99, sizeof(p99), (double)tb_hist_quantile(h, 0.99));
 	fmt_lat(p999, sizeof(p999), (double)tb_hist_quantile(h, 0.999));
+	fmt_lat(p9999, sizeof(p9999), (double)tb_hist_quantile(h, 0.9999));
 	fmt_lat(max, sizeof(max), (double)h->max_ns);
 	fmt_lat(sd, sizeof(sd), tb_hist_stddev(h));
 	double iops = secs > 0 ? (double)ios / secs : 0;
 	double mbs = secs > 0 ? (double)bytes / secs / 1e6 : 0;
-	printf("%-14s %-7s %10.0f %9.1f %9s %9s %9s %9s %9s %9s", name, load, iops, mbs, avg,
-	       p50, p99, p999, max, sd);
+	printf("%-14s %-12s %10.0f %9.1f %9s %9s %9s %9s %9s %9s %9s", name, load, iops, mbs, avg,
+	       p50, p99, p999, p9999, max, sd);
 	if (cpu >= 0)
 		printf(" %6.0f", secs > 0 ? 100.0 * cpu / secs : 0);
 	printf("\n");
@@ -251,14 +279,23 @@ static void print_row(const char *name, const char *load, uint64_t ios, uint64_t
 
 static void print_table_head(void)
 {
-	printf("%-14s %-7s %10s %9s %9s %9s %9s %9s %9s %9s %6s\n", "workload", "load", "IOPS", "MB/s",
-	       "avg", "p50", "p99", "p99.9", "max", "stddev", "cpu%");
+	printf("%-14s %-12s %10s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "workload", "load", "IOPS", "MB/s",
+	       "avg", "p50", "p99", "p99.9", "p99.99", "max", "stddev", "cpu%");
+}
+
+/* "16T16Q", or for the open loop "1T64Q@500" (offered commands per second) */
+static void load_name(const struct tb_job *j, char *buf, size_t len)
+{
+	if (j->rate > 0)
+		snprintf(buf, len, "%dT%dQ@%.0f", j->sessions, j->qd, j->rate);
+	else
+		snprintf(buf, len, "%dT%dQ", j->sessions, j->qd);
 }
 
 static void print_result(const struct tb_result *r)
 {
-	char load[24];
-	snprintf(load, sizeof(load), "%dT%dQ", r->job.sessions, r->job.qd);
+	char load[32];
+	load_name(&r->job, load, sizeof(load));
 	struct tb_hist all;
 	tb_hist_reset(&all);
 	tb_hist_merge(&all, &r->rd.lat);
@@ -289,6 +326,7 @@ static struct json_object *json_lat(const struct tb_hist *h)
 	json_object_object_add(o, "p50", jnum((double)tb_hist_quantile(h, 0.50) / 1e3, 1));
 	json_object_object_add(o, "p99", jnum((double)tb_hist_quantile(h, 0.99) / 1e3, 1));
 	json_object_object_add(o, "p99_9", jnum((double)tb_hist_quantile(h, 0.999) / 1e3, 1));
+	json_object_object_add(o, "p99_99", jnum((double)tb_hist_quantile(h, 0.9999) / 1e3, 1));
 	json_object_object_add(o, "max", jnum((double)h->max_ns / 1e3, 1));
 	json_object_object_add(o, "stddev", jnum(tb_hist_stddev(h) / 1e3, 1));
 	return o;
@@ -309,8 +347,8 @@ static struct json_object *json_result(const struct tb_result *r, const char *la
 {
 	const struct tb_job *j = &r->job;
 	struct json_object *o = json_object_new_object();
-	char load[24];
-	snprintf(load, sizeof(load), "%dT%dQ", j->sessions, j->qd);
+	char load[32];
+	load_name(j, load, sizeof(load));
 	if (label)
 		json_object_object_add(o, "label", json_object_new_string(label));
 	json_object_object_add(o, "workload", json_object_new_string(j->name));
@@ -324,6 +362,18 @@ static struct json_object *json_result(const struct tb_result *r, const char *la
 	json_object_object_add(o, "qd", json_object_new_int(j->qd));
 	json_object_object_add(o, "load", json_object_new_string(load));
 	json_object_object_add(o, "sweep", json_object_new_boolean(j->in_sweep));
+	if (j->rate > 0) {
+		json_object_object_add(o, "offered_iops", jnum(j->rate, 1));
+		json_object_object_add(o, "arrivals", json_object_new_string(j->fixed_arrivals ? "fixed" :
+										     "poisson"));
+		json_object_object_add(o, "latency_from", json_object_new_string(j->from_issue ? "issue" :
+											 "intended"));
+		json_object_object_add(o, "rate_sweep", json_object_new_boolean(j->in_rate_sweep));
+		/* arrivals that found every slot busy and waited (> 1 ms) for one */
+		json_object_object_add(o, "sent_late", json_object_new_int64((int64_t)r->sent_late));
+		json_object_object_add(o, "send_late_max_us", jnum((double)r->send_late_max_ns / 1e3, 1));
+		json_object_object_add(o, "service_us", json_lat(&r->service));
+	}
 	json_object_object_add(o, "seconds", jnum(r->elapsed, 3));
 	json_object_object_add(o, "precondition_s", jnum(j->precondition, 1));
 	/* share of one CPU the client itself used: the target had the rest */
@@ -358,6 +408,69 @@ static struct json_object *json_result(const struct tb_result *r, const char *la
 	return o;
 }
 
+/* All commands of a run, reads and writes together. */
+static void hist_all(const struct tb_result *r, struct tb_hist *all)
+{
+	tb_hist_reset(all);
+	tb_hist_merge(all, &r->rd.lat);
+	tb_hist_merge(all, &r->wr.lat);
+}
+
+static double ratio(double b, double a)
+{
+	return a > 0 ? b / a : 0;
+}
+
+struct cmp_row {
+	double iops, avg, p50, p99, p999, p9999, max;
+};
+
+/* Second target over first, row by row: IOPS and every latency figure. */
+static struct cmp_row compare_results(const struct tb_result *a, const struct tb_result *b)
+{
+	struct tb_hist ha, hb;
+	hist_all(a, &ha);
+	hist_all(b, &hb);
+	double ia = a->elapsed > 0 ? (double)(a->rd.ios + a->wr.ios) / a->elapsed : 0;
+	double ib = b->elapsed > 0 ? (double)(b->rd.ios + b->wr.ios) / b->elapsed : 0;
+	struct cmp_row c = {
+		.iops = ratio(ib, ia),
+		.avg = ratio(tb_hist_mean(&hb), tb_hist_mean(&ha)),
+		.p50 = ratio((double)tb_hist_quantile(&hb, 0.5), (double)tb_hist_quantile(&ha, 0.5)),
+		.p99 = ratio((double)tb_hist_quantile(&hb, 0.99), (double)tb_hist_quantile(&ha, 0.99)),
+		.p999 = ratio((double)tb_hist_quantile(&hb, 0.999), (double)tb_hist_quantile(&ha, 0.999)),
+		.p9999 = ratio((double)tb_hist_quantile(&hb, 0.9999), (double)tb_hist_quantile(&ha, 0.9999)),
+		.max = ratio((double)hb.max_ns, (double)ha.max_ns),
+	};
+	return c;
+}
+
+static void print_ratio(const struct cmp_row *c, const char *la, const char *lb)
+{
+	char name[64];
+	snprintf(name, sizeof(name), "  %s/%s", lb, la);
+	printf("%-27s %9.2fx %9s %8.2fx %8.2fx %8.2fx %8.2fx %8.2fx %8.2fx\n", name, c->iops, "", c->avg, c->p50,
+	       c->p99, c->p999, c->p9999, c->max);
+	fflush(stdout);
+}
+
+static struct json_object *json_compare(const struct cmp_row *c, const struct tb_job *j)
+{
+	struct json_object *o = json_object_new_object();
+	char load[32];
+	load_name(j, load, sizeof(load));
+	json_object_object_add(o, "workload", json_object_new_string(j->name));
+	json_object_object_add(o, "load", json_object_new_string(load));
+	json_object_object_add(o, "iops", jnum(c->iops, 3));
+	json_object_object_add(o, "avg", jnum(c->avg, 3));
+	json_object_object_add(o, "p50", jnum(c->p50, 3));
+	json_object_object_add(o, "p99", jnum(c->p99, 3));
+	json_object_object_add(o, "p99_9", jnum(c->p999, 3));
+	json_object_object_add(o, "p99_99", jnum(c->p9999, 3));
+	json_object_object_add(o, "max", jnum(c->max, 3));
+	return o;
+}
+
 /* The URL without its CHAP secret. */
 static void redact_url(const char *url, char *out, size_t len)
 {
@@ -377,6 +490,16 @@ static bool portal_is_local(const char *portal)
 }
 
 /* ---- jobs from options ----------------------------------------------------- */
+
+/* A seed per run from the user's: splitmix64's finaliser, so nearby seeds
+ * give unrelated streams (the generator steps by a constant, and seed + k
+ * steps would be the same stream shifted). */
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	return z ^ (z >> 31);
+}
 
 static int build_jobs(const struct opts *o, uint32_t lbs, uint64_t capacity, struct tb_job *jobs,
 		      int max)
@@ -443,10 +566,34 @@ static int build_jobs(const struct opts *o, uint32_t lbs, uint64_t capacity, str
 					lq[nl] = sweep_axis[c];
 					nl++;
 				}
+		} else if (o->rate > 0 || o->rates[0]) {
+			/* open loop: the cap on what is in flight, not the load */
+			lt[0] = o->sessions ? o->sessions : 1;
+			lq[0] = o->qd ? o->qd : 64;
+			nl = 1;
 		} else {
 			lt[0] = o->sessions ? o->sessions : 16;
 			lq[0] = o->qd ? o->qd : 16;
 			nl = 1;
+		}
+		double rt[64];
+		int nr = 0;
+		if (o->rates[0]) {
+			char r2[sizeof(o->rates)];
+			snprintf(r2, sizeof(r2), "%s", o->rates);
+			char *s3 = NULL;
+			for (char *p = strtok_r(r2, ",", &s3); p && nr < 64; p = strtok_r(NULL, ",", &s3)) {
+				char *end;
+				rt[nr] = strtod(p, &end);
+				if (end == p || *end || !(rt[nr] > 0) || rt[nr] > 1e7)
+					die("--rates item \"%s\" is not a rate; give commands per second, like 500", p);
+				nr++;
+			}
+			if (nl > 1)
+				die("give --rates or --loads, not both: an open-loop sweep varies the offered rate");
+		} else {
+			rt[0] = o->rate;
+			nr = 1;
 		}
 		int maxt = 0, maxq = 0;
 		for (int i = 0; i < nl; i++) {
@@ -455,17 +602,25 @@ static int build_jobs(const struct opts *o, uint32_t lbs, uint64_t capacity, str
 				maxq = lq[i];
 			}
 		}
-		for (int i = 0; i < nl; i++) {
+		for (int i = 0; i < nl * nr; i++) {
 			if (n >= max)
 				die("too many runs (more than %d)", max);
 			struct tb_job *jj = &jobs[n++];
 			*jj = j;
-			jj->sessions = lt[i];
-			jj->qd = lq[i];
+			jj->rate = rt[i % nr];
+			jj->fixed_arrivals = o->fixed_arrivals;
+			jj->from_issue = o->from_issue;
+			jj->in_rate_sweep = nr > 1;
+			jj->arrival_seed = o->seed ? mix64(o->seed ^ ((uint64_t)n << 40)) : 0;
+			if (nr > 1 && i > 0)
+				jj->precondition = 0; /* once, before the first rate */
+			int li = i / nr;
+			jj->sessions = lt[li];
+			jj->qd = lq[li];
 			jj->in_sweep = nl > 1;
 			if (nl > 1) {
 				/* a sweep is preconditioned once, at its heaviest load */
-				jj->precondition = i == 0 ? o->precondition : 0;
+				jj->precondition = li == 0 ? o->precondition : 0;
 				jj->pre_sessions = maxt;
 				jj->pre_qd = maxq;
 			}
@@ -515,6 +670,7 @@ static int svg_from_files(const struct opts *o)
 enum {
 	OPT_SEQ = 256, OPT_RAND, OPT_OFFSET, OPT_SIZE, OPT_LOADS, OPT_PRECOND, OPT_VERIFY, OPT_SEED,
 	OPT_JSON, OPT_SVG, OPT_FROM, OPT_LABEL, OPT_NOPROG, OPT_INIT, OPT_LTO, OPT_IOTO, OPT_DIGEST,
+	OPT_RATE, OPT_RATES, OPT_ARRIVALS, OPT_LATFROM, OPT_COMPARE, OPT_LABEL2,
 };
 
 static const struct option long_opts[] = {
@@ -542,6 +698,12 @@ static const struct option long_opts[] = {
 	{ "login-timeout", required_argument, 0, OPT_LTO },
 	{ "io-timeout", required_argument, 0, OPT_IOTO },
 	{ "digest", no_argument, 0, OPT_DIGEST },
+	{ "rate", required_argument, 0, OPT_RATE },
+	{ "rates", required_argument, 0, OPT_RATES },
+	{ "arrivals", required_argument, 0, OPT_ARRIVALS },
+	{ "latency-from", required_argument, 0, OPT_LATFROM },
+	{ "compare", required_argument, 0, OPT_COMPARE },
+	{ "label2", required_argument, 0, OPT_LABEL2 },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -603,6 +765,36 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		case OPT_LTO: o->login_timeout = (int)parse_int_arg("--login-timeout", optarg, 1, 3600); break;
 		case OPT_IOTO: o->io_timeout = (int)parse_int_arg("--io-timeout", optarg, 0, 86400); break;
 		case OPT_DIGEST: o->digest = true; break;
+		case OPT_RATE: {
+			char *end;
+			o->rate = strtod(optarg, &end);
+			if (end == optarg || *end || !(o->rate > 0) || o->rate > 1e7)
+				die("--rate \"%s\" must be commands per second, more than 0", optarg);
+			break;
+		}
+		case OPT_RATES:
+			if (strlen(optarg) >= sizeof(o->rates))
+				die("--rates list too long");
+			snprintf(o->rates, sizeof(o->rates), "%s", optarg);
+			break;
+		case OPT_ARRIVALS:
+			if (!strcmp(optarg, "poisson"))
+				o->fixed_arrivals = false;
+			else if (!strcmp(optarg, "fixed"))
+				o->fixed_arrivals = true;
+			else
+				die("--arrivals \"%s\": use poisson or fixed", optarg);
+			break;
+		case OPT_LATFROM:
+			if (!strcmp(optarg, "intended"))
+				o->from_issue = false;
+			else if (!strcmp(optarg, "issue"))
+				o->from_issue = true;
+			else
+				die("--latency-from \"%s\": use intended or issue", optarg);
+			break;
+		case OPT_COMPARE: o->compare = optarg; break;
+		case OPT_LABEL2: o->label2 = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -623,6 +815,14 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		o->seconds = o->count ? 0 : 10;
 	if (o->seconds == 0 && !o->count)
 		die("--time 0 needs --count N");
+	if (o->rate > 0 && o->rates[0])
+		die("give --rate or --rates, not both");
+	if ((o->fixed_arrivals || o->from_issue) && !(o->rate > 0) && !o->rates[0])
+		die("--arrivals and --latency-from shape the open loop: add --rate IOPS");
+	if (o->compare && o->verify)
+		die("--verify checks one target: leave out --compare");
+	if (o->compare && o->nfrom)
+		die("--compare measures; --from charts saved results: not both");
 }
 
 int main(int argc, char **argv)
@@ -666,9 +866,28 @@ int main(int argc, char **argv)
 	struct tb_bench *b = tb_connect(&co, err, sizeof(err));
 	if (!b)
 		die("%s", err);
+	struct tb_bench *b2 = NULL;
+	if (o.compare) {
+		co.url = o.compare;
+		b2 = tb_connect(&co, err, sizeof(err));
+		if (!b2) {
+			tb_close(b);
+			die("%s (the --compare target)", err);
+		}
+		if (tb_block_size(b2) != tb_block_size(b))
+			die("the two targets have different block sizes (%u and %u bytes)", tb_block_size(b),
+			    tb_block_size(b2));
+	}
+	if (o.rate > 0 || o.rates[0])
+		prctl(PR_SET_TIMERSLACK, 1UL); /* arrivals on time to the microsecond, not 50 */
+	const char *label_a = o.label ? o.label : o.compare ? "A" : NULL;
+	const char *label_b = o.label2 ? o.label2 : "B";
 
 	static struct tb_job jobs[MAX_JOBS];
-	int njobs = build_jobs(&o, tb_block_size(b), tb_capacity(b), jobs, MAX_JOBS);
+	uint64_t cap = tb_capacity(b);
+	if (b2 && tb_capacity(b2) < cap)
+		cap = tb_capacity(b2); /* the range must fit both */
+	int njobs = build_jobs(&o, tb_block_size(b), cap, jobs, MAX_JOBS);
 	if (o.verify && tb_verify_setup(b, jobs[0].offset, jobs[0].span, jobs[0].bs, o.seed, err,
 					sizeof(err)))
 		die("%s", err);
@@ -688,25 +907,51 @@ int main(int argc, char **argv)
 	if (!o.json) {
 		printf("tierbench  %s  (%.1f MiB, %u-byte blocks)\n", url,
 		       (double)tb_capacity(b) / 1048576.0, tb_block_size(b));
+		if (b2) {
+			char url2[512];
+			redact_url(o.compare, url2, sizeof(url2));
+			printf("compare    %s  (%.1f MiB): every row runs on %s, then on %s\n", url2,
+			       (double)tb_capacity(b2) / 1048576.0, label_a, label_b);
+		}
 		printf("note: %s (cpu%% = the client's share of one CPU)\n", note);
-		if (o.label)
+		if (o.label && !b2)
 			printf("label: %s\n", o.label);
 		print_table_head();
 		fflush(stdout);
 	}
 
-	static struct tb_result results[MAX_JOBS];
+	static struct tb_result results[MAX_JOBS], results2[MAX_JOBS];
+	static struct cmp_row cmp[MAX_JOBS];
 	int nres = 0, rc = 0;
 	uint64_t mism = 0, checked = 0;
 	for (int i = 0; i < njobs && !tb_interrupted; i++) {
 		if (tb_run(b, &jobs[i], &results[nres], o.progress, err, sizeof(err))) {
 			tb_close(b);
+			tb_close(b2);
 			die("%s", err);
 		}
 		mism += results[nres].verify_mismatches;
 		checked += results[nres].verify_checked;
-		if (!o.json)
+		if (!o.json) {
+			if (b2)
+				printf("%s:\n", label_a);
 			print_result(&results[nres]);
+		}
+		if (b2 && !tb_interrupted) {
+			if (tb_run(b2, &jobs[i], &results2[nres], o.progress, err, sizeof(err))) {
+				tb_close(b);
+				tb_close(b2);
+				die("%s (the --compare target)", err);
+			}
+			cmp[nres] = compare_results(&results[nres], &results2[nres]);
+			if (!o.json) {
+				printf("%s:\n", label_b);
+				print_result(&results2[nres]);
+				print_ratio(&cmp[nres], label_a, label_b);
+			}
+		} else if (b2) {
+			break;
+		}
 		nres++;
 	}
 	uint64_t rb_checked = 0, rb_mism = 0;
@@ -742,9 +987,22 @@ int main(int argc, char **argv)
 	json_object_object_add(host, "note", json_object_new_string(note));
 	json_object_object_add(doc, "host", host);
 	struct json_object *runs = json_object_new_array();
-	for (int i = 0; i < nres; i++)
-		json_object_array_add(runs, json_result(&results[i], o.label));
+	for (int i = 0; i < nres; i++) {
+		json_object_array_add(runs, json_result(&results[i], label_a));
+		if (b2)
+			json_object_array_add(runs, json_result(&results2[i], label_b));
+	}
 	json_object_object_add(doc, "runs", runs);
+	if (b2) {
+		char url2[512];
+		redact_url(o.compare, url2, sizeof(url2));
+		json_object_object_add(doc, "compare_url", json_object_new_string(url2));
+		/* per row: the second target's figure over the first's */
+		struct json_object *ca = json_object_new_array();
+		for (int i = 0; i < nres; i++)
+			json_object_array_add(ca, json_compare(&cmp[i], &jobs[i]));
+		json_object_object_add(doc, "compare", ca);
+	}
 	if (o.verify) {
 		struct json_object *v = json_object_new_object();
 		json_object_object_add(v, "reads_checked", json_object_new_int64((int64_t)checked));
@@ -766,5 +1024,6 @@ int main(int argc, char **argv)
 	}
 	json_object_put(doc);
 	tb_close(b);
+	tb_close(b2);
 	return rc;
 }

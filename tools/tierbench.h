@@ -64,6 +64,19 @@ struct tb_job {
 	int pre_sessions, pre_qd; /* load of the precondition, 0 = the job's */
 	bool verify;          /* stamp written blocks, check what is read */
 	bool in_sweep;        /* one point of a load sweep */
+	/*
+	 * Open loop (rate > 0): commands arrive at rate per second, Poisson or
+	 * evenly spaced, whatever the target does; sessions x qd only caps how
+	 * many are in flight, and an arrival finding no free slot waits for one.
+	 * Latency runs from the intended start, so time spent waiting behind a
+	 * slow command counts (no coordinated omission); from_issue measures
+	 * from the send instead, the closed-loop error, kept to show its size.
+	 */
+	double rate;
+	bool fixed_arrivals;
+	bool from_issue;
+	bool in_rate_sweep;   /* one point of a --rates sweep */
+	uint64_t arrival_seed;
 };
 
 struct tb_side {              /* reads or writes of one run */
@@ -79,6 +92,12 @@ struct tb_result {
 	struct tb_side rd, wr;
 	uint64_t verify_checked, verify_mismatches;
 	bool interrupted;             /* stopped early by SIGINT */
+	/* open loop: the longest an arrival waited for a free slot, and how
+	 * many had to wait at all */
+	uint64_t send_late_max_ns, sent_late;
+	/* open loop: each command from its send to its answer, the service
+	 * time the target gave (latency minus the wait for a slot) */
+	struct tb_hist service;
 };
 
 /* The connected sessions. */

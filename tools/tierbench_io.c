@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
+#include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@
 #define PIECE 512u
 #define MAX_UA_RETRIES 8
 #define MISMATCH_REPORT_LIMIT 10
+#define SPIN_NS 100000u /* open loop: the last 100 us before an arrival, poll without sleeping */
 
 volatile int tb_interrupted;
 
@@ -45,6 +47,7 @@ struct slot {
 	uint64_t unit;          /* verify unit, when verifying */
 	uint32_t gen;           /* generation being written */
 	uint64_t t_submit;
+	uint64_t t_intended;    /* open loop: when the command was due */
 	bool is_read;
 	int ua_retries;
 };
@@ -70,6 +73,14 @@ struct phase {
 	bool stopping;
 	uint64_t checked, mismatches;
 	uint64_t tick_ios, tick_lat_ns;  /* for the progress line */
+	/* open loop */
+	bool open;
+	uint64_t next_arrival;      /* intended start of the next command */
+	uint64_t arrival_rng;
+	bool arrivals_over;         /* the next arrival falls past the deadline */
+	struct slot **free_ring;    /* idle slots, used oldest first */
+	size_t free_cap, free_head, free_n;
+	uint64_t late_max, late_n;
 };
 
 struct tb_bench {
@@ -81,6 +92,7 @@ struct tb_bench {
 	uint32_t lbs;
 	uint64_t blocks;
 	int io_timeout;
+	bool rc16_done;
 
 	struct slot *slots;
 	size_t nslots;
@@ -139,7 +151,7 @@ static void fail(struct tb_bench *b, const char *fmt, ...)
 }
 
 /* One round of poll over every session; services what is ready. */
-static void pump(struct tb_bench *b, int timeout_ms)
+static void pump_ns(struct tb_bench *b, uint64_t timeout_ns)
 {
 	struct pollfd pfd[b->nsess];
 	for (int i = 0; i < b->nsess; i++) {
@@ -149,7 +161,9 @@ static void pump(struct tb_bench *b, int timeout_ms)
 		pfd[i].events = (short)ev;
 		pfd[i].revents = 0;
 	}
-	int n = poll(pfd, (nfds_t)b->nsess, timeout_ms);
+	struct timespec ts = { .tv_sec = (time_t)(timeout_ns / 1000000000u),
+			       .tv_nsec = (long)(timeout_ns % 1000000000u) };
+	int n = ppoll(pfd, (nfds_t)b->nsess, &ts, NULL);
 	if (n < 0) {
 		if (errno != EINTR)
 			fail(b, "poll: %s", strerror(errno));
@@ -163,6 +177,11 @@ static void pump(struct tb_bench *b, int timeout_ms)
 			fail(b, "connection %d to %s lost: %s", i, b->portal,
 			     iscsi_get_error(b->sess[i].ctx));
 	}
+}
+
+static void pump(struct tb_bench *b, int timeout_ms)
+{
+	pump_ns(b, (uint64_t)timeout_ms * 1000000u);
 }
 
 /* libiscsi runs its timeouts only from iscsi_service. */
@@ -192,13 +211,11 @@ static void connect_cb(struct iscsi_context *ctx, int status, void *data, void *
 		fail(b, "connection %d to %s lost: %s", s->idx, b->portal, iscsi_get_error(ctx));
 }
 
-static bool rc16_done;
-
 static void rc16_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 {
 	struct tb_bench *b = priv;
 	struct scsi_task *task = data;
-	rc16_done = true;
+	b->rc16_done = true;
 	if (status != SCSI_STATUS_GOOD) {
 		fail(b, "READ CAPACITY(16) on %s LUN %d failed: %s", b->target, b->lun,
 		     status == SCSI_STATUS_CHECK_CONDITION ?
@@ -288,9 +305,9 @@ struct tb_bench *tb_connect(const struct tb_connect_opts *o, char *err, size_t e
 	if (!b->failed) {
 		if (!iscsi_readcapacity16_task(b->sess[0].ctx, b->lun, rc16_cb, b))
 			fail(b, "cannot send READ CAPACITY(16): %s", iscsi_get_error(b->sess[0].ctx));
-		while (!rc16_done && !b->failed && now_ns() < deadline)
+		while (!b->rc16_done && !b->failed && now_ns() < deadline)
 			pump(b, 100);
-		if (!rc16_done)
+		if (!b->rc16_done)
 			fail(b, "no answer to READ CAPACITY(16) from %s within %d s", b->portal,
 			     o->login_timeout);
 	}
@@ -506,6 +523,60 @@ static void submit(struct tb_bench *b, struct slot *sl)
 	ph->issued++;
 }
 
+/* ---- open loop ------------------------------------------------------------- */
+
+/* Nanoseconds from one arrival to the next: exponential (Poisson
+ * arrivals) or fixed. */
+static uint64_t arrival_gap(struct phase *ph)
+{
+	double mean = 1e9 / ph->job->rate;
+	if (ph->job->fixed_arrivals)
+		return (uint64_t)mean;
+	/* u in (0, 1]: 53 random bits */
+	double u = ((double)(splitmix(&ph->arrival_rng) >> 11) + 1.0) / 9007199254740992.0;
+	return (uint64_t)(-log(u) * mean);
+}
+
+static void free_push(struct phase *ph, struct slot *sl)
+{
+	ph->free_ring[(ph->free_head + ph->free_n++) % ph->free_cap] = sl;
+}
+
+static struct slot *free_pop(struct phase *ph)
+{
+	struct slot *sl = ph->free_ring[ph->free_head];
+	ph->free_head = (ph->free_head + 1) % ph->free_cap;
+	ph->free_n--;
+	return sl;
+}
+
+/* Send every arrival that is due while a slot is free. */
+static void open_issue(struct tb_bench *b, uint64_t now)
+{
+	struct phase *ph = &b->ph;
+	while (!ph->arrivals_over && ph->free_n && ph->next_arrival <= now && !ph->stopping && !b->failed) {
+		if ((ph->t_deadline && ph->next_arrival >= ph->t_deadline) ||
+		    (ph->count_limit && ph->issued >= ph->count_limit)) {
+			ph->arrivals_over = true;
+			break;
+		}
+		struct slot *sl = free_pop(ph);
+		if (!next_io(b, sl)) {
+			free_push(ph, sl);
+			ph->arrivals_over = true;
+			break;
+		}
+		sl->t_intended = ph->next_arrival;
+		ph->next_arrival += arrival_gap(ph);
+		submit(b, sl);
+		uint64_t late = sl->t_submit > sl->t_intended ? sl->t_submit - sl->t_intended : 0;
+		if (late > ph->late_max)
+			ph->late_max = late;
+		if (late > 1000000u) /* more than a millisecond: it waited for a slot */
+			ph->late_n++;
+	}
+}
+
 static void io_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 {
 	struct slot *sl = priv;
@@ -551,7 +622,7 @@ static void io_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 	}
 	scsi_free_scsi_task(task);
 
-	uint64_t lat = now - sl->t_submit;
+	uint64_t lat = now - (ph->open && !ph->job->from_issue ? sl->t_intended : sl->t_submit);
 	uint32_t len = (uint32_t)sl->iov.iov_len;
 	if (b->verify) {
 		if (sl->is_read) {
@@ -564,23 +635,31 @@ static void io_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 		b->v_busy[sl->unit] = 0;
 	}
 
-	if (ph->t_deadline && now >= ph->t_deadline && !ph->stopping) {
+	if (ph->t_deadline && now >= ph->t_deadline && !ph->stopping && !ph->open) {
 		ph->stopping = true;
 		ph->t_stop = ph->t_deadline;
 	}
-	if (ph->res && (!ph->t_stop || now <= ph->t_stop)) {
+	/* open loop: every command that arrived in the window counts, however
+	 * late it ends (leaving the slow ones out would hide the tail) */
+	if (ph->res && (!ph->t_stop || now <= ph->t_stop || ph->open)) {
 		struct tb_side *side = sl->is_read ? &ph->res->rd : &ph->res->wr;
 		side->ios++;
 		side->bytes += len;
 		tb_hist_add(&side->lat, lat);
+		if (ph->open)
+			tb_hist_add(&ph->res->service, now - sl->t_submit);
 		ph->t_last_done = now;
 		sl->s->phase_ios++;
 	}
 	ph->tick_ios++;
 	ph->tick_lat_ns += lat;
 
-	if (next_io(b, sl))
+	if (ph->open) {
+		free_push(ph, sl);
+		open_issue(b, now);
+	} else if (next_io(b, sl)) {
 		submit(b, sl);
+	}
 }
 
 /* Slots for sessions x qd commands of bs bytes; write buffers hold random
@@ -659,18 +738,67 @@ static int run_phase(struct tb_bench *b, const struct tb_job *job, struct tb_res
 			s->seq_cursor = s->seq_start;
 		}
 	}
+	/* open loop: only measured runs (a precondition just fills the cache) */
+	ph->open = job && job->rate > 0 && res && !readback;
+	if (ph->open) {
+		ph->free_cap = (size_t)sessions * (size_t)qd;
+		ph->free_ring = calloc(ph->free_cap, sizeof(*ph->free_ring));
+		if (!ph->free_ring) {
+			snprintf(err, errlen, "out of memory");
+			return -1;
+		}
+		/* slot i is session i / qd's: queue them session by session in turn */
+		for (int q = 0; q < qd; q++)
+			for (int i = 0; i < sessions; i++)
+				free_push(ph, &b->slots[i * qd + q]);
+		ph->arrival_rng = job->arrival_seed ? job->arrival_seed : now_ns();
+	}
 	double cpu0 = cpu_seconds();
 	ph->t_start = now_ns();
 	if (seconds > 0)
 		ph->t_deadline = ph->t_start + (uint64_t)(seconds * 1e9);
-	for (int i = 0; i < sessions * qd; i++)
-		if (next_io(b, &b->slots[i]))
-			submit(b, &b->slots[i]);
+	if (ph->open) {
+		ph->next_arrival = ph->t_start;
+		open_issue(b, ph->t_start);
+	} else {
+		for (int i = 0; i < sessions * qd; i++)
+			if (next_io(b, &b->slots[i]))
+				submit(b, &b->slots[i]);
+	}
 
 	uint64_t last_tick = ph->t_start;
-	while (ph->inflight > 0) {
+	while (ph->inflight > 0 || (ph->open && !ph->arrivals_over && !ph->stopping && !b->failed)) {
 		uint64_t now = now_ns();
 		int timeout = 250;
+		if (ph->open) {
+			open_issue(b, now);
+			uint64_t wait = 250000000u;
+			if (!ph->arrivals_over && ph->free_n) {
+				/* wake a little early and poll without sleeping for the
+				 * rest: a timer wake-up can be tens of microseconds late,
+				 * and that lag would count as the target's */
+				uint64_t due = ph->next_arrival > now ? ph->next_arrival - now : 0;
+				wait = due > SPIN_NS ? due - SPIN_NS : 0;
+			}
+			if (wait > 250000000u)
+				wait = 250000000u;
+			if (tb_interrupted && !ph->stopping) {
+				ph->stopping = true;
+				ph->t_stop = now;
+			}
+			pump_ns(b, wait);
+			now = now_ns();
+			open_issue(b, now);
+			if (now - last_tick >= 1000000000u) {
+				service_timers(b);
+				if (progress)
+					progress_line(b, what, now, last_tick);
+				last_tick = now;
+			}
+			if (b->failed)
+				break;
+			continue;
+		}
 		if (ph->t_deadline && !ph->stopping) {
 			if (now >= ph->t_deadline) {
 				ph->stopping = true;
@@ -698,12 +826,16 @@ static int run_phase(struct tb_bench *b, const struct tb_job *job, struct tb_res
 		printf("\r\033[K");
 		fflush(stdout);
 	}
+	free(ph->free_ring);
+	ph->free_ring = NULL;
 	if (b->failed) {
 		snprintf(err, errlen, "%s", b->err);
 		return -1;
 	}
 	if (res) {
-		uint64_t end = ph->t_stop ? ph->t_stop : ph->t_last_done;
+		uint64_t end = ph->t_stop && !ph->open ? ph->t_stop : ph->t_last_done;
+		res->send_late_max_ns = ph->late_max;
+		res->sent_late = ph->late_n;
 		res->elapsed = end > ph->t_start ? (double)(end - ph->t_start) / 1e9 : 0;
 		res->client_cpu = cpu_seconds() - cpu0;
 		res->session_ios_min = UINT64_MAX;
@@ -742,6 +874,7 @@ int tb_run(struct tb_bench *b, const struct tb_job *job, struct tb_result *res, 
 	res->job = *job;
 	tb_hist_reset(&res->rd.lat);
 	tb_hist_reset(&res->wr.lat);
+	tb_hist_reset(&res->service);
 	char what[96];
 	if (job->precondition > 0 && !tb_interrupted) {
 		snprintf(what, sizeof(what), "precondition %s %dT%dQ", job->name, pre_s, pre_q);

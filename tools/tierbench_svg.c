@@ -7,6 +7,10 @@
  *     label ("cache off", "cache on (write-back)", "tgtd", ...);
  *   - per workload, horizontal bars side by side for every label: throughput
  *     (IOPS, or MB/s for blocks of 64 KiB and more) and average latency.
+ *   - the open-loop sweep (--rates): latency (average solid, p99 dashed, log
+ *     scale) against the offered rate, one line per label: where a line
+ *     turns up steeply is the load the target can really carry (the
+ *     "hockey stick").
  * The input is a list of documents as printed by --json; a run's label is
  * its own "label", else its document's, else "run N".
  */
@@ -15,6 +19,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define W 960
@@ -25,8 +30,10 @@ struct run {
 	const char *label, *workload, *load;
 	char key[96];            /* "workload load": one bar panel each */
 	bool sweep;
+	bool rate_sweep;
 	int bs;
-	double iops, mbs, avg_us, p999_us;
+	double iops, mbs, avg_us, p99_us, p999_us;
+	double offered;          /* open loop: commands per second offered */
 };
 
 static const char *palette[] = { "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
@@ -188,13 +195,80 @@ static int sweep_panel(FILE *f, int y0, const struct run *runs, int nruns, const
 	return h;
 }
 
+static int by_offered(const void *a, const void *b)
+{
+	const struct run *x = *(const struct run *const *)a, *y = *(const struct run *const *)b;
+	return x->offered < y->offered ? -1 : x->offered > y->offered;
+}
+
+/* Latency against offered load for the open-loop sweeps; returns the height. */
+static int rate_panel(FILE *f, int y0, const struct run *runs, int nruns, const char **labels, int nlabels)
+{
+	const int h = 320, left = 80, right = W - 30, top = y0 + 30, bottom = y0 + h - 50;
+	double xmax = 0, ymax = 0, ymin = 1e300;
+	for (int i = 0; i < nruns; i++) {
+		if (!runs[i].rate_sweep)
+			continue;
+		if (runs[i].offered > xmax)
+			xmax = runs[i].offered;
+		if (runs[i].p99_us > ymax)
+			ymax = runs[i].p99_us;
+		if (runs[i].avg_us > 0 && runs[i].avg_us < ymin)
+			ymin = runs[i].avg_us;
+	}
+	double xhi = nice_top(xmax);
+	double lo = floor(log10(ymin > 0 && ymin < 1e300 ? ymin : 1));
+	double hi = ceil(log10(ymax > 0 ? ymax : 10));
+	if (hi <= lo)
+		hi = lo + 1;
+	fprintf(f, "<text x='%d' y='%d' class='t'>Latency vs offered load, open loop (average solid, p99 dashed; "
+		"log scale)</text>\n", left, y0 + 16);
+	for (int t = 0; t <= (int)(hi - lo); t++) {
+		int y = bottom - (int)((bottom - top) * t / (hi - lo));
+		char lab[32];
+		fmt_us(lab, sizeof(lab), pow(10, lo + t));
+		fprintf(f, "<line x1='%d' y1='%d' x2='%d' y2='%d' class='g'/>\n", left, y, right, y);
+		fprintf(f, "<text x='%d' y='%d' text-anchor='end'>%s</text>\n", left - 6, y + 4, lab);
+	}
+	for (int t = 0; t <= 5; t++) {
+		int x = left + (right - left) * t / 5;
+		char lab[32];
+		fmt_num(lab, sizeof(lab), xhi * t / 5);
+		fprintf(f, "<text x='%d' y='%d' text-anchor='middle'>%s</text>\n", x, bottom + 16, lab);
+	}
+	fprintf(f, "<text x='%d' y='%d' text-anchor='middle'>offered IOPS</text>\n", (left + right) / 2,
+		bottom + 34);
+	const struct run *pts[MAX_RUNS];
+	for (int l = 0; l < nlabels; l++) {
+		int n = 0;
+		for (int i = 0; i < nruns; i++)
+			if (runs[i].rate_sweep && !strcmp(runs[i].label, labels[l]))
+				pts[n++] = &runs[i];
+		qsort(pts, (size_t)n, sizeof(pts[0]), by_offered);
+		for (int pass = 0; pass < 2; pass++) {
+			fprintf(f, "<polyline class='rate' fill='none' stroke='%s' stroke-width='2'%s points='",
+				palette[l % NCOLORS], pass ? " stroke-dasharray='6 4'" : "");
+			for (int i = 0; i < n; i++) {
+				double v = pass ? pts[i]->p99_us : pts[i]->avg_us;
+				double fy = v > 0 ? (log10(v) - lo) / (hi - lo) : 0;
+				if (fy < 0)
+					fy = 0;
+				fprintf(f, "%d,%d ", left + (int)((right - left) * pts[i]->offered / xhi),
+					bottom - (int)((bottom - top) * fy));
+			}
+			fprintf(f, "'/>\n");
+		}
+	}
+	return h;
+}
+
 /* Bars for one workload: throughput on the left, average latency on the right. */
 static int bar_panel(FILE *f, int y0, const char *workload, const struct run *runs, int nruns,
 		     const char **labels, int nlabels)
 {
 	const struct run *row[MAX_NAMES] = { 0 };
 	for (int i = 0; i < nruns; i++) {
-		if (runs[i].sweep || strcmp(runs[i].key, workload))
+		if (runs[i].sweep || runs[i].rate_sweep || strcmp(runs[i].key, workload))
 			continue;
 		for (int l = 0; l < nlabels; l++)
 			if (!strcmp(runs[i].label, labels[l]))
@@ -273,12 +347,15 @@ int tb_svg_write(const char *path, struct json_object **docs, int ndocs, char *e
 			if (!x->workload || !x->load)
 				continue;
 			x->sweep = json_object_object_get_ex(r, "sweep", &v) && json_object_get_boolean(v);
+			x->rate_sweep = json_object_object_get_ex(r, "rate_sweep", &v) && json_object_get_boolean(v);
+			x->offered = jget(r, "offered_iops");
 			snprintf(x->key, sizeof(x->key), "%s %s", x->workload, x->load);
 			x->bs = (int)jget(r, "block_size");
 			x->iops = jget(r, "iops");
 			x->mbs = jget(r, "mb_per_s");
 			if (json_object_object_get_ex(r, "latency_us", &lat)) {
 				x->avg_us = jget(lat, "avg");
+				x->p99_us = jget(lat, "p99");
 				x->p999_us = jget(lat, "p99_9");
 			}
 			nruns++;
@@ -291,10 +368,12 @@ int tb_svg_write(const char *path, struct json_object **docs, int ndocs, char *e
 
 	const char *labels[MAX_NAMES], *loads[MAX_NAMES], *wls[MAX_NAMES];
 	int nlabels = 0, nloads = 0, nwls = 0;
-	bool any_sweep = false;
+	bool any_sweep = false, any_rate = false;
 	for (int i = 0; i < nruns; i++) {
 		index_of(labels, &nlabels, runs[i].label);
-		if (runs[i].sweep) {
+		if (runs[i].rate_sweep) {
+			any_rate = true;
+		} else if (runs[i].sweep) {
 			index_of(loads, &nloads, runs[i].load);
 			any_sweep = true;
 		} else {
@@ -308,12 +387,12 @@ int tb_svg_write(const char *path, struct json_object **docs, int ndocs, char *e
 		return -1;
 	}
 	/* height: legend + sweep panels + one bar panel per workload */
-	int height = 50 + (any_sweep ? 2 * 300 : 0);
+	int height = 50 + (any_sweep ? 2 * 300 : 0) + (any_rate ? 320 : 0);
 	for (int w = 0; w < nwls; w++) {
 		int present = 0;
 		for (int l = 0; l < nlabels; l++)
 			for (int i = 0; i < nruns; i++)
-				if (!runs[i].sweep && !strcmp(runs[i].key, wls[w]) &&
+				if (!runs[i].sweep && !runs[i].rate_sweep && !strcmp(runs[i].key, wls[w]) &&
 				    !strcmp(runs[i].label, labels[l])) {
 					present++;
 					break;
@@ -330,6 +409,8 @@ int tb_svg_write(const char *path, struct json_object **docs, int ndocs, char *e
 		y += sweep_panel(f, y, runs, nruns, labels, nlabels, loads, nloads, false);
 		y += sweep_panel(f, y, runs, nruns, labels, nlabels, loads, nloads, true);
 	}
+	if (any_rate)
+		y += rate_panel(f, y, runs, nruns, labels, nlabels);
 	for (int w = 0; w < nwls; w++)
 		y += bar_panel(f, y, wls[w], runs, nruns, labels, nlabels);
 	fprintf(f, "</svg>\n");

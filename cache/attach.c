@@ -133,7 +133,7 @@ int cache_set_flush(struct cache_set *cs, unsigned timeout_ms)
 	return r;
 }
 
-int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode)
+int cache_vol_switch_mode(struct bdev *vol, enum cache_mode mode)
 {
 	struct cache_vol *v = (struct cache_vol *)vol;
 	enum cache_mode old = cache_vol_mode(v);
@@ -143,10 +143,15 @@ int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode)
 	 * New writes follow the new mode at once; write-through, write-around
 	 * and pass-through writes over dirty blocks invalidate them first, so
 	 * switching before the flush is safe, and the flush converges because
-	 * nothing new becomes dirty. Then destage what is dirty.
+	 * nothing new becomes dirty. Then what is dirty must be destaged.
 	 */
 	cache_vol_store_mode(v, mode);
-	if (old == CACHE_WRITE_BACK)
-		return cache_set_flush(cache_vol_set(v), 0);
+	return old == CACHE_WRITE_BACK;
+}
+
+int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode)
+{
+	if (cache_vol_switch_mode(vol, mode) == 1)
+		return cache_set_flush(cache_vol_set((struct cache_vol *)vol), 0);
 	return 0;
 }

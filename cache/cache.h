@@ -104,6 +104,13 @@ int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);
 /* Change a volume's mode; leaving write-back flushes first. Main thread. */
 int cache_vol_set_mode(struct bdev *vol, enum cache_mode mode);
 /*
+ * The same without the wait: new writes follow mode at once (writes over
+ * dirty blocks invalidate them, so nothing new becomes dirty) and the
+ * caller destages the set with cache_set_flush when this returns 1 (the
+ * volume left write-back); 0 when nothing is left to do. Any thread.
+ */
+int cache_vol_switch_mode(struct bdev *vol, enum cache_mode mode);
+/*
  * The LUN's blocks are larger than what the legs write atomically across a
  * power cut: each write-back overwrite of dirty data then goes through the
  * set's block log first, so a cut never leaves a block part old, part new

@@ -96,10 +96,15 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	pthread_mutex_unlock(&cs->lost.lock);
 	st->mem_bytes = cache_set_mem_bytes(cs);
 	st->sector_grain_slots = atomic_load(&cs->bm.fine_slots);
+	int lun_of_bid[CACHE_SET_MAX_VOLS];
+	for (int i = 0; i < CACHE_SET_MAX_VOLS; i++)
+		lun_of_bid[i] = -1;
 	for (int i = 0; i < CACHE_SET_MAX_VOLS && st->nluns < 16; i++) {
 		struct cache_vol *v = cache_vol_of(cs, i);
 		if (!v)
 			continue;
+		lun_of_bid[i] = st->nluns;
+		st->lun_dirty_bytes[st->nluns] = 0;
 		snprintf(st->luns[st->nluns], sizeof(st->luns[0]), "%s", cache_vol_name(v));
 		st->lun_mode[st->nluns] = cache_vol_mode(v);
 		int k = st->nluns;
@@ -112,5 +117,15 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 					st->lun_dirty_waiting[k] += slot_dirty_blocks(cs, s) * CACHE_SECTOR;
 			}
 		st->nluns++;
+	}
+	/* dirty data per LUN: only slots marked dirty are looked at closer */
+	for (uint32_t s = 0; s < cs->lay.nslots && st->nluns; s++) {
+		uint32_t bits = atomic_load(&cs->slots[s].bits);
+		if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY))
+			continue;
+		uint64_t key = atomic_load(&cs->slots[s].key);
+		if (key == CACHE_KEY_NONE || key_bid(key) >= CACHE_SET_MAX_VOLS || lun_of_bid[key_bid(key)] < 0)
+			continue;
+		st->lun_dirty_bytes[lun_of_bid[key_bid(key)]] += slot_dirty_blocks(cs, s) * CACHE_SECTOR;
 	}
 }

@@ -76,6 +76,7 @@ struct cache_set_status {
 	 * the LUN waiting in the cache (counted only while failing) */
 	int lun_destage_err[16];
 	uint64_t lun_destage_failures[16], lun_destage_retry_ms[16], lun_dirty_waiting[16];
+	uint64_t lun_dirty_bytes[16]; /* dirty data of each LUN (a pass over the slots) */
 	int nluns;
 };
 

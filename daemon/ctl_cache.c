@@ -3,9 +3,12 @@
  *
  * flush is asynchronous: it starts one thread that destages every set and
  * returns at once, so tierctl can poll flush-progress and draw its bar while
- * the cleaner works. mode and detach call the engine directly (leaving
- * write-back flushes first, so they may take a while). Every refusal is a
- * sentence naming the object and what to do.
+ * the cleaner works. mode and detach switch the LUN at once; leaving
+ * write-back, a thread then destages the LUN's dirty data and tierctl
+ * polls mode-progress (the control socket keeps answering meanwhile, as
+ * it does during leg replace, whose resync tierctl follows through
+ * leg-progress). Every refusal is a sentence naming the object and what
+ * to do.
  */
 #include "daemon/ctl_cache.h"
 
@@ -146,6 +149,64 @@ static const char *req_str(struct json_object *req, const char *key)
 	return json_object_get_string(v);
 }
 
+/*
+ * The destage a mode change leaves behind (leaving write-back): one at a
+ * time. The thread runs the set's cleaner at full rate (cache_set_flush in
+ * half-second rounds) until the LUN has no dirty data left, which does not
+ * wait for the set's other write-back LUNs to be clean.
+ */
+static struct {
+	atomic_bool running;
+	atomic_bool stop;   /* the daemon stops: leave the rest dirty (it is safe there) */
+	bool valid;
+	pthread_t thread;
+	struct cache_set *cs;
+	char lun[64];
+	uint64_t start_dirty;
+	int result;
+} mj;
+
+/* The LUN's dirty bytes in cs, and whether it is (again) in write-back. */
+static uint64_t lun_dirty(struct cache_set *cs, const char *lun, bool *write_back)
+{
+	struct cache_set_status *st = malloc(sizeof(*st));
+	uint64_t d = 0;
+	if (write_back)
+		*write_back = false;
+	if (!st)
+		return 1; /* not known: not done */
+	cache_set_status(cs, st);
+	for (int k = 0; k < st->nluns; k++)
+		if (!strcmp(st->luns[k], lun)) {
+			d = st->lun_dirty_bytes[k];
+			if (write_back)
+				*write_back = st->lun_mode[k] == CACHE_WRITE_BACK;
+		}
+	free(st);
+	return d;
+}
+
+static void *mode_flush_main(void *arg)
+{
+	(void)arg;
+	int r = 0;
+	bool wb = false;
+	while (!atomic_load(&mj.stop) && lun_dirty(mj.cs, mj.lun, &wb) && !wb) {
+		r = cache_set_flush(mj.cs, 500);
+		if (r == -ETIMEDOUT)
+			r = 0;
+		else if (r)
+			break;
+	}
+	mj.result = r;
+	if (r)
+		log_err("LUN %s: destaging its dirty data failed: %s", mj.lun, strerror(-r));
+	else
+		log_info("LUN %s: %s", mj.lun, wb ? "back in write-back, destage stopped" : "all dirty data destaged");
+	atomic_store(&mj.running, false);
+	return NULL;
+}
+
 static int set_mode(struct json_object *resp, const char *lun, enum cache_mode mode)
 {
 	int i = find_lun(lun);
@@ -157,14 +218,103 @@ static int set_mode(struct json_object *resp, const char *lun, enum cache_mode m
 		return control_error(resp, "LUN %s is exported by %u gateways: write-back would strand a dead "
 				     "gateway's dirty data; it stays write-through (hot reads still come "
 				     "from the cache)", lun, g_cfg->luns[i].gateways);
-	int r = cache_vol_set_mode(g_vols[i], mode);
-	if (r)
-		return control_error(resp, "LUN %s could not switch to %s: %s (dirty data is kept; retry after "
-				     "checking the legs with tierctl status)", lun, cache_mode_name(mode), strerror(-r));
+	int set = 0;
+	while (set < g_cfg->ncaches && strcmp(g_cfg->caches[set].name, g_cfg->luns[i].cache))
+		set++;
+	if (set == g_cfg->ncaches || !g_sets[set])
+		return control_error(resp, "LUN %s: cache set %s is not open", lun, g_cfg->luns[i].cache);
+	bool busy = atomic_load(&mj.running);
+	if (busy && strcmp(mj.lun, lun))
+		return control_error(resp, "LUN %s is still destaging after its mode change; wait for it "
+				     "(tierctl status shows its dirty_bytes) and try again", mj.lun);
+	if (cache_vol_switch_mode(g_vols[i], mode) == 1 && !busy) {
+		if (mj.valid)
+			pthread_join(mj.thread, NULL);
+		mj.cs = g_sets[set];
+		snprintf(mj.lun, sizeof(mj.lun), "%s", lun);
+		mj.start_dirty = lun_dirty(mj.cs, lun, NULL);
+		mj.result = 0;
+		atomic_store(&mj.running, true);
+		if (pthread_create(&mj.thread, NULL, mode_flush_main, NULL)) {
+			atomic_store(&mj.running, false);
+			mj.valid = false;
+			return control_error(resp, "LUN %s runs %s but its dirty data could not be destaged now (no "
+					     "thread); tierctl flush destages it", lun, cache_mode_name(mode));
+		}
+		mj.valid = true;
+	}
 	log_info("LUN %s now runs %s (tierctl)", lun, cache_mode_name(mode));
 	json_object_object_add(resp, "lun", json_object_new_string(lun));
 	json_object_object_add(resp, "mode", json_object_new_string(cache_mode_name(mode)));
+	bool running = atomic_load(&mj.running) && !strcmp(mj.lun, lun);
+	json_object_object_add(resp, "flushing", json_object_new_boolean(running));
+	if (running)
+		json_object_object_add(resp, "start_dirty_bytes", json_object_new_int64((int64_t)mj.start_dirty));
 	return 0;
+}
+
+/* tierctl mode/detach, while the destage runs: the LUN's dirty bytes left */
+static int ctl_mode_progress(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *lun = req_str(req, "lun");
+	if (!lun)
+		return control_error(resp, "mode-progress needs a LUN name");
+	if (!mj.valid || strcmp(mj.lun, lun)) {
+		json_object_object_add(resp, "dirty_bytes", json_object_new_int64(0));
+		json_object_object_add(resp, "flushing", json_object_new_boolean(false));
+		return 0;
+	}
+	bool running = atomic_load(&mj.running);
+	if (!running && mj.result)
+		return control_error(resp, "LUN %s: destaging its dirty data failed (%s); see the daemon log for the "
+				     "leg or backing store at fault", lun, strerror(-mj.result));
+	uint64_t dirty = running ? lun_dirty(mj.cs, lun, NULL) : 0;
+	if (running && !dirty)
+		dirty = 1; /* the last blocks are in flight */
+	json_object_object_add(resp, "dirty_bytes", json_object_new_int64((int64_t)dirty));
+	json_object_object_add(resp, "start_dirty_bytes", json_object_new_int64((int64_t)mj.start_dirty));
+	json_object_object_add(resp, "flushing", json_object_new_boolean(running));
+	char why[256];
+	if (running && (flush_blocker(why, sizeof(why)), why[0]))
+		json_object_object_add(resp, "waiting_for", json_object_new_string(why));
+	return 0;
+}
+
+/* tierctl leg replace, while the new leg resyncs: bytes left to copy */
+static int ctl_leg_progress(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set"), *leg = req_str(req, "leg");
+	if (!set || !leg)
+		return control_error(resp, "leg-progress needs SET LEG");
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		if (strcmp(g_cfg->caches[i].name, set) || !g_sets[i])
+			continue;
+		struct cache_set_status *st = malloc(sizeof(*st));
+		if (!st)
+			return control_error(resp, "out of memory");
+		cache_set_status(g_sets[i], st);
+		for (int k = 0; k < st->nlegs; k++) {
+			if (strcmp(st->legs[k].path, leg))
+				continue;
+			enum cache_leg_health h = st->legs[k].health;
+			uint64_t total = st->legs[k].resync_total, done = st->legs[k].resync_done;
+			free(st);
+			if (h == LEG_FAILED)
+				return control_error(resp, "leg %s of cache %s failed during its resync; tierctl status "
+						     "and the daemon log say why", leg, set);
+			bool running = h == LEG_RESYNCING;
+			uint64_t left = running ? (total > done ? total - done : 1) : 0;
+			json_object_object_add(resp, "left_bytes", json_object_new_int64((int64_t)left));
+			json_object_object_add(resp, "total_bytes", json_object_new_int64((int64_t)total));
+			json_object_object_add(resp, "running", json_object_new_boolean(running));
+			return 0;
+		}
+		free(st);
+		return control_error(resp, "cache %s has no leg %s", set, leg);
+	}
+	return control_error(resp, "there is no open cache set named \"%s\"", set);
 }
 
 static int ctl_mode(struct json_object *req, struct json_object *resp, void *arg)
@@ -413,6 +563,8 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 	control_register("mode", ctl_mode, NULL);
 	control_register("set", ctl_set, NULL);
 	control_register("detach", ctl_detach, NULL);
+	control_register("mode-progress", ctl_mode_progress, NULL);
+	control_register("leg-progress", ctl_leg_progress, NULL);
 	control_register("leg-replace", ctl_leg_replace, NULL);
 	control_register("leg-fail", ctl_leg_fail, NULL);
 	control_register("leg-fault", ctl_leg_fault, NULL);
@@ -420,6 +572,11 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 
 void ctl_cache_stop(void)
 {
+	if (mj.valid) {
+		atomic_store(&mj.stop, true);
+		pthread_join(mj.thread, NULL); /* within one half-second round */
+		mj.valid = false;
+	}
 	if (flush_thread_valid) {
 		if (atomic_load(&flush_running))
 			log_info("waiting for the flush tierctl started to finish");

@@ -391,6 +391,12 @@ static void cache_metrics(struct out *o, const struct config *cfg)
 		snprintf(l, sizeof(l), "%s,lun=\"%s\"", lab, esc(st[i].luns[k], le, sizeof(le)));
 		gauge(o, "tiercache_cache_lun_destage_failing", l, st[i].lun_destage_err[k] ? 1 : 0);
 	}
+	family(o, "tiercache_cache_lun_dirty_bytes", "gauge", "Dirty data of the LUN in the cache set, not yet on its backing store.");
+	EACH_SET for (int k = 0; k < st[i].nluns; k++) {
+		char le[128];
+		snprintf(l, sizeof(l), "%s,lun=\"%s\"", lab, esc(st[i].luns[k], le, sizeof(le)));
+		gauge(o, "tiercache_cache_lun_dirty_bytes", l, (double)st[i].lun_dirty_bytes[k]);
+	}
 #undef EACH_SET
 	free(st);
 }

@@ -198,6 +198,7 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 			struct json_object *lo = json_object_new_object();
 			json_object_object_add(lo, "name", json_object_new_string(st.luns[k]));
 			json_object_object_add(lo, "mode", json_object_new_string(cache_mode_name(st.lun_mode[k])));
+			json_object_object_add(lo, "dirty_bytes", json_object_new_int64((int64_t)st.lun_dirty_bytes[k]));
 			int de = st.lun_destage_err[k];
 			json_object_object_add(lo, "destage", json_object_new_string(de ? strerror(-de) : "ok"));
 			if (de) {

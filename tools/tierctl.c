@@ -41,10 +41,13 @@ static void usage(FILE *f)
 		"                             per set dirty data, destage rate, legs (every S s)\n"
 		"  flush [--wait]             destage all dirty data (and wait for it)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
-		"  detach LUN                 flush, then run the LUN uncached\n"
+		"  detach LUN                 run the LUN uncached from now on, and destage its dirty\n"
+		"                             data (bytes left, rate and ETA until done)\n"
 		"  set SET KEY VALUE          change a running cache set: destage_max (bytes per\n"
 		"                             second, like 50M; 0 = no cap) or destage_max_iops\n"
-		"  leg replace SET OLD NEW    resync a new leg in place of a failed OLD, online\n"
+		"  leg replace SET OLD NEW [--wait]\n"
+		"                             resync a new leg in place of a failed OLD, online\n"
+		"                             (--wait: follow it, bytes left, rate and ETA)\n"
 		"  leg fail SET LEG           take a healthy leg out of service (to replace it)\n"
 		"  leg fault SET LEG MODE [OFFSET LENGTH | USEC]\n"
 		"                             tests only (a set with fault_injection = yes): make a\n"
@@ -143,6 +146,88 @@ static void print_value(struct json_object *v, int indent)
 	} else {
 		printf("%*s%s\n", indent, "", json_object_get_string(v));
 	}
+}
+
+static int show(struct json_object *resp, bool json);
+
+/*
+ * Follow a job (flush, a LUN's destage after detach or mode, a leg's
+ * resync) until nothing is left: preq asks the daemon for bytes left
+ * ("left_bytes" or "dirty_bytes") and the total ("total_bytes" or
+ * "start_dirty_bytes"). The rate is measured over the last few seconds of
+ * samples (a ring of them), the ETA is what is left at that rate. On a
+ * terminal one line is redrawn; otherwise a plain line a second; with
+ * --json a JSON object per sample on stdout.
+ */
+static int follow_progress(const char *path, struct json_object *preq, bool json, const char *what,
+			   const char *done)
+{
+	enum { NS = 25 }; /* 5 s of 200 ms samples */
+	double st[NS];
+	int64_t sd[NS];
+	int ns = 0, rc = 0;
+	double last_line = 0;
+	bool tty = isatty(2);
+	for (;;) {
+		struct json_object *resp = call(path, preq, &rc);
+		if (!resp)
+			return rc;
+		struct json_object *ok, *d, *t, *why;
+		if (json_object_object_get_ex(resp, "ok", &ok) && !json_object_get_boolean(ok)) {
+			if (!json && !tty)
+				fprintf(stderr, "\n");
+			rc = show(resp, json);
+			json_object_put(resp);
+			return rc ? rc : 1;
+		}
+		/* the daemon's names: dirty bytes for a destage, left bytes for a resync */
+		const char *lk = "left_bytes", *tk = "total_bytes";
+		if (!json_object_object_get_ex(resp, lk, &d)) {
+			lk = "dirty_bytes";
+			tk = "start_dirty_bytes";
+		}
+		int64_t left = json_object_object_get_ex(resp, lk, &d) ? json_object_get_int64(d) : 0;
+		int64_t total = json_object_object_get_ex(resp, tk, &t) ? json_object_get_int64(t) : 0;
+		char blocked[300] = "";
+		if (json_object_object_get_ex(resp, "waiting_for", &why))
+			snprintf(blocked, sizeof(blocked), "  waiting: %s", json_object_get_string(why));
+		json_object_put(resp);
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+		st[ns % NS] = now;
+		sd[ns % NS] = left;
+		ns++;
+		int oldest = ns > NS ? ns % NS : 0;
+		double span = now - st[oldest];
+		double rate = span > 0.5 ? (double)(sd[oldest] - left) / span : 0; /* bytes per second */
+		int64_t eta = rate > 0 ? (int64_t)((double)left / rate + 0.5) : -1;
+		char eta_s[32] = "unknown";
+		if (eta >= 0)
+			snprintf(eta_s, sizeof(eta_s), "%lld:%02lld", (long long)(eta / 60), (long long)(eta % 60));
+		if (json) {
+			printf("{\"%s\": %lld, \"%s\": %lld, \"rate_bytes_per_second\": %.0f, \"eta_seconds\": %lld}\n",
+			       lk, (long long)left, tk, (long long)total, rate < 0 ? 0 : rate, (long long)eta);
+			fflush(stdout);
+		} else if (total > 0 && (tty || left <= 0 || now - last_line >= 1.0)) {
+			int pct = total > left ? (int)(100 - (left * 100) / total) : 0;
+			char line[512];
+			snprintf(line, sizeof(line), "%3d%%  %lld MiB left  %.1f MiB/s  ETA %s%s", pct,
+				 (long long)(left >> 20), rate < 0 ? 0 : rate / 1048576.0, eta_s, blocked);
+			if (tty) /* \033[K: a shorter line than the last leaves no tail */
+				fprintf(stderr, "\r%s [%-25.*s] %s\033[K", what, pct / 4, "#########################",
+					line);
+			else
+				fprintf(stderr, "%s: %s\n", what, line);
+			last_line = now;
+		}
+		if (left <= 0)
+			break;
+		usleep(200000);
+	}
+	if (!json)
+		fprintf(stderr, "%s%s\n", tty ? "\n" : "", done);
+	return 0;
 }
 
 static int show(struct json_object *resp, bool json)
@@ -298,6 +383,7 @@ int main(int argc, char **argv)
 		}
 		wait = nargs == 1;
 	} else if (!strcmp(cmd, "mode") && nargs == 2) {
+		wait = true; /* leaving write-back: follow the destage */
 		json_object_object_add(req, "lun", json_object_new_string(args[0]));
 		json_object_object_add(req, "mode", json_object_new_string(args[1]));
 	} else if (!strcmp(cmd, "set") && nargs == 3) {
@@ -305,8 +391,11 @@ int main(int argc, char **argv)
 		json_object_object_add(req, "key", json_object_new_string(args[1]));
 		json_object_object_add(req, "value", json_object_new_string(args[2]));
 	} else if (!strcmp(cmd, "detach") && nargs == 1) {
+		wait = true;
 		json_object_object_add(req, "lun", json_object_new_string(args[0]));
-	} else if (!strcmp(cmd, "leg") && nargs == 4 && !strcmp(args[0], "replace")) {
+	} else if (!strcmp(cmd, "leg") && (nargs == 4 || (nargs == 5 && !strcmp(args[4], "--wait"))) &&
+		   !strcmp(args[0], "replace")) {
+		wait = nargs == 5;
 		cmd = "leg-replace";
 		json_object_object_add(req, "set", json_object_new_string(args[1]));
 		json_object_object_add(req, "old", json_object_new_string(args[2]));
@@ -333,78 +422,42 @@ int main(int argc, char **argv)
 	json_object_object_add(req, "cmd", json_object_new_string(cmd));
 
 	int rc = 0;
-	if (!strcmp(cmd, "flush") && wait) {
-		/* start the flush, then poll its progress until no dirty data is left */
+	if (wait) {
+		/* start the job, then follow it until nothing is left */
 		struct json_object *resp = call(path, req, &rc);
 		if (!resp)
 			return rc;
+		struct json_object *f;
+		bool running = !strcmp(cmd, "flush") || !strcmp(cmd, "leg-replace") ||
+			       (json_object_object_get_ex(resp, "flushing", &f) && json_object_get_boolean(f));
 		rc = show(resp, json);
 		json_object_put(resp);
-		if (rc)
+		if (rc || !running)
 			return rc;
 		struct json_object *preq = json_object_new_object();
-		json_object_object_add(preq, "cmd", json_object_new_string("flush-progress"));
-		/*
-		 * The rate is measured over the last few seconds of samples (a
-		 * ring of them), the ETA is what is left at that rate. On a
-		 * terminal one line is redrawn; otherwise a plain line a second;
-		 * with --json a JSON object per sample on stdout.
-		 */
-		enum { NS = 25 }; /* 5 s of 200 ms samples */
-		double st[NS];
-		int64_t sd[NS];
-		int ns = 0;
-		double last_line = 0;
-		bool tty = isatty(2);
-		for (;;) {
-			resp = call(path, preq, &rc);
-			if (!resp)
-				return rc;
-			struct json_object *d, *t, *why;
-			int64_t dirty = json_object_object_get_ex(resp, "dirty_bytes", &d) ? json_object_get_int64(d) : 0;
-			int64_t total = json_object_object_get_ex(resp, "start_dirty_bytes", &t) ? json_object_get_int64(t) : 0;
-			char blocked[300] = "";
-			if (json_object_object_get_ex(resp, "waiting_for", &why))
-				snprintf(blocked, sizeof(blocked), "  waiting: %s", json_object_get_string(why));
-			json_object_put(resp);
-			struct timespec ts;
-			clock_gettime(CLOCK_MONOTONIC, &ts);
-			double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
-			st[ns % NS] = now;
-			sd[ns % NS] = dirty;
-			ns++;
-			int oldest = ns > NS ? ns % NS : 0;
-			double span = now - st[oldest];
-			double rate = span > 0.5 ? (double)(sd[oldest] - dirty) / span : 0; /* bytes per second */
-			int64_t eta = rate > 0 ? (int64_t)((double)dirty / rate + 0.5) : -1;
-			char eta_s[32] = "unknown";
-			if (eta >= 0)
-				snprintf(eta_s, sizeof(eta_s), "%lld:%02lld", (long long)(eta / 60), (long long)(eta % 60));
-			if (json) {
-				printf("{\"dirty_bytes\": %lld, \"start_dirty_bytes\": %lld, \"rate_bytes_per_second\": %.0f, "
-				       "\"eta_seconds\": %lld}\n", (long long)dirty, (long long)total, rate < 0 ? 0 : rate,
-				       (long long)eta);
-				fflush(stdout);
-			} else if (total > 0 && (tty || dirty <= 0 || now - last_line >= 1.0)) {
-				int pct = (int)(100 - (dirty * 100) / total);
-				char line[512];
-				snprintf(line, sizeof(line), "%3d%%  %lld MiB left  %.1f MiB/s  ETA %s%s", pct,
-					 (long long)(dirty >> 20), rate < 0 ? 0 : rate / 1048576.0, eta_s, blocked);
-				if (tty) /* \033[K: a shorter line than the last leaves no tail */
-					fprintf(stderr, "\rflushing [%-25.*s] %s\033[K", pct / 4, "#########################",
-						line);
-				else
-					fprintf(stderr, "flushing: %s\n", line);
-				last_line = now;
-			}
-			if (dirty <= 0)
-				break;
-			usleep(200000);
+		const char *what = "flushing", *done = "flush complete: no dirty data left";
+		char what_buf[128], done_buf[160];
+		if (!strcmp(cmd, "flush")) {
+			json_object_object_add(preq, "cmd", json_object_new_string("flush-progress"));
+		} else if (!strcmp(cmd, "leg-replace")) {
+			json_object_object_add(preq, "cmd", json_object_new_string("leg-progress"));
+			json_object_object_add(preq, "set", json_object_new_string(args[1]));
+			json_object_object_add(preq, "leg", json_object_new_string(args[3]));
+			snprintf(what_buf, sizeof(what_buf), "resyncing %s", args[3]);
+			snprintf(done_buf, sizeof(done_buf), "resync complete: leg %s is healthy", args[3]);
+			what = what_buf;
+			done = done_buf;
+		} else { /* mode, detach: the LUN's destage */
+			json_object_object_add(preq, "cmd", json_object_new_string("mode-progress"));
+			json_object_object_add(preq, "lun", json_object_new_string(args[0]));
+			snprintf(what_buf, sizeof(what_buf), "destaging %s", args[0]);
+			snprintf(done_buf, sizeof(done_buf), "LUN %s: no dirty data left", args[0]);
+			what = what_buf;
+			done = done_buf;
 		}
-		if (!json)
-			fprintf(stderr, "%sflush complete: no dirty data left\n", tty ? "\n" : "");
+		rc = follow_progress(path, preq, json, what, done);
 		json_object_put(preq);
-		return 0;
+		return rc;
 	}
 	do {
 		struct json_object *resp = call(path, req, &rc);

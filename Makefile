@@ -114,6 +114,7 @@ bench: all
 	@bash tests/bench/compare.sh
 	@bash tests/bench/torn_guard.sh
 	@bash tests/bench/caw_heartbeat.sh
+	@bash tests/bench/flush_foreground.sh
 	@bash tests/bench/callgrind_cmd.sh
 	@bash tests/bench/device.sh
 

@@ -15,7 +15,15 @@
  *    second, never below a trickle while anything is dirty. When foreground
  *    I/O has been idle for 2 s, or a flush was asked for, the limit is
  *    lifted. At most CLEAN_OPS extents are in flight, so foreground I/O is
- *    never starved of queue depth. The admin's caps (destage_max in bytes
+ *    never starved of queue depth.
+ *  - Foreground first: while the host has commands in flight, or had in
+ *    the last FG_RECENT_MS, at most CLEAN_OPS_BUSY extent is destaged at a
+ *    time and with at most CLEAN_RUNS_BUSY runs (device requests) of it;
+ *    the rest of its dirty runs wait for the next pass. A host read then
+ *    queues behind a few destage requests at the legs, not behind a
+ *    hundred (a flush with no cap took QD1 read p99 of cached data from
+ *    0.28 to 1.0 ms on file legs; see tests/test_flush_foreground.sh), and
+ *    a flush under load still moves on. The admin's caps (destage_max in bytes
  *    and destage_max_iops in backing writes per second, cleaner_set_max)
  *    hold always, a flush included: each second's budget is the smaller of
  *    the rate and the cap, and what one second overspent (a destage is
@@ -40,6 +48,10 @@
 
 #define CLEAN_OPS 4
 #define CLEAN_RUNS 32
+#define CLEAN_OPS_BUSY 1
+#define CLEAN_RUNS_BUSY 1
+#define CLEAN_RUN_BUSY (128u << 10)
+#define FG_RECENT_MS 100
 #define CLEAN_BATCH 4096
 #define CLEAN_MIN_RATE (256u << 10)
 #define CLEAN_MAX_RATE (1ull << 40)
@@ -231,7 +243,8 @@ static void step(struct bdev_req *req, int err)
 	}
 }
 
-static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_t key, struct cache_vol *v)
+static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_t key, struct cache_vol *v,
+		       uint32_t max_runs)
 {
 	struct cache_set *cs = c->cs;
 	struct slot *sl = &cs->slots[s];
@@ -246,7 +259,9 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 	}
 	d->nruns = 0;
 	uint32_t at = 0, n;
-	while (d->nruns < CLEAN_RUNS && slot_next_dirty_run(cs, s, &at, &n)) {
+	while (d->nruns < max_runs && slot_next_dirty_run(cs, s, &at, &n)) {
+		if (max_runs < CLEAN_RUNS && n > CLEAN_RUN_BUSY / CACHE_SECTOR)
+			n = CLEAN_RUN_BUSY / CACHE_SECTOR; /* the host is active: short device requests */
 		d->first[d->nruns] = at;
 		d->count[d->nruns] = n;
 		d->nruns++;
@@ -296,8 +311,8 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 	return true;
 }
 
-/* Destage slot s with d, holding its volume meanwhile; false if not started. */
-static bool start(struct cleaner *c, struct destage *d, uint32_t s)
+/* Destage (up to max_runs runs of) slot s with d, holding its volume meanwhile; false if not started. */
+static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint32_t max_runs)
 {
 	struct cache_set *cs = c->cs;
 	uint64_t key = atomic_load(&cs->slots[s].key);
@@ -314,7 +329,7 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s)
 		cache_vol_release(v); /* its backing store refused the last one: not yet */
 		return false;
 	}
-	if (start_held(c, d, s, key, v))
+	if (start_held(c, d, s, key, v, max_runs))
 		return true;
 	cache_vol_release(v);
 	return false;
@@ -362,7 +377,11 @@ static void pump(struct cleaner *c)
 		return;
 	bool regathered = false;
 	bool capped = atomic_load(&c->max_bps) || atomic_load(&c->max_iops);
-	while (atomic_load(&c->inflight) < CLEAN_OPS &&
+	/* foreground first: see the top of the file */
+	bool host = atomic_load(&cs->fg_inflight) || now_ms() - atomic_load(&cs->last_io_ms) < FG_RECENT_MS;
+	int max_ops = host ? CLEAN_OPS_BUSY : CLEAN_OPS;
+	uint32_t max_runs = host ? CLEAN_RUNS_BUSY : CLEAN_RUNS;
+	while (atomic_load(&c->inflight) < max_ops &&
 	       (c->unlimited || (!capped && atomic_load(&cs->flush_req)) ||
 		(c->budget > 0 && (!atomic_load(&c->max_iops) || c->ops_budget > 0)))) {
 		if (c->pos >= c->norder) {
@@ -381,7 +400,8 @@ static void pump(struct cleaner *c)
 			}
 		if (!d)
 			return;
-		start(c, d, c->order[c->pos++].slot);
+		/* a slot left with dirty runs is met again by the next gather */
+		start(c, d, c->order[c->pos++].slot, max_runs);
 	}
 }
 

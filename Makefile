@@ -11,7 +11,8 @@
 #   make check-system  LIO + TCMU + NVMe + targetcli, faults on a guest NVMe leg, and power cuts
 #                   replayed from a guest's write log, on Debian's kernel under qemu (10-15 minutes);
 #                   and the kernel's iSCSI initiator (open-iscsi, dm-multipath) on our portal:
-#                   discard, fsck, reservations, kill -9 under fio, path loss, CHAP (about 5 more)
+#                   discard, fsck, reservations, kill -9 under fio, path loss, CHAP (about 5 more);
+#                   and the Debian package (debian/) built, installed, upgraded, purged in a chroot
 #   make install    binaries, systemd unit, example config, man pages
 #                   (PREFIX=/usr/local, DESTDIR= for staging)
 #   make clean
@@ -205,6 +206,8 @@ conformance: deps
 # configfs written directly, once through targetcli + D-Bus + tcmu-runner in a
 # debootstrap'ed guest. The first run installs qemu-system-x86 and debootstrap,
 # fetches Debian's kernel package and builds the guest root (about 2 minutes).
+# Last, the Debian package: built from the committed tree, lintian-checked,
+# installed, upgraded and purged in a fresh debootstrap'ed root.
 check-system: deps
 	@$(MAKE) --no-print-directory $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 	@BUILD=$(BUILD) bash tests/system/run-vm-tcmu.sh
@@ -212,6 +215,7 @@ check-system: deps
 	@BUILD=$(BUILD) bash tests/system/run-vm-legfaults.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-powercut.sh
 	@BUILD=$(BUILD) bash tests/system/run-vm-initiator.sh
+	@bash tests/system/run-pkg.sh
 
 # Install layout (GNU-style variables). The unit names /usr/sbin; with
 # another PREFIX the installed copy is rewritten to point at SBINDIR.

@@ -99,6 +99,17 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
  */
 int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, size_t errlen);
 
+/*
+ * The on-disk format of the set a leg (device or file) holds, read without
+ * opening the set: *version is the newest superblock copy's version, 0 for
+ * a leg that holds no set (blank, new, or being rebuilt). 0, or -1 with a
+ * sentence in err when the leg cannot be read or holds a format newer than
+ * this build reads (CACHE_VERSION): such a set must not be opened by it.
+ * For tiercached --check, which the unit and the package run before any
+ * start. Any thread; reads 8 KiB.
+ */
+int cache_leg_format(const char *path, uint32_t *version, char *err, size_t errlen);
+
 /* Destage every dirty extent and wait (timeout_ms 0 = forever). 0 or -errno. Main thread. */
 int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);
 /* Change a volume's mode; leaving write-back flushes first. Main thread. */

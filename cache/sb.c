@@ -10,8 +10,48 @@
 
 #include "common/log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+int cache_leg_format(const char *path, uint32_t *version, char *err, size_t errlen)
+{
+	*version = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return 0; /* a leg file not made yet: the start creates it */
+		snprintf(err, errlen, "leg %s cannot be read: %s", path, strerror(errno));
+		return -1;
+	}
+	uint8_t page[2][CACHE_PAGE];
+	ssize_t n = pread(fd, page, sizeof(page), 0);
+	int e = errno;
+	close(fd);
+	if (n < 0) {
+		snprintf(err, errlen, "leg %s cannot be read: %s", path, strerror(e));
+		return -1;
+	}
+	/* both superblock copies; a copy cut short by a crash is just older */
+	for (int i = 0; i < 2 && (i + 1) * (ssize_t)CACHE_PAGE <= n; i++) {
+		struct cache_sb_disk sb;
+		memcpy(&sb, page[i], sizeof(sb));
+		if (le64_get(sb.magic) != CACHE_MAGIC)
+			continue;
+		uint32_t v = le32_get(sb.version);
+		if (v > *version)
+			*version = v;
+	}
+	if (*version > CACHE_VERSION) {
+		snprintf(err, errlen, "leg %s holds a cache set of on-disk format version %u, newer than this "
+			 "tiercached reads (up to %u): run the tiercached that wrote it (its dirty data is there), "
+			 "or flush and detach the cache with it first", path, *version, CACHE_VERSION);
+		return -1;
+	}
+	return 0;
+}
 
 /* ---- superblock ---------------------------------------------------------------- */
 

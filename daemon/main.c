@@ -250,6 +250,21 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (check_only) {
+		/* the legs' on-disk format too: a build that cannot read a set
+		 * must never start on it (the unit and the package run this) */
+		int bad = 0;
+		for (int i = 0; i < d.cfg->ncaches; i++)
+			for (int k = 0; k < d.cfg->caches[i].nlegs; k++) {
+				uint32_t v;
+				if (cache_leg_format(d.cfg->caches[i].legs[k], &v, err, sizeof(err)) < 0) {
+					fprintf(stderr, "%s: [cache %s] %s\n", path, d.cfg->caches[i].name, err);
+					bad++;
+				}
+			}
+		if (bad) {
+			config_free(d.cfg);
+			return 1;
+		}
 		printf("%s: configuration OK: %d target(s), %d LUN(s), %d listen address(es)\n", path,
 		       d.cfg->ntargets, d.cfg->nluns, d.cfg->nlisten);
 		config_free(d.cfg);

@@ -18,12 +18,13 @@
  *    never starved of queue depth.
  *  - Foreground first: while the host has commands in flight, or had in
  *    the last FG_RECENT_MS, at most CLEAN_OPS_BUSY extent is destaged at a
- *    time and with at most CLEAN_RUNS_BUSY runs (device requests) of it;
- *    the rest of its dirty runs wait for the next pass. A host read then
- *    queues behind a few destage requests at the legs, not behind a
- *    hundred (a flush with no cap took QD1 read p99 of cached data from
- *    0.28 to 1.0 ms on file legs; see tests/test_flush_foreground.sh), and
- *    a flush under load still moves on. The admin's caps (destage_max in bytes
+ *    time and at most CLEAN_BYTES_BUSY of it (runs clipped to fit); the
+ *    rest of its dirty runs wait for the next pass. A host read then
+ *    queues behind one or a few short destage requests at the legs, not
+ *    behind a hundred (a flush with no cap took QD1 read p99 of cached data
+ *    from 0.28 to 1.0 ms on file legs; tests/bench/flush_foreground.sh),
+ *    and a flush under load still moves on. Above the dirty target the
+ *    limit is off: the cache filling up hurts the host more. The admin's caps (destage_max in bytes
  *    and destage_max_iops in backing writes per second, cleaner_set_max)
  *    hold always, a flush included: each second's budget is the smaller of
  *    the rate and the cap, and what one second overspent (a destage is
@@ -49,8 +50,7 @@
 #define CLEAN_OPS 4
 #define CLEAN_RUNS 32
 #define CLEAN_OPS_BUSY 1
-#define CLEAN_RUNS_BUSY 1
-#define CLEAN_RUN_BUSY (128u << 10)
+#define CLEAN_BYTES_BUSY (128u << 10)
 #define FG_RECENT_MS 100
 #define CLEAN_BATCH 4096
 #define CLEAN_MIN_RATE (256u << 10)
@@ -89,6 +89,7 @@ struct cleaner {
 	_Atomic uint64_t max_bps;   /* destage_max: bytes per second, 0 = no cap */
 	_Atomic uint32_t max_iops;  /* destage_max_iops: backing writes per second, 0 = no cap */
 	int64_t ops_budget;         /* backing writes left this second (with max_iops) */
+	uint64_t dirty_target_bytes; /* the dirty target in bytes, as of the last tick */
 	_Atomic int inflight;
 	double integral;
 	int64_t budget;
@@ -244,7 +245,7 @@ static void step(struct bdev_req *req, int err)
 }
 
 static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_t key, struct cache_vol *v,
-		       uint32_t max_runs)
+		       uint64_t max_bytes)
 {
 	struct cache_set *cs = c->cs;
 	struct slot *sl = &cs->slots[s];
@@ -259,9 +260,11 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 	}
 	d->nruns = 0;
 	uint32_t at = 0, n;
-	while (d->nruns < max_runs && slot_next_dirty_run(cs, s, &at, &n)) {
-		if (max_runs < CLEAN_RUNS && n > CLEAN_RUN_BUSY / CACHE_SECTOR)
-			n = CLEAN_RUN_BUSY / CACHE_SECTOR; /* the host is active: short device requests */
+	uint64_t room = max_bytes / CACHE_SECTOR; /* sectors this destage may still take */
+	while (d->nruns < CLEAN_RUNS && room && slot_next_dirty_run(cs, s, &at, &n)) {
+		if (n > room)
+			n = (uint32_t)room; /* the rest of the run stays dirty for the next pass */
+		room -= n;
 		d->first[d->nruns] = at;
 		d->count[d->nruns] = n;
 		d->nruns++;
@@ -311,8 +314,8 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 	return true;
 }
 
-/* Destage (up to max_runs runs of) slot s with d, holding its volume meanwhile; false if not started. */
-static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint32_t max_runs)
+/* Destage (up to max_bytes of) slot s with d, holding its volume meanwhile; false if not started. */
+static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint64_t max_bytes)
 {
 	struct cache_set *cs = c->cs;
 	uint64_t key = atomic_load(&cs->slots[s].key);
@@ -329,7 +332,7 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint32_t max
 		cache_vol_release(v); /* its backing store refused the last one: not yet */
 		return false;
 	}
-	if (start_held(c, d, s, key, v, max_runs))
+	if (start_held(c, d, s, key, v, max_bytes))
 		return true;
 	cache_vol_release(v);
 	return false;
@@ -377,10 +380,13 @@ static void pump(struct cleaner *c)
 		return;
 	bool regathered = false;
 	bool capped = atomic_load(&c->max_bps) || atomic_load(&c->max_iops);
-	/* foreground first: see the top of the file */
-	bool host = atomic_load(&cs->fg_inflight) || now_ms() - atomic_load(&cs->last_io_ms) < FG_RECENT_MS;
+	/* foreground first, unless the cache is filling up: see the top of the file */
+	uint64_t last = atomic_load(&cs->last_io_ms); /* before the clock: another worker may move it on */
+	bool host = atomic_load(&cs->fg_inflight) || (int64_t)(now_ms() - last) < FG_RECENT_MS;
+	if (host && c->dirty_target_bytes && atomic_load(&cs->dirty_blocks) * CACHE_SECTOR > c->dirty_target_bytes)
+		host = false;
 	int max_ops = host ? CLEAN_OPS_BUSY : CLEAN_OPS;
-	uint32_t max_runs = host ? CLEAN_RUNS_BUSY : CLEAN_RUNS;
+	uint64_t max_bytes = host ? CLEAN_BYTES_BUSY : UINT64_MAX;
 	while (atomic_load(&c->inflight) < max_ops &&
 	       (c->unlimited || (!capped && atomic_load(&cs->flush_req)) ||
 		(c->budget > 0 && (!atomic_load(&c->max_iops) || c->ops_budget > 0)))) {
@@ -401,7 +407,7 @@ static void pump(struct cleaner *c)
 		if (!d)
 			return;
 		/* a slot left with dirty runs is met again by the next gather */
-		start(c, d, c->order[c->pos++].slot, max_runs);
+		start(c, d, c->order[c->pos++].slot, max_bytes);
 	}
 }
 
@@ -467,7 +473,9 @@ void cleaner_tick(struct cleaner *c)
 	uint32_t pct = cs->cfg.dirty_target ? cs->cfg.dirty_target : 10;
 	double target = (double)cap * pct / 100.0;
 	double error = (double)dirty - target;
-	bool idle = now_ms() - atomic_load(&cs->last_io_ms) > 2000 && !atomic_load(&cs->fg_inflight);
+	c->dirty_target_bytes = (uint64_t)target;
+	uint64_t last = atomic_load(&cs->last_io_ms); /* before the clock (see pump) */
+	bool idle = (int64_t)(now_ms() - last) > 2000 && !atomic_load(&cs->fg_inflight);
 
 	if (error < 0)
 		c->integral *= 0.5;

@@ -69,7 +69,7 @@ struct cache_set_status {
 	uint64_t lost_dropped;
 	uint64_t mem_bytes;
 	uint64_t sector_grain_slots; /* slots whose state is kept per 512-byte sector, not per 4 KiB page */
-	char luns[16][64];
+	char luns[16][65]; /* LUN names are up to 64 characters */
 	enum cache_mode lun_mode[16];
 	/* destage to the LUN's backing store: 0 working, else the error of the
 	 * failing writes, how many failed, ms to the next try, dirty bytes of

@@ -156,17 +156,21 @@ static const char *req_str(struct json_object *req, const char *key)
  * wait for the set's other write-back LUNs to be clean.
  */
 static struct {
+	/* lock: the thread decides to end, and set_mode switches a mode and
+	 * decides whether a thread must start, each under it, so a switch
+	 * never lands between the thread's last look and its end */
+	pthread_mutex_t lock;
 	atomic_bool running;
 	atomic_bool stop;   /* the daemon stops: leave the rest dirty (it is safe there) */
 	bool valid;
 	pthread_t thread;
 	struct cache_set *cs;
-	char lun[64];
+	char lun[65];
 	uint64_t start_dirty;
 	int result;
-} mj;
+} mj = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
-/* The LUN's dirty bytes in cs, and whether it is (again) in write-back. */
+/* The LUN's dirty bytes in cs, and whether it is in write-back. */
 static uint64_t lun_dirty(struct cache_set *cs, const char *lun, bool *write_back)
 {
 	struct cache_set_status *st = malloc(sizeof(*st));
@@ -186,24 +190,43 @@ static uint64_t lun_dirty(struct cache_set *cs, const char *lun, bool *write_bac
 	return d;
 }
 
+static bool lun_in_write_back(struct cache_set *cs, const char *lun)
+{
+	bool wb;
+	lun_dirty(cs, lun, &wb);
+	return wb;
+}
+
 static void *mode_flush_main(void *arg)
 {
 	(void)arg;
 	int r = 0;
 	bool wb = false;
-	while (!atomic_load(&mj.stop) && lun_dirty(mj.cs, mj.lun, &wb) && !wb) {
-		r = cache_set_flush(mj.cs, 500);
-		if (r == -ETIMEDOUT)
-			r = 0;
-		else if (r)
+	for (;;) {
+		pthread_mutex_lock(&mj.lock);
+		bool done = atomic_load(&mj.stop) || !lun_dirty(mj.cs, mj.lun, &wb) || wb;
+		if (done) {
+			mj.result = 0;
+			atomic_store(&mj.running, false);
+		}
+		pthread_mutex_unlock(&mj.lock);
+		if (done)
 			break;
+		r = cache_set_flush(mj.cs, 500);
+		if (r == -ETIMEDOUT) {
+			r = 0;
+		} else if (r) {
+			pthread_mutex_lock(&mj.lock);
+			mj.result = r;
+			atomic_store(&mj.running, false);
+			pthread_mutex_unlock(&mj.lock);
+			break;
+		}
 	}
-	mj.result = r;
 	if (r)
 		log_err("LUN %s: destaging its dirty data failed: %s", mj.lun, strerror(-r));
 	else
 		log_info("LUN %s: %s", mj.lun, wb ? "back in write-back, destage stopped" : "all dirty data destaged");
-	atomic_store(&mj.running, false);
 	return NULL;
 }
 
@@ -223,13 +246,16 @@ static int set_mode(struct json_object *resp, const char *lun, enum cache_mode m
 		set++;
 	if (set == g_cfg->ncaches || !g_sets[set])
 		return control_error(resp, "LUN %s: cache set %s is not open", lun, g_cfg->luns[i].cache);
+	pthread_mutex_lock(&mj.lock);
 	bool busy = atomic_load(&mj.running);
-	if (busy && strcmp(mj.lun, lun))
+	if (busy && strcmp(mj.lun, lun) && mode != CACHE_WRITE_BACK && lun_in_write_back(g_sets[set], lun)) {
+		pthread_mutex_unlock(&mj.lock);
 		return control_error(resp, "LUN %s is still destaging after its mode change; wait for it "
-				     "(tierctl status shows its dirty_bytes) and try again", mj.lun);
+				     "(tierctl status shows its dirty_bytes), then take %s out of write-back", mj.lun, lun);
+	}
 	if (cache_vol_switch_mode(g_vols[i], mode) == 1 && !busy) {
 		if (mj.valid)
-			pthread_join(mj.thread, NULL);
+			pthread_join(mj.thread, NULL); /* it ended: running went false under the lock */
 		mj.cs = g_sets[set];
 		snprintf(mj.lun, sizeof(mj.lun), "%s", lun);
 		mj.start_dirty = lun_dirty(mj.cs, lun, NULL);
@@ -238,11 +264,13 @@ static int set_mode(struct json_object *resp, const char *lun, enum cache_mode m
 		if (pthread_create(&mj.thread, NULL, mode_flush_main, NULL)) {
 			atomic_store(&mj.running, false);
 			mj.valid = false;
+			pthread_mutex_unlock(&mj.lock);
 			return control_error(resp, "LUN %s runs %s but its dirty data could not be destaged now (no "
 					     "thread); tierctl flush destages it", lun, cache_mode_name(mode));
 		}
 		mj.valid = true;
 	}
+	pthread_mutex_unlock(&mj.lock);
 	log_info("LUN %s now runs %s (tierctl)", lun, cache_mode_name(mode));
 	json_object_object_add(resp, "lun", json_object_new_string(lun));
 	json_object_object_add(resp, "mode", json_object_new_string(cache_mode_name(mode)));

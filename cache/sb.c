@@ -23,6 +23,14 @@ int cache_leg_format(const char *path, uint32_t *version, char *err, size_t errl
 	if (fd < 0) {
 		if (errno == ENOENT)
 			return 0; /* a leg file not made yet: the start creates it */
+		if (errno == EACCES || errno == EPERM) {
+			/* a check by a user who may not read the devices: the
+			 * configuration is still checked; the start (root) checks
+			 * the format again when it opens the set */
+			fprintf(stderr, "%s: not readable here (%s): its on-disk format is not checked\n", path,
+				strerror(errno));
+			return 0;
+		}
 		snprintf(err, errlen, "leg %s cannot be read: %s", path, strerror(errno));
 		return -1;
 	}
@@ -34,15 +42,29 @@ int cache_leg_format(const char *path, uint32_t *version, char *err, size_t errl
 		snprintf(err, errlen, "leg %s cannot be read: %s", path, strerror(e));
 		return -1;
 	}
-	/* both superblock copies; a copy cut short by a crash is just older */
+	/*
+	 * Both superblock copies: the newest whole one says the format. A copy
+	 * this build can read must pass its checksum; one of a newer format
+	 * cannot be checked, and counts when its generation (at the same place
+	 * in every version so far) is the newest.
+	 */
+	uint64_t best_gen = 0;
+	bool any = false;
 	for (int i = 0; i < 2 && (i + 1) * (ssize_t)CACHE_PAGE <= n; i++) {
 		struct cache_sb_disk sb;
 		memcpy(&sb, page[i], sizeof(sb));
 		if (le64_get(sb.magic) != CACHE_MAGIC)
 			continue;
 		uint32_t v = le32_get(sb.version);
-		if (v > *version)
+		const char *why;
+		if (v <= CACHE_VERSION && meta_sb_check(&sb, &why) < 0)
+			continue; /* torn or corrupt: the other copy speaks */
+		uint64_t gen = le64_get(sb.gen);
+		if (!any || gen > best_gen) {
+			best_gen = gen;
 			*version = v;
+			any = true;
+		}
 	}
 	if (*version > CACHE_VERSION) {
 		snprintf(err, errlen, "leg %s holds a cache set of on-disk format version %u, newer than this "

@@ -48,6 +48,7 @@ struct slot {
 	uint32_t gen;           /* generation being written */
 	uint64_t t_submit;
 	uint64_t t_intended;    /* open loop: when the command was due */
+	uint64_t t_first;       /* open loop: its first send (t_submit: the last) */
 	bool is_read;
 	int ua_retries;
 };
@@ -554,12 +555,11 @@ static struct slot *free_pop(struct phase *ph)
 static void open_issue(struct tb_bench *b, uint64_t now)
 {
 	struct phase *ph = &b->ph;
+	/* the schedule ends at the deadline, whether or not its next arrival is due */
+	if ((ph->t_deadline && ph->next_arrival >= ph->t_deadline) ||
+	    (ph->count_limit && ph->issued >= ph->count_limit))
+		ph->arrivals_over = true;
 	while (!ph->arrivals_over && ph->free_n && ph->next_arrival <= now && !ph->stopping && !b->failed) {
-		if ((ph->t_deadline && ph->next_arrival >= ph->t_deadline) ||
-		    (ph->count_limit && ph->issued >= ph->count_limit)) {
-			ph->arrivals_over = true;
-			break;
-		}
 		struct slot *sl = free_pop(ph);
 		if (!next_io(b, sl)) {
 			free_push(ph, sl);
@@ -569,6 +569,10 @@ static void open_issue(struct tb_bench *b, uint64_t now)
 		sl->t_intended = ph->next_arrival;
 		ph->next_arrival += arrival_gap(ph);
 		submit(b, sl);
+		sl->t_first = sl->t_submit;
+		if ((ph->t_deadline && ph->next_arrival >= ph->t_deadline) ||
+		    (ph->count_limit && ph->issued >= ph->count_limit))
+			ph->arrivals_over = true;
 		uint64_t late = sl->t_submit > sl->t_intended ? sl->t_submit - sl->t_intended : 0;
 		if (late > ph->late_max)
 			ph->late_max = late;
@@ -622,7 +626,10 @@ static void io_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 	}
 	scsi_free_scsi_task(task);
 
-	uint64_t lat = now - (ph->open && !ph->job->from_issue ? sl->t_intended : sl->t_submit);
+	/* from the intended start (open loop) or the first send (a UNIT
+	 * ATTENTION resend is part of the command's time) */
+	uint64_t sent = ph->open ? sl->t_first : sl->t_submit;
+	uint64_t lat = now - (ph->open && !ph->job->from_issue ? sl->t_intended : sent);
 	uint32_t len = (uint32_t)sl->iov.iov_len;
 	if (b->verify) {
 		if (sl->is_read) {
@@ -647,7 +654,7 @@ static void io_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 		side->bytes += len;
 		tb_hist_add(&side->lat, lat);
 		if (ph->open)
-			tb_hist_add(&ph->res->service, now - sl->t_submit);
+			tb_hist_add(&ph->res->service, now - sent);
 		ph->t_last_done = now;
 		sl->s->phase_ios++;
 	}
@@ -773,7 +780,7 @@ static int run_phase(struct tb_bench *b, const struct tb_job *job, struct tb_res
 		if (ph->open) {
 			open_issue(b, now);
 			uint64_t wait = 250000000u;
-			if (!ph->arrivals_over && ph->free_n) {
+			if (!ph->arrivals_over && ph->free_n && !ph->stopping) {
 				/* wake a little early and poll without sleeping for the
 				 * rest: a timer wake-up can be tens of microseconds late,
 				 * and that lag would count as the target's */

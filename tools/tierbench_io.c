@@ -794,31 +794,22 @@ static int run_phase(struct tb_bench *b, const struct tb_job *job, struct tb_res
 				ph->t_stop = now;
 			}
 			pump_ns(b, wait);
-			now = now_ns();
-			open_issue(b, now);
-			if (now - last_tick >= 1000000000u) {
-				service_timers(b);
-				if (progress)
-					progress_line(b, what, now, last_tick);
-				last_tick = now;
+			open_issue(b, now_ns());
+		} else {
+			if (ph->t_deadline && !ph->stopping) {
+				if (now >= ph->t_deadline) {
+					ph->stopping = true;
+					ph->t_stop = ph->t_deadline;
+				} else if ((ph->t_deadline - now) / 1000000 < (uint64_t)timeout) {
+					timeout = (int)((ph->t_deadline - now) / 1000000) + 1;
+				}
 			}
-			if (b->failed)
-				break;
-			continue;
-		}
-		if (ph->t_deadline && !ph->stopping) {
-			if (now >= ph->t_deadline) {
+			if (tb_interrupted && !ph->stopping) {
 				ph->stopping = true;
-				ph->t_stop = ph->t_deadline;
-			} else if ((ph->t_deadline - now) / 1000000 < (uint64_t)timeout) {
-				timeout = (int)((ph->t_deadline - now) / 1000000) + 1;
+				ph->t_stop = now;
 			}
+			pump(b, timeout);
 		}
-		if (tb_interrupted && !ph->stopping) {
-			ph->stopping = true;
-			ph->t_stop = now;
-		}
-		pump(b, timeout);
 		now = now_ns();
 		if (now - last_tick >= 1000000000u) {
 			service_timers(b);

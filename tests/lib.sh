@@ -59,6 +59,12 @@ tc_check_sanitizers() {
 }
 
 _tc_cleanup() {
+	# helpers the test left running in the background (a scsi_probe session,
+	# a load): none outlives its test
+	local j
+	for j in $(jobs -p); do
+		[ "$j" = "$TC_PID" ] || kill "$j" 2>/dev/null
+	done
 	if [ -n "$TC_PID" ] && kill -0 "$TC_PID" 2>/dev/null; then
 		kill -KILL "$TC_PID" 2>/dev/null
 		wait "$TC_PID" 2>/dev/null

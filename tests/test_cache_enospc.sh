@@ -91,8 +91,9 @@ probe read 4096 128 77
 probe read 4224 128 5a
 [ "$reply" = good ] || fail "reading cached data next to it: $reply"
 pass "overwrites and reads of cached blocks work while the store is full"
+probe_pid=$PROBE_PID # bash unsets PROBE_PID once the coprocess is reaped
 exec {PROBE[1]}>&-
-wait "$PROBE_PID" 2>/dev/null
+wait "$probe_pid" 2>/dev/null
 
 # a flush says what it waits for
 "$CTL" -c "$T/t.conf" flush --wait 2>"$T/flush.err" >/dev/null &

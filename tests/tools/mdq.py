@@ -12,8 +12,9 @@ the run, when every command was due. With a fixed service time D:
                                 and the mean time in system of one FIFO server
                                 of service time D fed exactly those arrivals
                                 (Lindley's recursion), in seconds
-  pick RATE SECONDS D TOL       the first seed (1..200) whose path mean is
-                                within TOL (a fraction) of the M/D/1 answer
+  pick RATE SECONDS D TOL [AFTER]
+                                the first seed (AFTER+1..200) whose path mean
+                                is within TOL (a fraction) of the M/D/1 answer
 
 Over a 20 s window at rho = 0.8 one sample path's mean strays from the
 M/D/1 value (the mean over all paths) by up to about 8%; `pick` takes a
@@ -68,9 +69,10 @@ def main(argv):
         seed, rate, secs, d = int(argv[1]), float(argv[2]), float(argv[3]), float(argv[4])
         due = arrivals(seed, rate, secs)
         print(len(due), "%.9f" % lindley(due, d * 1e9))
-    elif len(argv) == 5 and argv[0] == "pick":
+    elif len(argv) in (5, 6) and argv[0] == "pick":
         rate, secs, d, tol = float(argv[1]), float(argv[2]), float(argv[3]), float(argv[4])
-        for seed in range(1, 201):
+        after = int(argv[5]) if len(argv) == 6 else 0
+        for seed in range(after + 1, 201):
             due = arrivals(seed, rate, secs)
             want = md1(len(due) / secs, d)
             if abs(lindley(due, d * 1e9) / want - 1) <= tol:

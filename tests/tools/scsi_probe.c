@@ -125,6 +125,10 @@ int main(int argc, char **argv)
 	}
 	iscsi_set_session_type(is, ISCSI_SESSION_NORMAL);
 	iscsi_set_header_digest(is, ISCSI_HEADER_DIGEST_NONE);
+	/* a target that went away (the test stopped it first) fails the
+	 * command: libiscsi would otherwise try to log in again for ever, at
+	 * 100% CPU, long after the test ended */
+	iscsi_set_noautoreconnect(is, 1);
 	if (iscsi_full_connect_sync(is, u->portal, u->lun) != 0) {
 		fprintf(stderr, "login to %s: %s\n", argv[1], iscsi_get_error(is));
 		return 1;

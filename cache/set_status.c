@@ -110,12 +110,6 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 		int k = st->nluns;
 		cache_vol_destage_state(v, &st->lun_destage_err[k], &st->lun_destage_failures[k],
 					&st->lun_destage_retry_ms[k]);
-		if (st->lun_destage_err[k])
-			for (uint32_t s = 0; s < cs->lay.nslots; s++) {
-				uint64_t key = atomic_load(&cs->slots[s].key);
-				if (key != CACHE_KEY_NONE && key_bid(key) == (uint32_t)i)
-					st->lun_dirty_waiting[k] += slot_dirty_blocks(cs, s) * CACHE_SECTOR;
-			}
 		st->nluns++;
 	}
 	/* dirty data per LUN: only slots marked dirty are looked at closer */
@@ -128,4 +122,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 			continue;
 		st->lun_dirty_bytes[lun_of_bid[key_bid(key)]] += slot_dirty_blocks(cs, s) * CACHE_SECTOR;
 	}
+	/* what waits for a LUN whose destage fails: its dirty data, from the same pass */
+	for (int k = 0; k < st->nluns; k++)
+		st->lun_dirty_waiting[k] = st->lun_destage_err[k] ? st->lun_dirty_bytes[k] : 0;
 }

@@ -292,14 +292,20 @@ static void load_name(const struct tb_job *j, char *buf, size_t len)
 		snprintf(buf, len, "%dT%dQ", j->sessions, j->qd);
 }
 
+/* All commands of a run, reads and writes together. */
+static void hist_all(const struct tb_result *r, struct tb_hist *all)
+{
+	tb_hist_reset(all);
+	tb_hist_merge(all, &r->rd.lat);
+	tb_hist_merge(all, &r->wr.lat);
+}
+
 static void print_result(const struct tb_result *r)
 {
 	char load[32];
 	load_name(&r->job, load, sizeof(load));
 	struct tb_hist all;
-	tb_hist_reset(&all);
-	tb_hist_merge(&all, &r->rd.lat);
-	tb_hist_merge(&all, &r->wr.lat);
+	hist_all(r, &all);
 	print_row(r->job.name, load, r->rd.ios + r->wr.ios, r->rd.bytes + r->wr.bytes, r->elapsed,
 		  &all, r->client_cpu);
 	if (r->rd.ios && r->wr.ios) {
@@ -380,9 +386,7 @@ static struct json_object *json_result(const struct tb_result *r, const char *la
 	json_object_object_add(o, "client_cpu_pct",
 			       jnum(r->elapsed > 0 ? 100.0 * r->client_cpu / r->elapsed : 0, 1));
 	struct tb_hist all;
-	tb_hist_reset(&all);
-	tb_hist_merge(&all, &r->rd.lat);
-	tb_hist_merge(&all, &r->wr.lat);
+	hist_all(r, &all);
 	uint64_t ios = r->rd.ios + r->wr.ios, bytes = r->rd.bytes + r->wr.bytes;
 	json_object_object_add(o, "ios", json_object_new_int64((int64_t)ios));
 	json_object_object_add(o, "iops", jnum(r->elapsed > 0 ? (double)ios / r->elapsed : 0, 1));
@@ -406,14 +410,6 @@ static struct json_object *json_result(const struct tb_result *r, const char *la
 	if (r->interrupted)
 		json_object_object_add(o, "interrupted", json_object_new_boolean(1));
 	return o;
-}
-
-/* All commands of a run, reads and writes together. */
-static void hist_all(const struct tb_result *r, struct tb_hist *all)
-{
-	tb_hist_reset(all);
-	tb_hist_merge(all, &r->rd.lat);
-	tb_hist_merge(all, &r->wr.lat);
 }
 
 static double ratio(double b, double a)

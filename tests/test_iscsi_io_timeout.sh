@@ -66,7 +66,17 @@ CONF
 	fi
 
 	if ! STUCK_PROBE_HELD=$T/ff/held "$T/stuck_probe" "$base/0" "$base/1" "$TC_FF_PID" 2 >"$T/probe-$io.out" 2>&1; then
+		# where the daemon's threads wait, taken before the thaw changes it
+		for t in /proc/"$TC_PID"/task/*; do
+			echo "thread $(cat "$t/comm" 2>/dev/null): $(cat "$t/wchan" 2>/dev/null)"
+		done >"$T/threads-$io.out"
 		tc_thaw
+		echo "--- stuck_probe ($io) ---" >&2
+		cat "$T/probe-$io.out" >&2
+		echo "--- the daemon's threads while the probe was stuck, by wait channel ---" >&2
+		sort -k3 "$T/threads-$io.out" | uniq -c -f2 >&2
+		echo "--- status ---" >&2
+		"$CTL" -c "$T/t.conf" --json status >&2 2>&1
 		fail "backing_io = $io: $(grep -av '^ok' "$T/probe-$io.out" | tr '\n' ' ')"
 	fi
 	pass "backing_io = $io: $(grep -ac '^ok' "$T/probe-$io.out") checks of stuck_probe passed; $(grep -a 'ABORT TASK over\|WARM\|queued behind A' "$T/probe-$io.out" | sed 's/^ok: //' | tr '\n' ';')"

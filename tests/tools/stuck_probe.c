@@ -46,6 +46,17 @@ static int lun_stuck, lun_other;
 static pid_t ff_pid;
 static double io_timeout_ms;
 static double other_max_ms; /* slowest READ of the other LUN while frozen */
+static const char *volatile step = "logging in"; /* what the probe waits for now */
+
+/* The last resort, alarm(): say what the probe was waiting for when it ran out. */
+static void on_alarm(int sig)
+{
+	(void)sig;
+	const char *a = "FAIL: stuck_probe ran out of time while ", *b = step;
+	if (write(1, a, strlen(a)) < 0 || write(1, b, strlen(b)) < 0 || write(1, "\n", 1) < 0)
+		_exit(3);
+	_exit(3);
+}
 
 struct op {
 	const char *name;
@@ -132,6 +143,34 @@ static double read_other(void)
 	if (ms > other_max_ms)
 		other_max_ms = ms;
 	return ms;
+}
+
+/*
+ * READ(10) of 4K at lba, answered within max_ms or NULL: a synchronous
+ * call that cannot hang the probe on a command the target never answers.
+ */
+static struct scsi_task *read_bounded(struct iscsi_context *c, int lun, uint32_t lba, double max_ms)
+{
+	struct op o = { .name = "read" };
+	o.task = iscsi_read10_task(c, lun, lba, 4096, BS, 0, 0, 0, 0, 0, op_cb, &o);
+	if (!o.task)
+		return NULL;
+	if (c == is) {
+		serve(max_ms, &o.done);
+	} else {
+		double end = now_ms() + max_ms;
+		while (!o.done && now_ms() < end) {
+			struct pollfd p = { .fd = iscsi_get_fd(c), .events = (short)iscsi_which_events(c) };
+			if (poll(&p, 1, 100) < 0 || iscsi_service(c, p.revents) < 0)
+				break;
+		}
+	}
+	if (!o.done) {
+		iscsi_scsi_cancel_task(c, o.task);
+		scsi_free_scsi_task(o.task);
+		return NULL;
+	}
+	return o.task;
 }
 
 /* Wait for every op in ops, reading the other LUN every half second. */
@@ -236,6 +275,7 @@ static void phase_commands(void)
 	g.t0 = now_ms();
 	g.task = iscsi_get_lba_status_task(is, lun_stuck, 0, 64, op_cb, &g);
 	struct op *ops[] = { &w, &r, &s, &u, &g };
+	step = "waiting for the five commands sent to the frozen store";
 	wait_ops(ops, 5, io_timeout_ms + 8000);
 	for (int i = 0; i < 5; i++) {
 		struct op *o = ops[i];
@@ -250,14 +290,17 @@ static void phase_commands(void)
 	      "in %.0f ms", other_max_ms);
 	int l2;
 	double t0 = now_ms();
+	step = "a second session logged in";
 	struct iscsi_context *c2 = login(getenv("STUCK_PROBE_LOGIN_URL"), "iqn.2026-12.test:stuck-second", &l2);
 	double ms = now_ms() - t0;
 	check(c2 != NULL && ms < 5000, "a new session logs in while the store is frozen (%.0f ms)", ms);
 	if (c2) {
 		clear_ua(c2, l2);
-		struct scsi_task *t = iscsi_read10_sync(c2, l2, 0, 4096, BS, 0, 0, 0, 0, 0);
-		check(t && t->status == SCSI_STATUS_GOOD, "and reads the other LUN");
+		step = "the second session read the other LUN";
+		struct scsi_task *t = read_bounded(c2, l2, 0, 10000);
+		check(t && t->status == SCSI_STATUS_GOOD, "and reads the other LUN (%s)", t ? "answered" : "no answer in 10 s");
 		scsi_free_scsi_task(t);
+		step = "the second session logged out";
 		iscsi_logout_sync(c2);
 		iscsi_destroy_context(c2);
 	}
@@ -268,6 +311,7 @@ static void phase_tmfs(void)
 	static const char *names[] = { "ABORT TASK", "ABORT TASK SET", "LOGICAL UNIT RESET", "TARGET WARM RESET" };
 	for (int k = 0; k < 4; k++) {
 		struct op w = { .name = "write" }, t = { .name = names[k] };
+		step = names[k];
 		write_stuck(4096 + 64 * (uint32_t)k, pat_a, &w);
 		serve(500, &w.done);
 		t.t0 = now_ms();
@@ -285,6 +329,7 @@ static void phase_tmfs(void)
 		if (!w.done)
 			iscsi_scsi_cancel_task(is, w.task);
 		scsi_free_scsi_task(w.task);
+		step = "TEST UNIT READY after a task management function";
 		clear_ua(is, lun_stuck);
 		clear_ua(is, lun_other);
 	}
@@ -293,6 +338,7 @@ static void phase_tmfs(void)
 static void phase_fence(void)
 {
 	struct op a = { .name = "A" }, b = { .name = "B" };
+	step = "write A, B and C of LBA 8";
 	write_stuck(8, pat_a, &a);
 	serve(io_timeout_ms + 8000, &a.done);
 	check(sense_is_timeout(&a), "write A of LBA 8 is answered as failed (status 0x%02x sense %x/%04x)", a.status,
@@ -317,14 +363,16 @@ static void phase_fence(void)
 	scsi_free_scsi_task(c.task);
 	check(!b.done, "write B still waits behind A");
 	kill(ff_pid, SIGUSR2);
+	step = "write B after the thaw";
 	serve(io_timeout_ms + 8000, &b.done);
 	check(b.done && b.status == SCSI_STATUS_GOOD, "after the thaw B completes GOOD (status 0x%02x, %.0f ms)",
 	      b.status, b.done ? b.t1 - b.t0 : -1.0);
-	struct scsi_task *t = iscsi_read10_sync(is, lun_stuck, 8, 4096, BS, 0, 0, 0, 0, 0);
+	step = "reading LBA 8 back after the thaw";
+	struct scsi_task *t = read_bounded(is, lun_stuck, 8, io_timeout_ms + 8000);
 	bool same = t && t->status == SCSI_STATUS_GOOD && t->datain.size == 4096 &&
 		    !memcmp(t->datain.data, pat_b, 4096);
-	check(same, "LBA 8 reads back as B, the newer write, not the aborted C (first byte '%c')",
-	      t && t->datain.size > 0 ? t->datain.data[0] : '?');
+	check(same, "LBA 8 reads back as B, the newer write, not the aborted C (%s, first byte '%c')",
+	      t ? "answered" : "no answer", t && t->datain.size > 0 ? t->datain.data[0] : '?');
 	scsi_free_scsi_task(t);
 	scsi_free_scsi_task(a.task);
 	scsi_free_scsi_task(b.task);
@@ -342,7 +390,8 @@ int main(int argc, char **argv)
 	memset(pat_a, 'A', sizeof(pat_a));
 	memset(pat_b, 'B', sizeof(pat_b));
 	memset(pat_c, 'C', sizeof(pat_c));
-	alarm(300); /* whatever happens, end */
+	signal(SIGALRM, on_alarm);
+	alarm(300); /* whatever happens, end, and say where */
 	is = login(argv[1], "iqn.2026-12.test:stuck-probe", &lun_stuck);
 	struct iscsi_url *u = is ? iscsi_parse_full_url(is, argv[2]) : NULL;
 	if (!u)
@@ -352,11 +401,13 @@ int main(int argc, char **argv)
 	clear_ua(is, lun_stuck);
 	clear_ua(is, lun_other);
 
+	step = "freezing the store";
 	freeze();
 	phase_commands();
 	phase_tmfs();
 	phase_fence();
 	kill(ff_pid, SIGUSR2);
+	step = "logging out";
 	iscsi_logout_sync(is);
 	iscsi_destroy_context(is);
 	printf("%d failed\n", failures);

@@ -20,6 +20,7 @@ struct evict_batch {
 	struct cache_set *cs;
 	_Atomic int refs;       /* FREE records outstanding + 1 for the grace period */
 	uint32_t n;
+	bool reclaimed;         /* cache_reclaim's: its slots are counted in alloc.nfreeing */
 	uint32_t *slots;
 	struct jwait *jw;
 };
@@ -36,6 +37,8 @@ static void batch_release(struct evict_batch *b)
 		atomic_store(&sl->bits, SB_FREE);
 		free_push(cs, b->slots[i]);
 	}
+	if (b->reclaimed)
+		atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) - b->n);
 	pthread_mutex_unlock(&cs->alloc.lock);
 	free(b);
 	atomic_fetch_sub(&cs->bg_inflight, 1);
@@ -89,7 +92,9 @@ static bool evictable(uint32_t s, void *arg)
 /*
  * Worker thread. Keeps about 1/64 of the slots free: evicts clean cold
  * slots (policy_victim), journals their FREE records and frees them after
- * both the records are durable and a grace period passed.
+ * both the records are durable and a grace period passed. Slots already
+ * on that way count as free: evicting more for them would only empty the
+ * cache (a miss that finds no free slot meanwhile is not admitted).
  */
 void cache_reclaim(struct cache_set *cs)
 {
@@ -98,7 +103,8 @@ void cache_reclaim(struct cache_set *cs)
 	struct evict_batch *b = NULL;
 
 	pthread_mutex_lock(&cs->alloc.lock);
-	if (cs->alloc.nfree >= want) {
+	uint32_t have = cs->alloc.nfree + atomic_load(&cs->alloc.nfreeing);
+	if (have >= want) {
 		pthread_mutex_unlock(&cs->alloc.lock);
 		atomic_store(&cs->alloc.reclaim_pending, false);
 		return;
@@ -109,7 +115,7 @@ void cache_reclaim(struct cache_set *cs)
 		return;
 	}
 	uint64_t keys[64];
-	while (b->n < cap && cs->alloc.nfree + b->n < want) {
+	while (b->n < cap && have + b->n < want) {
 		uint32_t s = policy_victim(cs->policy, evictable, cs);
 		if (s == POLICY_NO_SLOT)
 			break;
@@ -137,6 +143,8 @@ void cache_reclaim(struct cache_set *cs)
 		keys[b->n] = key;
 		b->slots[b->n++] = s;
 	}
+	b->reclaimed = true;
+	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) + b->n);
 	pthread_mutex_unlock(&cs->alloc.lock);
 	atomic_store(&cs->alloc.reclaim_pending, false);
 	if (!b->n) {
@@ -160,7 +168,8 @@ void cache_reclaim(struct cache_set *cs)
 
 static void maybe_reclaim(struct cache_set *cs)
 {
-	if (cs->alloc.nfree < cs->lay.nslots / 128 + 2 && !atomic_exchange(&cs->alloc.reclaim_pending, true))
+	if (cs->alloc.nfree + atomic_load(&cs->alloc.nfreeing) < cs->lay.nslots / 128 + 2 &&
+	    !atomic_exchange(&cs->alloc.reclaim_pending, true))
 		cache_reclaim(cs);
 }
 

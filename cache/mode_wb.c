@@ -52,7 +52,7 @@ static void wb_write(struct piece *p, uint32_t st)
 		return;
 	}
 	atomic_fetch_add(&cs->st.write_misses, 1);
-	if (policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, true)) {
+	if (policy_admit_run(cs->policy, p->key, p->off, &p->run, true)) {
 		uint32_t existing = POLICY_NO_SLOT;
 		uint32_t s = cache_alloc_slot(cs, p->key, SB_READY, &existing);
 		if (s == POLICY_NO_SLOT && existing != POLICY_NO_SLOT) {

@@ -548,8 +548,20 @@ void policy_free(struct policy *p)
 bool policy_admit(struct policy *p, uint64_t key, uint32_t bid, uint64_t offset, uint32_t len,
 		  bool is_write)
 {
-	uint32_t prev_run;
-	uint32_t run = stream_update(p, bid, offset, len, &prev_run);
+	struct policy_run r;
+	policy_stream(p, bid, offset, len, &r);
+	return policy_admit_run(p, key, offset, &r, is_write);
+}
+
+void policy_stream(struct policy *p, uint32_t bid, uint64_t offset, uint32_t len, struct policy_run *r)
+{
+	r->run = stream_update(p, bid, offset, len, &r->prev_run);
+}
+
+bool policy_admit_run(struct policy *p, uint64_t key, uint64_t offset, const struct policy_run *r,
+		      bool is_write)
+{
+	uint32_t run = r->run, prev_run = r->prev_run;
 
 	if (p->seq_cutoff && ((uint64_t)run << SECTOR_SHIFT) > p->seq_cutoff) {
 		atomic_fetch_add_explicit(&p->n_seq_bypassed, 1, memory_order_relaxed);

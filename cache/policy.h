@@ -54,6 +54,24 @@ void policy_free(struct policy *p);
 bool policy_admit(struct policy *p, uint64_t key, uint32_t bid, uint64_t offset, uint32_t len,
 		  bool is_write);
 
+/*
+ * policy_admit in two halves, for a caller that sees the stream in one
+ * place and decides admission in another (cache/advisor.c: the stream of
+ * every request, admission in sampled miniature caches). policy_stream
+ * records [offset, offset+len) of bid in p's stream table, as policy_admit
+ * does, and says where the request stands in its stream; policy_admit_run
+ * is the rest of policy_admit for that answer (p's sketch, threshold and
+ * seq_cutoff). policy_admit(p, ...) is policy_stream(p, ...) then
+ * policy_admit_run(p, ...). Same threading as policy_admit.
+ */
+struct policy_run {
+	uint32_t run;       /* sectors in the stream, this request included */
+	uint32_t prev_run;  /* sectors before it (0: it starts a stream) */
+};
+void policy_stream(struct policy *p, uint32_t bid, uint64_t offset, uint32_t len, struct policy_run *r);
+bool policy_admit_run(struct policy *p, uint64_t key, uint64_t offset, const struct policy_run *r,
+		      bool is_write);
+
 /* A request hit resident slot. */
 void policy_touch(struct policy *p, uint32_t slot);
 

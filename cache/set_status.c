@@ -69,6 +69,13 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	uint64_t reads = st->read_hits + st->read_misses + st->read_partial;
 	st->hit_ratio = reads ? (double)st->read_hits / (double)reads : 0.0;
 	st->promotions = atomic_load(&cs->st.promotions);
+	struct policy_stats ps;
+	pthread_mutex_lock(&cs->alloc.lock);
+	policy_get_stats(cs->policy, &ps);
+	pthread_mutex_unlock(&cs->alloc.lock);
+	st->admitted = ps.admitted;
+	st->below_threshold = ps.below_threshold;
+	st->seq_bypassed = ps.seq_bypassed;
 	st->topups = atomic_load(&cs->st.topups);
 	st->evictions = atomic_load(&cs->st.evictions);
 	st->destaged_bytes = atomic_load(&cs->st.destaged_bytes);

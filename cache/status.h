@@ -45,6 +45,9 @@ struct cache_set_status {
 	uint64_t write_no_record;     /* of which overwrote dirty blocks: no record needed */
 	double hit_ratio;            /* read hits / reads */
 	uint64_t promotions, evictions, destaged_bytes;
+	/* the admission policy's answers to misses: promote, not yet (too
+	 * few misses), or bypass (part of a stream longer than seq_cutoff) */
+	uint64_t admitted, below_threshold, seq_bypassed;
 	uint64_t topups;             /* fills of the invalid blocks of resident extents */
 	uint64_t cleaner_rate_bps;   /* current destage rate target */
 	uint64_t destage_max_bps;    /* the admin's caps (0 = none) */

@@ -61,6 +61,7 @@ struct piece {
 	struct piece *next_free;
 	struct vreq *parent;
 	uint64_t key;
+	struct policy_run run;  /* its place in its stream (policy_stream), read or write */
 	uint64_t off;           /* volume byte offset */
 	uint64_t len;
 	uint64_t data_off;      /* offset into the parent's iov */

@@ -116,7 +116,7 @@ void piece_read(struct piece *p)
 		if (add_read_sub(p, false, p->first, p->count) < 0)
 			p->err = -ENOMEM;
 		if (vol_mode(mode)->fills && !mirror_all_failed(&cs->mirror) &&
-		    policy_admit(cs->policy, p->key, v->bid, p->off, (uint32_t)p->len, false))
+		    policy_admit_run(cs->policy, p->key, p->off, &p->run, false))
 			vol_fill_start(v, p->key);
 	}
 	piece_sub_done(p, 0);

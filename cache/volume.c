@@ -320,6 +320,13 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 			p->pending = 0;
 			p->iov = NULL;
 			r->pending++;
+			/* Every read and write piece, hit or miss, is a step of
+			 * its stream: a backup that reads through cached extents
+			 * stays one stream past seq_cutoff and bypasses, rather
+			 * than starting over at each hit and being admitted. */
+			if (req->op == BDEV_READ || req->op == BDEV_WRITE) {
+				policy_stream(cs->policy, v->bid, p->off, (uint32_t)p->len, &p->run);
+			}
 			if (req->op == BDEV_READ)
 				piece_read(p);
 			else

@@ -341,6 +341,12 @@ static void cache_metrics(struct out *o, const struct config *cfg)
 	EACH_SET gauge(o, "tiercache_cache_destage_max_writes_per_second", lab, st[i].destage_max_iops);
 	family(o, "tiercache_cache_fills", "counter", "Extents brought into the cache (promotions).");
 	EACH_SET counter(o, "tiercache_cache_fills", lab, st[i].promotions);
+	family(o, "tiercache_cache_seq_bypassed", "counter",
+	       "Misses not promoted: part of a sequential stream longer than seq_cutoff.");
+	EACH_SET counter(o, "tiercache_cache_seq_bypassed", lab, st[i].seq_bypassed);
+	family(o, "tiercache_cache_below_threshold", "counter",
+	       "Misses not promoted yet: fewer misses on the extent than admit_hits.");
+	EACH_SET counter(o, "tiercache_cache_below_threshold", lab, st[i].below_threshold);
 	family(o, "tiercache_cache_topups", "counter", "Fills of the missing blocks of cached extents.");
 	EACH_SET counter(o, "tiercache_cache_topups", lab, st[i].topups);
 	family(o, "tiercache_cache_evictions", "counter", "Extents dropped to make room.");

@@ -10,6 +10,10 @@
 # slots on their way to the free list. Checked through the daemon: the
 # set's read hit ratio (status) is at least 15%, and the cache holds at
 # least 3/4 of its slots at the end.
+#
+# Then a sequential scan through that cache: hits are steps of the stream
+# too, so past seq_cutoff its misses bypass (status seq_bypassed) instead of
+# being admitted after every hit, which cut the stream.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 TB=$TC_ROOT/build/tierbench
@@ -53,4 +57,17 @@ echo "$slots slots, $used in use; $hits of $reads reads hit ($pct%); $evictions 
 [ "$pct" -ge 15 ] || fail "uniform reads over 4x the cache hit $pct% (want about 25%, at least 15%)"
 [ $((4 * used)) -ge $((3 * slots)) ] || fail "the cache holds $used of $slots slots after the churn"
 pass "uniform reads over 4x the cache: $pct% hit, $used of $slots slots in use, $evictions evictions"
+
+# A backup reading through the cached extents is one stream: past
+# seq_cutoff (4M) its misses bypass, instead of a new stream starting
+# after each hit (a quarter of the extents are cached: a stream cut at
+# every hit would almost never grow past 4M). 32 MiB is 512 extents,
+# about 380 of them misses.
+bypassed() { "$CTL" -c "$T/t.conf" --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["caches"][0]["seq_bypassed"])'; }
+s0=$(bypassed)
+"$TB" --seq -r 100 -b 128k -t 1 -q 1 --size 32M -n 256 --no-progress "$base/0" >"$T/scan.out" 2>&1 ||
+	fail "tierbench scan: $(tail -3 "$T/scan.out")"
+s1=$(bypassed)
+[ $((s1 - s0)) -ge 250 ] || fail "a 32 MiB scan through cached extents: only $((s1 - s0)) misses bypassed as sequential"
+pass "a 32 MiB scan through cached extents stays one stream: $((s1 - s0)) misses bypassed as sequential"
 exit 0

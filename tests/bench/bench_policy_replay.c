@@ -1,6 +1,8 @@
 /*
  * bench_policy_replay.c - hit ratio of the real admission/eviction code
  * (cache/policy.c) on synthetic traces, beside plain LRU and Belady's OPT.
+ * (The sizing advisor's check against this replay, at six sizes, is
+ * tests/unit/test_advisor.c.)
  *
  * Each trace is a seeded, deterministic list of requests (backing extent,
  * offset inside it, length). The tiercache column drives policy_admit,
@@ -224,13 +226,17 @@ static struct run run_policy(const struct trace *t, uint32_t nslots, uint32_t ad
 		slot_of[e] = -1;
 	for (size_t i = 0; i < t->n; i++) {
 		const struct req *r = &t->r[i];
+		struct policy_run run;
+		uint64_t off = (uint64_t)r->ext * EXTENT + r->off;
+		/* every request is a step of its stream, hit or miss (as
+		 * cache/volume.c records each piece) */
+		policy_stream(p, BID, off, r->len, &run);
 		if (slot_of[r->ext] >= 0) {
 			res.hits++;
 			policy_touch(p, (uint32_t)slot_of[r->ext]);
 			continue;
 		}
-		if (!policy_admit(p, key_of(r->ext), BID, (uint64_t)r->ext * EXTENT + r->off, r->len,
-				  false))
+		if (!policy_admit_run(p, key_of(r->ext), off, &run, false))
 			continue;
 		uint32_t slot;
 		if (used < nslots) {

@@ -38,7 +38,7 @@ BASE_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter \
 TC_CFLAGS = $(BASE_CFLAGS) $(CFLAGS)
 # libtcmu2 ships only libtcmu.so.2 (no -dev symlink, no header): link it by
 # name, and GLib (its dependency) for the main loop its D-Bus registration needs.
-LDLIBS += $(PKG_LIBS) -l:libtcmu.so.2 -l:libglib-2.0.so.0 -lpthread
+LDLIBS += $(PKG_LIBS) -l:libtcmu.so.2 -l:libglib-2.0.so.0 -lpthread -lm
 # librbd / librados (the RBD capacity tier, bdev/rbd*.c): Debian's
 # librbd-dev ships no .pc file, so fall back to the plain library names.
 RBD_LIBS := $(shell pkg-config --libs librbd librados 2>/dev/null || echo -lrbd -lrados)

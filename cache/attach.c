@@ -90,6 +90,8 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 		cache_errf(err, errlen, "out of memory");
 		return NULL;
 	}
+	if (cs->advisor && advisor_add(cs->advisor, (uint32_t)bid) < 0)
+		log_warn("cache %s: no memory for lun %s's own curve in the sizing advisor", cs->name, lun);
 	atomic_store(&cs->vols[bid], v);
 	log_info("cache %s: lun %s attached (%s)", cs->name, lun, cache_mode_name(mode));
 	return (struct bdev *)v;

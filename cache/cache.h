@@ -58,6 +58,17 @@ struct cache_set_cfg {
 };
 
 struct cache_set;
+struct advisor_report;
+
+/*
+ * The sizing advisor's answer (cache/advisor.h): the set's and each
+ * attached LUN's read hit ratio at 1/4 .. 8 times today's size; names[bid]
+ * is the LUN with that backing id ("" when none); *extent_size its unit.
+ * With reset, every count is forgotten afterwards (a fresh curve from now).
+ * -ENOMEM when the set has no advisor. Any thread but a worker.
+ */
+int cache_set_advice(struct cache_set *cs, struct advisor_report *r, char (*names)[65], uint32_t *extent_size,
+		     bool reset);
 
 /* The destage caps (cache_set_cfg's destage_max, destage_max_iops), changed
  * while running (tierctl set, a reload): from the cleaner's next second.

@@ -23,6 +23,7 @@
 #include "bdev/file.h"
 #include "cache/cache.h"
 #include "cache/meta.h"
+#include "cache/advisor.h"
 #include "cache/policy.h"
 #include "cache/status.h"
 
@@ -550,6 +551,7 @@ struct cache_set {
 	struct cache_map map;
 	struct cache_bitmaps bm;
 	struct policy *policy;
+	struct advisor *advisor;      /* the sizing advisor's copies (NULL: out of memory at open) */
 	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id: cache_vol_of */
 	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
 	struct set_alloc alloc;

@@ -89,6 +89,11 @@ static int alloc_memory(struct cache_set *cs)
 	cs->policy = policy_new(&pc);
 	if (!cs->policy)
 		return -ENOMEM;
+	/* the advisor is a convenience: without it the cache still runs */
+	struct advisor_cfg ac = { .nslots = n, .policy = pc };
+	cs->advisor = advisor_new(&ac);
+	if (!cs->advisor)
+		log_warn("cache %s: no memory for the sizing advisor; tierctl advise will have no answer", cs->name);
 	struct ckpt *ck = cs->ck.run;
 	ck->cs = cs;
 	ck->rpp = CACHE_PAGE / cs->lay.rec_size;
@@ -750,6 +755,7 @@ void cache_set_close(struct cache_set *cs)
 		bdev_close(cs->old_legs[i]);
 	if (cs->policy)
 		policy_free(cs->policy);
+	advisor_free(cs->advisor);
 	if (atomic_load(&cs->map.t))
 		map_destroy(&cs->map);
 	if (cs->bm.group)

@@ -6,6 +6,7 @@
 #include "cache/cache_int.h"
 #include "cache/status.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,6 +18,25 @@ uint64_t cache_set_mem_bytes(const struct cache_set *cs)
 	uint64_t per_slot = 3 * ((uint64_t)(cs->lay.nslots + 63) / 64 * 8) + (cs->lay.nslots + 7) / 8;
 	return map_mem_bytes(&cs->map) + atomic_load(&cs->bm.allocated_bytes) + per_slot +
 	       (cs->policy ? policy_mem_bytes(cs->policy) : 0);
+}
+
+int cache_set_advice(struct cache_set *cs, struct advisor_report *r, char (*names)[65], uint32_t *extent_size,
+		     bool reset)
+{
+	if (!cs->advisor)
+		return -ENOMEM;
+	advisor_get(cs->advisor, r);
+	if (reset)
+		advisor_reset(cs->advisor);
+	*extent_size = cs->lay.extent_size;
+	for (int i = 0; i < ADVISOR_MAX_LUNS; i++) {
+		/* read as cache_set_status reads them */
+		struct cache_vol *v = i < CACHE_SET_MAX_VOLS ? cache_vol_of(cs, (uint32_t)i) : NULL;
+		snprintf(names[i], 65, "%s", v ? cache_vol_name(v) : "");
+		if (!v)
+			r->lun[i].on = false;
+	}
+	return 0;
 }
 
 void cache_set_destage_max(struct cache_set *cs, uint64_t bps, uint32_t iops)

@@ -326,6 +326,8 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 			 * than starting over at each hit and being admitted. */
 			if (req->op == BDEV_READ || req->op == BDEV_WRITE) {
 				policy_stream(cs->policy, v->bid, p->off, (uint32_t)p->len, &p->run);
+				if (cs->advisor)
+					advisor_note(cs->advisor, p->key, p->off, &p->run, req->op == BDEV_WRITE);
 			}
 			if (req->op == BDEV_READ)
 				piece_read(p);
@@ -358,6 +360,8 @@ static void vol_close(struct bdev *dev)
 	struct cache_set *cs = v->cs;
 	atomic_store(&cs->vols[v->bid], NULL);
 	synchronize_rcu();
+	if (cs->advisor)
+		advisor_drop(cs->advisor, v->bid);
 	while (atomic_load(&v->bg_users))
 		usleep(1000);
 	bdev_close(v->backing); /* stops the owner callbacks before v goes */

@@ -12,6 +12,7 @@
  */
 #include "daemon/ctl_cache.h"
 
+#include "cache/advisor.h"
 #include "cache/cache.h"
 #include "cache/status.h"
 #include "bdev/fault.h"
@@ -577,6 +578,95 @@ static int ctl_stats(struct json_object *req, struct json_object *resp, void *ar
 	return 0;
 }
 
+static struct json_object *advice_curve(const struct advisor_curve *c, const char *name, double target,
+					 uint64_t size_bytes)
+{
+	struct json_object *o = json_object_new_object(), *a = json_object_new_array();
+	if (name)
+		json_object_object_add(o, "name", json_object_new_string(name));
+	json_object_object_add(o, "reads_sampled", json_object_new_int64((int64_t)c->reads));
+	for (int i = 0; i < ADVISOR_SIZES; i++)
+		json_object_array_add(a, json_object_new_double(c->ratio[i]));
+	json_object_object_add(o, "hit_ratio", a);
+	if (target > 0) {
+		double m = advisor_size_for(c, target);
+		/* null: not reached even at 8 times today's size */
+		json_object_object_add(o, "size_for_target",
+				       m > 0 ? json_object_new_int64((int64_t)(m * (double)size_bytes)) : NULL);
+	}
+	return o;
+}
+
+/*
+ * tierctl advise [SET] [--target PCT] [--reset]: each set's and LUN's read
+ * hit ratio at 1/4 .. 8 times today's size (cache/advisor.h).
+ */
+static int ctl_advise(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set");
+	struct json_object *t, *rs;
+	double target = json_object_object_get_ex(req, "target", &t) ? json_object_get_double(t) : 0;
+	bool reset = json_object_object_get_ex(req, "reset", &rs) && json_object_get_boolean(rs);
+	if (target < 0 || target > 1)
+		return control_error(resp, "advise: the target hit ratio is a fraction from 0 to 1, not %g", target);
+	struct advisor_report *r = malloc(sizeof(*r));
+	char (*names)[65] = malloc(ADVISOR_MAX_LUNS * sizeof(*names));
+	if (!r || !names) {
+		free(r);
+		free(names);
+		return control_error(resp, "out of memory");
+	}
+	struct json_object *sets = json_object_new_array();
+	bool found = false;
+	for (int i = 0; i < g_cfg->ncaches; i++) {
+		if (!g_sets[i] || (set && strcmp(g_cfg->caches[i].name, set)))
+			continue;
+		found = true;
+		uint32_t ext;
+		struct json_object *o = json_object_new_object();
+		json_object_object_add(o, "name", json_object_new_string(g_cfg->caches[i].name));
+		if (cache_set_advice(g_sets[i], r, names, &ext, reset) < 0) {
+			json_object_object_add(o, "error", json_object_new_string("no sizing advisor: it had no memory "
+										  "when the set opened"));
+			json_object_array_add(sets, o);
+			continue;
+		}
+		uint64_t size = (uint64_t)r->nslots * ext;
+		json_object_object_add(o, "size_bytes", json_object_new_int64((int64_t)size));
+		json_object_object_add(o, "extent_size", json_object_new_int64(ext));
+		json_object_object_add(o, "sampling_rate", json_object_new_double(r->rate));
+		json_object_object_add(o, "sampled_accesses", json_object_new_int64((int64_t)r->sampled));
+		json_object_object_add(o, "dropped_samples", json_object_new_int64((int64_t)r->dropped));
+		json_object_object_add(o, "memory_bytes", json_object_new_int64((int64_t)r->mem_bytes));
+		struct json_object *sizes = json_object_new_array();
+		for (int k = 0; k < ADVISOR_SIZES; k++) {
+			struct json_object *s = json_object_new_object();
+			json_object_object_add(s, "scale", json_object_new_double(advisor_scale[k]));
+			json_object_object_add(s, "bytes", json_object_new_int64((int64_t)(advisor_scale[k] * (double)size)));
+			json_object_array_add(sizes, s);
+		}
+		json_object_object_add(o, "sizes", sizes);
+		json_object_object_add(o, "set", advice_curve(&r->set, NULL, target, size));
+		struct json_object *luns = json_object_new_array();
+		for (int b = 0; b < ADVISOR_MAX_LUNS; b++)
+			if (r->lun[b].on && names[b][0])
+				json_object_array_add(luns, advice_curve(&r->lun[b], names[b], target, size));
+		json_object_object_add(o, "luns", luns);
+		json_object_array_add(sets, o);
+	}
+	free(r);
+	free(names);
+	if (set && !found) {
+		json_object_put(sets);
+		return control_error(resp, "advise: no cache set named %s", set);
+	}
+	if (target > 0)
+		json_object_object_add(resp, "target", json_object_new_double(target));
+	json_object_object_add(resp, "advice", sets);
+	return 0;
+}
+
 void ctl_cache_update(const struct config *cfg, struct bdev **vols)
 {
 	g_cfg = cfg;
@@ -589,6 +679,7 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 	g_sets = sets;
 	g_vols = vols;
 	control_register("stats", ctl_stats, NULL);
+	control_register("advise", ctl_advise, NULL);
 	control_register("flush", ctl_flush, NULL);
 	control_register("flush-progress", ctl_flush_progress, NULL);
 	control_register("mode", ctl_mode, NULL);

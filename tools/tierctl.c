@@ -40,6 +40,10 @@ static void usage(FILE *f)
 		"                             per LUN IOPS, MB/s, latency percentiles, hit ratio;\n"
 		"                             per set dirty data, destage rate, legs (every S s)\n"
 		"  flush [--wait]             destage all dirty data (and wait for it)\n"
+		"  advise [SET] [--target PCT] [--reset]\n"
+		"                             the read hit ratio each set and LUN would have at 1/4 to 8\n"
+		"                             times today's cache size (--target: the size that reaches\n"
+		"                             PCT; --reset: then start a fresh curve)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 run the LUN uncached from now on, and destage its dirty\n"
 		"                             data (bytes left, rate and ETA until done)\n"
@@ -149,6 +153,7 @@ static void print_value(struct json_object *v, int indent)
 }
 
 static int show(struct json_object *resp, bool json);
+static void show_advice(struct json_object *resp);
 
 /*
  * Follow a job (flush, a LUN's destage after detach or mode, a leg's
@@ -238,10 +243,89 @@ static int show(struct json_object *resp, bool json)
 		printf("%s\n", json_object_to_json_string_ext(resp, JSON_C_TO_STRING_PRETTY));
 	} else if (!good && json_object_object_get_ex(resp, "error", &err)) {
 		fprintf(stderr, "tierctl: %s\n", json_object_get_string(err));
+	} else if (json_object_object_get_ex(resp, "advice", NULL)) {
+		show_advice(resp);
 	} else {
 		print_object(resp, 0);
 	}
 	return good ? 0 : 1;
+}
+
+/* 1.5G, 256M: a size in the units admins give sizes in */
+static const char *size_str(char *buf, size_t n, double bytes)
+{
+	static const char units[] = "KMGTP";
+	double v = bytes / 1024;
+	int u = 0;
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, n, v >= 10 || v == (int)v ? "%.0f%c" : "%.1f%c", v, units[u]);
+	return buf;
+}
+
+/* tierctl advise: a row of hit ratios per set and LUN under the sizes. */
+static void show_advice(struct json_object *resp)
+{
+	static const char *const scale_names[] = { "1/4", "1/2", "1x", "2x", "4x", "8x" };
+	struct json_object *caches, *t;
+	double target = json_object_object_get_ex(resp, "target", &t) ? json_object_get_double(t) : 0;
+	if (!json_object_object_get_ex(resp, "advice", &caches))
+		return;
+	for (size_t i = 0; i < json_object_array_length(caches); i++) {
+		struct json_object *c = json_object_array_get_idx(caches, i), *v, *sizes, *set, *luns;
+		char b1[32], b2[32];
+		json_object_object_get_ex(c, "name", &v);
+		const char *name = json_object_get_string(v);
+		if (json_object_object_get_ex(c, "error", &v)) {
+			printf("cache %s: %s\n", name, json_object_get_string(v));
+			continue;
+		}
+		double size = json_object_object_get_ex(c, "size_bytes", &v) ? (double)json_object_get_int64(v) : 0;
+		double rate = json_object_object_get_ex(c, "sampling_rate", &v) ? json_object_get_double(v) : 0;
+		double mem = json_object_object_get_ex(c, "memory_bytes", &v) ? (double)json_object_get_int64(v) : 0;
+		printf("cache %s: today %s; %s, advisor memory %s\n", name, size_str(b1, sizeof(b1), size),
+		       rate >= 1 ? "every extent simulated" : "sampled extents", size_str(b2, sizeof(b2), mem));
+		if (rate < 1)
+			printf("  (one extent in %.0f)\n", 1 / rate);
+		printf("  %-24s", "read hit ratio at");
+		json_object_object_get_ex(c, "sizes", &sizes);
+		for (size_t k = 0; k < json_object_array_length(sizes) && k < 6; k++) {
+			struct json_object *s = json_object_array_get_idx(sizes, k), *bytes;
+			json_object_object_get_ex(s, "bytes", &bytes);
+			char col[48];
+			snprintf(col, sizeof(col), "%s %s", scale_names[k],
+				 size_str(b1, sizeof(b1), (double)json_object_get_int64(bytes)));
+			printf(" %11s", col);
+		}
+		printf("\n");
+		json_object_object_get_ex(c, "set", &set);
+		json_object_object_get_ex(c, "luns", &luns);
+		for (size_t l = 0; l <= json_object_array_length(luns); l++) {
+			struct json_object *row = l == 0 ? set : json_object_array_get_idx(luns, l - 1), *ratios, *n;
+			char label[96];
+			if (l == 0) {
+				snprintf(label, sizeof(label), "set %s (all LUNs)", name);
+			} else {
+				json_object_object_get_ex(row, "name", &n);
+				snprintf(label, sizeof(label), "lun %s alone", json_object_get_string(n));
+			}
+			printf("  %-24s", label);
+			json_object_object_get_ex(row, "hit_ratio", &ratios);
+			for (size_t k = 0; k < json_object_array_length(ratios); k++)
+				printf(" %10.1f%%", 100 * json_object_get_double(json_object_array_get_idx(ratios, k)));
+			int64_t reads = json_object_object_get_ex(row, "reads_sampled", &n) ? json_object_get_int64(n) : 0;
+			printf("%s\n", reads < 1000 ? "  (few reads so far: rough)" : "");
+			if (target > 0 && json_object_object_get_ex(row, "size_for_target", &n)) {
+				if (n)
+					printf("  %-24s %.0f%% needs about %s\n", "", 100 * target,
+					       size_str(b1, sizeof(b1), (double)json_object_get_int64(n)));
+				else
+					printf("  %-24s %.0f%% is not reached even at 8x\n", "", 100 * target);
+			}
+		}
+	}
 }
 
 static const char *socket_from_config(const char *conf)
@@ -382,6 +466,27 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		wait = nargs == 1;
+	} else if (!strcmp(cmd, "advise")) {
+		for (int i = 0; i < nargs; i++) {
+			if (!strcmp(args[i], "--target") && i + 1 < nargs) {
+				char *end;
+				double pct = strtod(args[++i], &end);
+				if (*end == '%')
+					end++;
+				if (*end || pct <= 0 || pct > 100) {
+					fprintf(stderr, "tierctl: advise --target takes a hit ratio in percent, like 80\n");
+					return 2;
+				}
+				json_object_object_add(req, "target", json_object_new_double(pct / 100));
+			} else if (!strcmp(args[i], "--reset")) {
+				json_object_object_add(req, "reset", json_object_new_boolean(true));
+			} else if (args[i][0] != '-' && !json_object_object_get_ex(req, "set", NULL)) {
+				json_object_object_add(req, "set", json_object_new_string(args[i]));
+			} else {
+				usage(stderr);
+				return 2;
+			}
+		}
 	} else if (!strcmp(cmd, "mode") && nargs == 2) {
 		wait = true; /* leaving write-back: follow the destage */
 		json_object_object_add(req, "lun", json_object_new_string(args[0]));

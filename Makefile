@@ -141,10 +141,11 @@ fuzz: $(FUZZ_BINS)
 # ThreadSanitizer builds of the lock-free map and policy tests: the file
 # under test instrumented, the rest of the library from libtiercache.a.
 # tests/unit/tsan.supp says why liburcu's deferred frees are suppressed.
-TSAN_BINS := $(BUILD)/tests/tsan/test_cache_map $(BUILD)/tests/tsan/test_policy
+TSAN_BINS := $(BUILD)/tests/tsan/test_cache_map $(BUILD)/tests/tsan/test_policy $(BUILD)/tests/tsan/test_advisor
 TSAN_CFLAGS := -std=gnu11 -O1 -g -fsanitize=thread -D_GNU_SOURCE -DTC_TSAN -I. $(PKG_CFLAGS)
 $(BUILD)/tests/tsan/test_cache_map: tests/unit/test_cache_map.c cache/map.c $(BUILD)/libtiercache.a
 $(BUILD)/tests/tsan/test_policy: tests/unit/test_policy.c cache/policy.c $(BUILD)/libtiercache.a
+$(BUILD)/tests/tsan/test_advisor: tests/unit/test_advisor.c cache/advisor.c cache/policy.c $(BUILD)/libtiercache.a
 $(TSAN_BINS):
 	@mkdir -p $(dir $@)
 	$(CC) $(TSAN_CFLAGS) -o $@ $(filter %.c,$^) $(BUILD)/libtiercache.a $(LDLIBS)

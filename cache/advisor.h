@@ -59,12 +59,13 @@ int advisor_add(struct advisor *a, uint32_t bid);
 void advisor_drop(struct advisor *a, uint32_t bid);
 
 /*
- * Any worker thread, never sleeps: the extent key (cache_key: backing id
- * << 40 | extent) was read or written at byte offset, one piece of a
- * request as the engine splits them; run is where the piece stands in its
- * stream (policy_stream on the set's policy). Unsampled: lock-free.
- * Sampled: the copies are updated under a try-lock; a sample that finds it
- * taken is dropped and counted.
+ * Any worker thread, never sleeps (but for a ninth thread and more): the
+ * extent key (cache_key: backing id << 40 | extent) was read or written at
+ * byte offset, one piece of a request as the engine splits them; run is
+ * where the piece stands in its stream (policy_stream on the set's
+ * policy). Unsampled: lock-free. Sampled: queued in this thread's ring,
+ * and run through the copies by whichever thread gets the try-lock next;
+ * dropped (and counted) only if the ring is full.
  */
 void advisor_note(struct advisor *a, uint64_t key, uint64_t offset, const struct policy_run *run,
 		  bool is_write);
@@ -80,7 +81,7 @@ struct advisor_report {
 	uint32_t nslots;                  /* today's size, in extents */
 	uint32_t copy_slots[ADVISOR_SIZES]; /* slots of each copy */
 	uint64_t sampled;                 /* sampled accesses since start */
-	uint64_t dropped;                 /* sampled accesses lost to the try-lock */
+	uint64_t dropped;                 /* sampled accesses lost: their thread's ring was full */
 	uint64_t mem_bytes;               /* memory of every copy and table */
 	struct advisor_curve set;
 	struct advisor_curve lun[ADVISOR_MAX_LUNS];

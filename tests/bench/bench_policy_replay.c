@@ -30,6 +30,7 @@
  * claim this benchmark exists to show); nothing is asserted about speed.
  */
 #include "cache/policy.h"
+#include "tests/unit/zipf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -56,70 +57,6 @@ struct trace {
 	uint32_t universe;    /* extent ids are < universe */
 	uint32_t footprint;   /* distinct extents */
 };
-
-/* ---- generator --------------------------------------------------------- */
-
-static uint64_t splitmix(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-	return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-struct zipf {
-	double *cdf;
-	uint32_t *rank_to_ext;   /* hot extents are scattered, not adjacent */
-	uint32_t n;
-};
-
-static void zipf_init(struct zipf *z, uint32_t n, double s, uint64_t *rng)
-{
-	double sum = 0;
-
-	z->n = n;
-	z->cdf = malloc(n * sizeof(double));
-	z->rank_to_ext = malloc(n * sizeof(uint32_t));
-	for (uint32_t i = 0; i < n; i++) {
-		sum += 1.0 / pow(i + 1.0, s);
-		z->cdf[i] = sum;
-		z->rank_to_ext[i] = i;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		z->cdf[i] /= sum;
-	for (uint32_t i = n - 1; i > 0; i--) {
-		uint32_t j = (uint32_t)(splitmix(rng) % (i + 1));
-		uint32_t t = z->rank_to_ext[i];
-		z->rank_to_ext[i] = z->rank_to_ext[j];
-		z->rank_to_ext[j] = t;
-	}
-}
-
-static uint32_t zipf_next(const struct zipf *z, uint64_t *rng)
-{
-	double u = uniform01(rng);
-	uint32_t lo = 0, hi = z->n - 1;
-
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo) / 2;
-		if (z->cdf[mid] < u)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return z->rank_to_ext[lo];
-}
-
-static void zipf_free(struct zipf *z)
-{
-	free(z->cdf);
-	free(z->rank_to_ext);
-}
 
 static void push(struct trace *t, uint32_t ext, uint32_t off, uint32_t len)
 {
@@ -153,11 +90,7 @@ static void trace_make(struct trace *t, enum workload w, size_t nreq)
 	uint32_t *loop = malloc(loop_len * sizeof(uint32_t));
 	for (uint32_t i = 0; i < loop_len; i++)
 		loop[i] = loop_base + i;
-	for (uint32_t i = loop_len - 1; i > 0; i--) {
-		uint32_t j = (uint32_t)(splitmix(&rng) % (i + 1)), x = loop[i];
-		loop[i] = loop[j];
-		loop[j] = x;
-	}
+	shuffle32(loop, loop_len, &rng);
 	uint32_t loop_pos = 0, one_touch = loop_base + loop_len;
 
 	while (t->n < nreq) {

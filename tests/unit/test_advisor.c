@@ -28,6 +28,7 @@
 #include "tests/unit/check.h"
 #include "cache/advisor.h"
 #include "cache/policy.h"
+#include "tests/unit/zipf.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -70,60 +71,6 @@ static void push(struct trace *t, uint8_t lun, bool write, uint64_t off, uint32_
 		t->max_ext = (off + len - 1) / EXTENT;
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-	return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* Zipf(s) over n extents, hot ranks scattered over the LUN */
-struct zipf {
-	double *cdf;
-	uint32_t *ext;
-	uint32_t n;
-};
-
-static void zipf_init(struct zipf *z, uint32_t n, double s, uint64_t *rng)
-{
-	double sum = 0;
-	z->n = n;
-	z->cdf = malloc(n * sizeof(double));
-	z->ext = malloc(n * sizeof(uint32_t));
-	for (uint32_t i = 0; i < n; i++) {
-		sum += 1.0 / pow(i + 1.0, s);
-		z->cdf[i] = sum;
-		z->ext[i] = i;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		z->cdf[i] /= sum;
-	for (uint32_t i = n - 1; i > 0; i--) {
-		uint32_t j = (uint32_t)(splitmix(rng) % (i + 1)), x = z->ext[i];
-		z->ext[i] = z->ext[j];
-		z->ext[j] = x;
-	}
-}
-
-static uint32_t zipf_next(const struct zipf *z, uint64_t *rng)
-{
-	double u = uniform01(rng);
-	uint32_t lo = 0, hi = z->n - 1;
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo) / 2;
-		if (z->cdf[mid] < u)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return z->ext[lo];
-}
-
 static void small_io(struct trace *t, uint8_t lun, bool write, uint64_t ext, uint64_t *rng)
 {
 	push(t, lun, write, ext * EXTENT + (splitmix(rng) % (EXTENT / 4096)) * 4096, 4096);
@@ -138,11 +85,7 @@ static void make_zipf_scans(struct trace *t, size_t nreq)
 	uint32_t *loop = malloc(loop_n * sizeof(uint32_t));
 	for (uint32_t i = 0; i < loop_n; i++)
 		loop[i] = i;
-	for (uint32_t i = loop_n - 1; i > 0; i--) {
-		uint32_t j = (uint32_t)(splitmix(&rng) % (i + 1)), x = loop[i];
-		loop[i] = loop[j];
-		loop[j] = x;
-	}
+	shuffle32(loop, loop_n, &rng);
 	uint64_t one_touch = 1000000, loop_pos = 0;
 	for (size_t i = 0; t->n < nreq; i++) {
 		if (i % 200000 == 199999) {
@@ -160,8 +103,7 @@ static void make_zipf_scans(struct trace *t, size_t nreq)
 			small_io(t, 2, false, one_touch++, &rng);
 	}
 	free(loop);
-	free(z.cdf);
-	free(z.ext);
+	zipf_free(&z);
 }
 
 /* ---- the truth: the real policy at full size --------------------------- */

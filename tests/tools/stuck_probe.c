@@ -166,6 +166,19 @@ static struct scsi_task *read_bounded(struct iscsi_context *c, int lun, uint32_t
 		}
 	}
 	if (!o.done) {
+		/* whose side is it on? (a read after the thaw once went
+		 * unanswered, seldom, and only under load) */
+		printf("read of LBA %u: no answer in %.0f ms; libiscsi holds %d PDU(s), %d of them not sent\n", lba,
+		       max_ms, iscsi_queue_length(c), iscsi_out_queue_length(c));
+		/* New bytes on the connection: if the answer comes now, the
+		 * target had not read the command (its reader missed it) */
+		if (c == is && iscsi_nop_out_async(c, NULL, NULL, 0, NULL) == 0) {
+			serve(3000, &o.done);
+			check(false, "after a NOP-Out the read %s", o.done ? "was answered at once: the target had not "
+			      "read the command until more bytes came" : "is still unanswered");
+		}
+		if (o.done)
+			return o.task;
 		iscsi_scsi_cancel_task(c, o.task);
 		scsi_free_scsi_task(o.task);
 		return NULL;

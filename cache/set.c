@@ -90,6 +90,7 @@ static int alloc_memory(struct cache_set *cs)
 	if (!cs->policy)
 		return -ENOMEM;
 	/* the advisor is a convenience: without it the cache still runs */
+	_Static_assert(ADVISOR_MAX_LUNS >= CACHE_SET_MAX_VOLS, "the advisor has a curve for every backing id");
 	struct advisor_cfg ac = { .nslots = n, .policy = pc };
 	cs->advisor = advisor_new(&ac);
 	if (!cs->advisor)

@@ -24,8 +24,9 @@
  * would starve a thread: with every access sampled, one worker kept
  * winning and the other's accesses were all dropped, and with them the
  * curve of the LUN it serves. An access is dropped only when its ring is
- * full; a thread past the STRIPES with rings of their own waits for the
- * lock instead.
+ * full, or for a thread past the STRIPES with rings of their own, when
+ * the lock is taken (hosts with more than 8 workers: their later workers'
+ * samples may be thinned under load; counted in dropped).
  *
  * Counts decay: when a group has counted ADVISOR_WINDOW sampled reads, its
  * counts (N included) are halved, so the curve follows the workload of the
@@ -61,6 +62,7 @@ struct group {
 	uint64_t reads;         /* sampled reads */
 	uint64_t all_base;      /* the group's read count at the last halving */
 	uint64_t all_carry;     /* reads before it, halved at each halving */
+	uint64_t lost_base, lost_carry; /* the same for sampled reads dropped */
 };
 
 #define STRIPES 8u              /* read counters, one per thread (mod STRIPES) */
@@ -73,6 +75,7 @@ struct sample {
 	uint64_t key, offset;
 	struct policy_run run;
 	bool is_write;
+	bool may_admit;
 };
 
 struct stripe {
@@ -90,6 +93,7 @@ struct advisor {
 	double rate;
 	uint32_t copy_slots[ADVISOR_SIZES];
 	struct stripe stripe[STRIPES];
+	_Atomic uint64_t lost[NGROUPS]; /* sampled reads dropped, per group (rare: atomics) */
 	pthread_mutex_t lock;
 	unsigned turn;          /* the ring run_rings starts with */   /* the copies and counts below */
 	struct group set;
@@ -155,16 +159,16 @@ static bool always_clean(uint32_t slot, void *arg)
 	return true;
 }
 
-static void copy_access(struct copy *c, uint64_t key, uint64_t offset, const struct policy_run *run,
-			bool is_write)
+static void copy_access(struct copy *c, const struct sample *x)
 {
+	uint64_t key = x->key;
 	uint32_t s = copy_find(c, key);
 	if (s != NO_SLOT) {
-		c->hits += !is_write;
+		c->hits += !x->is_write;
 		policy_touch(c->p, s);
 		return;
 	}
-	if (!policy_admit_run(c->p, key, offset, run, is_write))
+	if (!x->may_admit || !policy_admit_run(c->p, key, x->offset, &x->run, x->is_write))
 		return;
 	if (c->used < c->nslots) {
 		s = c->used++;
@@ -217,6 +221,12 @@ static uint64_t copy_mem(const struct copy *c)
 
 /* ---- groups ------------------------------------------------------------ */
 
+/* Sampled reads of group gi dropped since the advisor started. */
+static uint64_t lost_reads(const struct advisor *a, unsigned gi)
+{
+	return atomic_load_explicit(&a->lost[gi], memory_order_relaxed);
+}
+
 /* Reads of group gi (all, sampled or not) since the advisor started. */
 static uint64_t all_reads(const struct advisor *a, unsigned gi)
 {
@@ -237,6 +247,7 @@ static int group_init(struct group *g, const struct advisor *a, unsigned gi)
 {
 	memset(g, 0, sizeof(*g));
 	g->all_base = all_reads(a, gi);
+	g->lost_base = lost_reads(a, gi);
 	for (int i = 0; i < ADVISOR_SIZES; i++)
 		if (copy_init(&g->c[i], &a->pcfg, a->copy_slots[i]) < 0) {
 			group_free(g);
@@ -251,32 +262,42 @@ static uint64_t group_all(const struct advisor *a, const struct group *g, unsign
 	return g->all_carry + (all_reads(a, gi) - g->all_base);
 }
 
-static void group_access(struct advisor *a, struct group *g, unsigned gi, uint64_t key, uint64_t offset,
-			 const struct policy_run *run, bool is_write)
+static void group_access(struct advisor *a, struct group *g, unsigned gi, const struct sample *x)
 {
 	for (int i = 0; i < ADVISOR_SIZES; i++)
-		copy_access(&g->c[i], key, offset, run, is_write);
-	if (is_write)
+		copy_access(&g->c[i], x);
+	if (x->is_write)
 		return;
 	if (++g->reads >= ADVISOR_WINDOW) {
 		g->reads /= 2;
 		for (int i = 0; i < ADVISOR_SIZES; i++)
 			g->c[i].hits /= 2;
-		uint64_t now = all_reads(a, gi);
+		uint64_t now = all_reads(a, gi), lost = lost_reads(a, gi);
 		g->all_carry = (g->all_carry + now - g->all_base) / 2;
 		g->all_base = now;
+		g->lost_carry = (g->lost_carry + lost - g->lost_base) / 2;
+		g->lost_base = lost;
 	}
 }
 
+/*
+ * A dropped sampled read (its thread's ring was full) is counted in N but
+ * never reached the copies: it is taken as hitting at each copy's own
+ * ratio (the copies' hits scaled up by sampled/seen), not as a surplus of
+ * the sample, which the adjustment would have counted as a hit everywhere.
+ */
 static void group_curve(const struct advisor *a, const struct group *g, unsigned gi, struct advisor_curve *c)
 {
 	double expect = (double)group_all(a, g, gi) * a->rate;
-	double extra = expect - (double)g->reads;
+	double lost = (double)(g->lost_carry + (lost_reads(a, gi) - g->lost_base));
+	double seen = (double)g->reads, sampled = seen + lost;
+	double extra = expect - sampled;
 
 	c->on = true;
 	c->reads = g->reads;
 	for (int i = 0; i < ADVISOR_SIZES; i++) {
-		double r = expect >= 1 ? ((double)g->c[i].hits + extra) / expect : 0.0;
+		double hits = seen > 0 ? (double)g->c[i].hits * sampled / seen : 0.0;
+		double r = expect >= 1 ? (hits + extra) / expect : 0.0;
 		c->ratio[i] = r < 0 ? 0 : r > 1 ? 1 : r;
 	}
 }
@@ -341,6 +362,8 @@ void advisor_free(struct advisor *a)
 	free(a);
 }
 
+static void run_rings(struct advisor *a, uint32_t max);
+
 int advisor_add(struct advisor *a, uint32_t bid)
 {
 	if (bid >= ADVISOR_MAX_LUNS)
@@ -366,6 +389,7 @@ void advisor_drop(struct advisor *a, uint32_t bid)
 	if (bid >= ADVISOR_MAX_LUNS)
 		return;
 	pthread_mutex_lock(&a->lock);
+	run_rings(a, UINT32_MAX); /* its queued accesses go to its group, not a successor's */
 	struct group *g = a->lun[bid];
 	a->lun[bid] = NULL;
 	pthread_mutex_unlock(&a->lock);
@@ -380,9 +404,21 @@ static void run_sample(struct advisor *a, const struct sample *s)
 {
 	uint32_t bid = (uint32_t)(s->key >> 40);
 	a->sampled++;
-	group_access(a, &a->set, 0, s->key, s->offset, &s->run, s->is_write);
+	group_access(a, &a->set, 0, s);
 	if (bid < ADVISOR_MAX_LUNS && a->lun[bid])
-		group_access(a, a->lun[bid], 1 + bid, s->key, s->offset, &s->run, s->is_write);
+		group_access(a, a->lun[bid], 1 + bid, s);
+}
+
+/* A sampled access that reaches no copy: counted, and for a read, per group. */
+static void drop_sample(struct advisor *a, const struct sample *s)
+{
+	uint32_t bid = (uint32_t)(s->key >> 40);
+	atomic_fetch_add_explicit(&a->dropped, 1, memory_order_relaxed);
+	if (s->is_write)
+		return;
+	atomic_fetch_add_explicit(&a->lost[0], 1, memory_order_relaxed);
+	if (bid < ADVISOR_MAX_LUNS)
+		atomic_fetch_add_explicit(&a->lost[1 + bid], 1, memory_order_relaxed);
 }
 
 /*
@@ -414,7 +450,7 @@ static void run_rings(struct advisor *a, uint32_t max)
 }
 
 void advisor_note(struct advisor *a, uint64_t key, uint64_t offset, const struct policy_run *run,
-		  bool is_write)
+		  bool is_write, bool may_admit)
 {
 	uint32_t bid = (uint32_t)(key >> 40);
 	unsigned me = thread_index();
@@ -427,18 +463,22 @@ void advisor_note(struct advisor *a, uint64_t key, uint64_t offset, const struct
 	}
 	if (hash_mix64(key ^ SAMPLE_SALT) >> 32 >= a->thresh)
 		return;
-	struct sample s = { key, offset, *run, is_write };
+	struct sample s = { key, offset, *run, is_write, may_admit };
 	if (me >= STRIPES) {
-		/* no ring of its own: the lock, waiting, and all the rings */
-		pthread_mutex_lock(&a->lock);
-		run_rings(a, UINT32_MAX);
+		/* no ring of its own: the try-lock, or the sample is dropped
+		 * (a worker never waits here) */
+		if (pthread_mutex_trylock(&a->lock)) {
+			drop_sample(a, &s);
+			return;
+		}
 		run_sample(a, &s);
+		run_rings(a, RUN_BATCH);
 		pthread_mutex_unlock(&a->lock);
 		return;
 	}
 	uint32_t t = atomic_load_explicit(&st->tail, memory_order_relaxed);
 	if (t - atomic_load_explicit(&st->head, memory_order_acquire) >= RING) {
-		atomic_fetch_add_explicit(&a->dropped, 1, memory_order_relaxed);
+		drop_sample(a, &s);
 	} else {
 		st->ring[t % RING] = s;
 		atomic_store_explicit(&st->tail, t + 1, memory_order_release);
@@ -470,7 +510,7 @@ void advisor_get(struct advisor *a, struct advisor_report *r)
 	pthread_mutex_unlock(&a->lock);
 }
 
-/* Empty a group's copies in place: nothing is freed or allocated. */
+/* Empty a group's copies: a fresh policy each (the slot arrays are kept). */
 static void group_clear(struct group *g, const struct advisor *a, unsigned gi)
 {
 	for (int i = 0; i < ADVISOR_SIZES; i++) {
@@ -492,6 +532,8 @@ static void group_clear(struct group *g, const struct advisor *a, unsigned gi)
 	g->reads = 0;
 	g->all_carry = 0;
 	g->all_base = all_reads(a, gi);
+	g->lost_carry = 0;
+	g->lost_base = lost_reads(a, gi);
 }
 
 void advisor_reset(struct advisor *a)

@@ -59,16 +59,19 @@ int advisor_add(struct advisor *a, uint32_t bid);
 void advisor_drop(struct advisor *a, uint32_t bid);
 
 /*
- * Any worker thread, never sleeps (but for a ninth thread and more): the
- * extent key (cache_key: backing id << 40 | extent) was read or written at
- * byte offset, one piece of a request as the engine splits them; run is
- * where the piece stands in its stream (policy_stream on the set's
- * policy). Unsampled: lock-free. Sampled: queued in this thread's ring,
- * and run through the copies by whichever thread gets the try-lock next;
- * dropped (and counted) only if the ring is full.
+ * Any worker thread, never sleeps: the extent key (cache_key: backing id
+ * << 40 | extent) was read or written at byte offset, one piece of a
+ * request as the engine splits them; run is where the piece stands in its
+ * stream (policy_stream on the set's policy). may_admit: whether the
+ * LUN's mode would promote it on a miss (reads: all but pass-through;
+ * writes: write-back only); the copies do the same. Unsampled: lock-free.
+ * Sampled: queued in this thread's ring, and run through the copies by
+ * whichever thread gets the try-lock next; dropped (and counted) if the
+ * ring is full (a ninth thread and more, without a ring: if the lock is
+ * taken).
  */
 void advisor_note(struct advisor *a, uint64_t key, uint64_t offset, const struct policy_run *run,
-		  bool is_write);
+		  bool is_write, bool may_admit);
 
 struct advisor_curve {
 	bool on;                          /* a LUN's curve: added */

@@ -326,8 +326,13 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 			 * than starting over at each hit and being admitted. */
 			if (req->op == BDEV_READ || req->op == BDEV_WRITE) {
 				policy_stream(cs->policy, v->bid, p->off, (uint32_t)p->len, &p->run);
-				if (cs->advisor)
-					advisor_note(cs->advisor, p->key, p->off, &p->run, req->op == BDEV_WRITE);
+				if (cs->advisor) {
+					const struct vol_mode_ops *m = vol_mode(atomic_load(&v->mode));
+					advisor_note(cs->advisor, p->key, p->off, &p->run, req->op == BDEV_WRITE,
+						     req->op == BDEV_READ ? m->fills : m->dirty);
+				}
+			} else {
+				p->run = (struct policy_run){ 0, 0 };
 			}
 			if (req->op == BDEV_READ)
 				piece_read(p);

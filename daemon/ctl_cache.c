@@ -620,9 +620,16 @@ static int ctl_advise(struct json_object *req, struct json_object *resp, void *a
 	struct json_object *sets = json_object_new_array();
 	bool found = false;
 	for (int i = 0; i < g_cfg->ncaches; i++) {
-		if (!g_sets[i] || (set && strcmp(g_cfg->caches[i].name, set)))
+		if (set && strcmp(g_cfg->caches[i].name, set))
 			continue;
 		found = true;
+		if (!g_sets[i]) {
+			struct json_object *o = json_object_new_object();
+			json_object_object_add(o, "name", json_object_new_string(g_cfg->caches[i].name));
+			json_object_object_add(o, "error", json_object_new_string("not open (see tierctl status)"));
+			json_object_array_add(sets, o);
+			continue;
+		}
 		uint32_t ext;
 		struct json_object *o = json_object_new_object();
 		json_object_object_add(o, "name", json_object_new_string(g_cfg->caches[i].name));

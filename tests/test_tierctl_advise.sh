@@ -85,6 +85,8 @@ def check(cond, what):
     global ok
     print(("ok: " if cond else "FAIL: ") + what)
     ok = ok and cond
+check(luns["a"]["reads_sampled"] >= 10000 and luns["b"]["reads_sampled"] >= 100,
+      "both curves are built from reads: a %d, b %d sampled" % (luns["a"]["reads_sampled"], luns["b"]["reads_sampled"]))
 check(max(b) < 0.25, "b's sequential passes bypass at every size (max %.1f%%)" % (100 * max(b)))
 check(a[0] < 0.15, "a at 1/4: %.1f%% (under 15%%)" % (100 * a[0]))
 check(0.15 <= a[2] <= 0.40, "a at 1x: %.1f%% (15 to 40%%)" % (100 * a[2]))

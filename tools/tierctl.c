@@ -276,21 +276,25 @@ static void show_advice(struct json_object *resp)
 	for (size_t i = 0; i < json_object_array_length(caches); i++) {
 		struct json_object *c = json_object_array_get_idx(caches, i), *v, *sizes, *set, *luns;
 		char b1[32], b2[32];
-		json_object_object_get_ex(c, "name", &v);
-		const char *name = json_object_get_string(v);
+		const char *name = json_object_object_get_ex(c, "name", &v) ? json_object_get_string(v) : "?";
 		if (json_object_object_get_ex(c, "error", &v)) {
 			printf("cache %s: %s\n", name, json_object_get_string(v));
 			continue;
 		}
 		double size = json_object_object_get_ex(c, "size_bytes", &v) ? (double)json_object_get_int64(v) : 0;
-		double rate = json_object_object_get_ex(c, "sampling_rate", &v) ? json_object_get_double(v) : 0;
+		double rate = json_object_object_get_ex(c, "sampling_rate", &v) ? json_object_get_double(v) : 1;
 		double mem = json_object_object_get_ex(c, "memory_bytes", &v) ? (double)json_object_get_int64(v) : 0;
 		printf("cache %s: today %s; %s, advisor memory %s\n", name, size_str(b1, sizeof(b1), size),
 		       rate >= 1 ? "every extent simulated" : "sampled extents", size_str(b2, sizeof(b2), mem));
-		if (rate < 1)
+		if (rate > 0 && rate < 1)
 			printf("  (one extent in %.0f)\n", 1 / rate);
 		printf("  %-24s", "read hit ratio at");
-		json_object_object_get_ex(c, "sizes", &sizes);
+		if (!json_object_object_get_ex(c, "sizes", &sizes) || !json_object_is_type(sizes, json_type_array) ||
+		    !json_object_object_get_ex(c, "set", &set) || !json_object_object_get_ex(c, "luns", &luns) ||
+		    !json_object_is_type(luns, json_type_array)) {
+			printf("  (the daemon's answer lacks sizes, set or luns)\n");
+			continue;
+		}
 		for (size_t k = 0; k < json_object_array_length(sizes) && k < 6; k++) {
 			struct json_object *s = json_object_array_get_idx(sizes, k), *bytes;
 			json_object_object_get_ex(s, "bytes", &bytes);
@@ -300,20 +304,20 @@ static void show_advice(struct json_object *resp)
 			printf(" %11s", col);
 		}
 		printf("\n");
-		json_object_object_get_ex(c, "set", &set);
-		json_object_object_get_ex(c, "luns", &luns);
 		for (size_t l = 0; l <= json_object_array_length(luns); l++) {
 			struct json_object *row = l == 0 ? set : json_object_array_get_idx(luns, l - 1), *ratios, *n;
 			char label[96];
 			if (l == 0) {
 				snprintf(label, sizeof(label), "set %s (all LUNs)", name);
 			} else {
-				json_object_object_get_ex(row, "name", &n);
-				snprintf(label, sizeof(label), "lun %s alone", json_object_get_string(n));
+				snprintf(label, sizeof(label), "lun %s alone",
+					 json_object_object_get_ex(row, "name", &n) ? json_object_get_string(n) : "?");
 			}
 			printf("  %-24s", label);
-			json_object_object_get_ex(row, "hit_ratio", &ratios);
-			for (size_t k = 0; k < json_object_array_length(ratios); k++)
+			if (!json_object_object_get_ex(row, "hit_ratio", &ratios) ||
+			    !json_object_is_type(ratios, json_type_array))
+				ratios = NULL;
+			for (size_t k = 0; ratios && k < json_object_array_length(ratios); k++)
 				printf(" %10.1f%%", 100 * json_object_get_double(json_object_array_get_idx(ratios, k)));
 			int64_t reads = json_object_object_get_ex(row, "reads_sampled", &n) ? json_object_get_int64(n) : 0;
 			printf("%s\n", reads < 1000 ? "  (few reads so far: rough)" : "");

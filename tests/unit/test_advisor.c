@@ -210,7 +210,7 @@ static struct advisor *advise(const struct trace *t, uint32_t nslots, uint64_t *
 			uint64_t e = off / EXTENT, stop = (e + 1) * EXTENT < end ? (e + 1) * EXTENT : end;
 			struct policy_run run;
 			policy_stream(streams, x->lun, off, (uint32_t)(stop - off), &run);
-			advisor_note(a, (uint64_t)x->lun << 40 | e, off, &run, x->write);
+			advisor_note(a, (uint64_t)x->lun << 40 | e, off, &run, x->write, true);
 			(*notes)++;
 			off = stop;
 		}
@@ -313,7 +313,7 @@ static void unit_checks(void)
 	const struct policy_run alone = { 8, 0 }; /* 8 sectors, no stream before */
 	for (int pass = 0; pass < 2; pass++)
 		for (uint64_t e = 0; e < 50; e++)
-			advisor_note(a, 1ull << 40 | e * 7, e * 7 * EXTENT, &alone, false);
+			advisor_note(a, 1ull << 40 | e * 7, e * 7 * EXTENT, &alone, false, true);
 	advisor_get(a, &r);
 	CHECK(r.set.reads == 100 && r.set.ratio[2] == 0.5 && r.lun[1].on && r.lun[1].ratio[2] == 0.5 &&
 		      !r.lun[2].on,
@@ -324,13 +324,27 @@ static void unit_checks(void)
 	advisor_get(a, &r);
 	CHECK(r.set.reads == 0 && r.sampled == 0, "reset forgets the counts");
 	for (uint64_t e = 0; e < 50; e++)
-		advisor_note(a, 1ull << 40 | e * 7, e * 7 * EXTENT, &alone, false);
+		advisor_note(a, 1ull << 40 | e * 7, e * 7 * EXTENT, &alone, false, true);
 	advisor_get(a, &r);
 	CHECK(r.set.ratio[5] == 0, "and empties the copies: a pass after it hits nothing (%.2f)", r.set.ratio[5]);
 	advisor_drop(a, 1);
 	advisor_get(a, &r);
 	CHECK(!r.lun[1].on, "a dropped LUN has no curve");
 	advisor_free(a);
+
+	/* a write-through LUN: its write misses are not promoted, so a read
+	 * after them misses too; in write-back they would be, and it hits */
+	for (int wb = 0; wb < 2; wb++) {
+		a = advisor_new(&cfg);
+		for (uint64_t e = 0; e < 50; e++)
+			advisor_note(a, 1ull << 40 | e * 7, e * 7 * EXTENT, &alone, true, wb);
+		for (uint64_t e = 0; e < 50; e++)
+			advisor_note(a, 1ull << 40 | e * 7, e * 7 * EXTENT, &alone, false, true);
+		advisor_get(a, &r);
+		CHECK(r.set.ratio[2] == (wb ? 1.0 : 0.0), "reads after 50 writes in %s: %.2f hit at 1x",
+		      wb ? "write-back (writes promoted)" : "write-through (writes not promoted)", r.set.ratio[2]);
+		advisor_free(a);
+	}
 }
 
 /* ---- workers feeding one advisor while the control thread reads it ---- */
@@ -352,7 +366,7 @@ static void *feed(void *arg)
 		uint64_t e = splitmix(&rng) % 500, off = e * EXTENT;
 		struct policy_run run;
 		policy_stream(streams, f->bid, off, 4096, &run);
-		advisor_note(f->a, (uint64_t)f->bid << 40 | e, off, &run, i % 5 == 0);
+		advisor_note(f->a, (uint64_t)f->bid << 40 | e, off, &run, i % 5 == 0, true);
 		/* the rest of a host command: about what one costs the daemon */
 		for (volatile unsigned k = 0; k < 6000; k++)
 			;
@@ -368,27 +382,27 @@ static void concurrency_checks(void)
 	 * counted twice */
 	struct advisor_cfg cfg = { .nslots = 200, .policy = set_policy() };
 	struct advisor *a = advisor_new(&cfg);
-	struct feeder f[2] = { { a, 1, 100000 }, { a, 2, 100000 } };
-	pthread_t t[2];
+	struct feeder f[3] = { { a, 1, 100000 }, { a, 2, 100000 }, { a, 3, 50000 } };
+	pthread_t t[3];
 	advisor_add(a, 1);
 	advisor_add(a, 2);
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 3; i++)
 		pthread_create(&t[i], NULL, feed, &f[i]);
 	struct advisor_report r;
 	for (int k = 0; k < 200; k++) {
 		advisor_get(a, &r);
-		/* a LUN attached and detached while the others run */
+		/* a LUN attached and detached while its worker feeds it */
 		if (k % 2)
 			advisor_drop(a, 3);
 		else
 			advisor_add(a, 3);
 	}
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 3; i++)
 		pthread_join(t[i], NULL);
 	advisor_get(a, &r);
-	CHECK(r.sampled + r.dropped == 200000,
-	      "two workers, 200000 accesses: %llu reached the copies, %llu were dropped (%.1f%%: a ring was full)",
-	      (unsigned long long)r.sampled, (unsigned long long)r.dropped, 100.0 * (double)r.dropped / 200000);
+	CHECK(r.sampled + r.dropped == 250000,
+	      "three workers, 250000 accesses: %llu reached the copies, %llu were dropped (%.1f%%: a ring was full)",
+	      (unsigned long long)r.sampled, (unsigned long long)r.dropped, 100.0 * (double)r.dropped / 250000);
 	/* Both workers' LUNs reached the copies (a bare try-lock once gave
 	 * one of them nothing at all). How evenly depends on the scheduler
 	 * of a busy machine, so it is printed, not held to a bound. */

@@ -451,10 +451,11 @@ struct set_alloc {
 	pthread_mutex_t lock;         /* free list, map inserts/removes, policy structures */
 	uint64_t *free_bits;          /* a bit per slot: on the free list (1 bit, not 4 bytes, per slot) */
 	_Atomic uint32_t nfree;       /* written under lock, read anywhere as a hint */
-	/* Evicted by cache_reclaim and on their way to the free list (FREE
-	 * record, grace period), under lock: a reclaim counts them as free
-	 * already, or every miss that finds the pool empty meanwhile would
-	 * evict another batch and the cache would empty itself under churn. */
+	/* In eviction batches (cache_reclaim, cache_drop_slot) on their way
+	 * to the free list (FREE record, grace period), under lock: a reclaim
+	 * counts them as free already, or every miss that finds the pool empty
+	 * meanwhile would evict another batch and the cache would empty itself
+	 * under churn. */
 	_Atomic uint32_t nfreeing;
 	uint32_t cursor;              /* where free_pop looks first */
 	/*

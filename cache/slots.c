@@ -19,8 +19,7 @@ struct evict_batch {
 	struct rcu_head rcu;
 	struct cache_set *cs;
 	_Atomic int refs;       /* FREE records outstanding + 1 for the grace period */
-	uint32_t n;
-	bool reclaimed;         /* cache_reclaim's: its slots are counted in alloc.nfreeing */
+	uint32_t n;             /* slots, all counted in alloc.nfreeing until released */
 	uint32_t *slots;
 	struct jwait *jw;
 };
@@ -37,8 +36,7 @@ static void batch_release(struct evict_batch *b)
 		atomic_store(&sl->bits, SB_FREE);
 		free_push(cs, b->slots[i]);
 	}
-	if (b->reclaimed)
-		atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) - b->n);
+	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) - b->n);
 	pthread_mutex_unlock(&cs->alloc.lock);
 	free(b);
 	atomic_fetch_sub(&cs->bg_inflight, 1);
@@ -143,7 +141,6 @@ void cache_reclaim(struct cache_set *cs)
 		keys[b->n] = key;
 		b->slots[b->n++] = s;
 	}
-	b->reclaimed = true;
 	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) + b->n);
 	pthread_mutex_unlock(&cs->alloc.lock);
 	atomic_store(&cs->alloc.reclaim_pending, false);
@@ -276,6 +273,10 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 	atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
 	atomic_fetch_or(&sl->bits, SB_RETIRED);
 	slot_unlock(sl);
+	if (b) {
+		b->n = 1;
+		atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) + 1);
+	}
 	pthread_mutex_unlock(&cs->alloc.lock);
 	if (!b) {
 		/* out of memory: wait for a grace period without a batch */
@@ -285,7 +286,6 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 		pthread_mutex_unlock(&cs->alloc.lock);
 		return;
 	}
-	b->n = 1;
 	b->slots[0] = s;
 	atomic_store(&b->refs, 1);
 	call_rcu(&b->rcu, batch_graced);

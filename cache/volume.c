@@ -295,6 +295,10 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 		bdev_submit(v->backing, &r->sub);
 	} else {
 		uint64_t ext = cs->lay.extent_size;
+		bool rw = req->op == BDEV_READ || req->op == BDEV_WRITE;
+		/* whether this request's misses may be promoted, for the advisor */
+		const struct vol_mode_ops *m = vol_mode(atomic_load(&v->mode));
+		bool may_admit = req->op == BDEV_READ ? m->fills : m->dirty;
 		uint64_t off = req->offset, end = req->offset + req->len;
 		while (off < end) {
 			uint64_t e = off / ext;
@@ -324,13 +328,11 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 			 * its stream: a backup that reads through cached extents
 			 * stays one stream past seq_cutoff and bypasses, rather
 			 * than starting over at each hit and being admitted. */
-			if (req->op == BDEV_READ || req->op == BDEV_WRITE) {
+			if (rw) {
 				policy_stream(cs->policy, v->bid, p->off, (uint32_t)p->len, &p->run);
-				if (cs->advisor) {
-					const struct vol_mode_ops *m = vol_mode(atomic_load(&v->mode));
+				if (cs->advisor)
 					advisor_note(cs->advisor, p->key, p->off, &p->run, req->op == BDEV_WRITE,
-						     req->op == BDEV_READ ? m->fills : m->dirty);
-				}
+						     may_admit);
 			} else {
 				p->run = (struct policy_run){ 0, 0 };
 			}

@@ -76,6 +76,11 @@ CONF
 		pass "backing_io = $io: a reload took io_timeout from 30 s to 2 s"
 	fi
 
+	# what both ends hold while a read goes unanswered (the open bug above)
+	export STUCK_PROBE_ON_HANG="{ echo '--- sockets of port $port (Recv-Q Send-Q) ---'; ss -tnio '( sport = :$port or dport = :$port )';
+		echo '--- status ---'; '$CTL' -c '$T/t.conf' --json status;
+		echo '--- held by freeze_fs ---'; cat '$T/ff/held';
+		echo '--- daemon threads ---'; for t in /proc/$TC_PID/task/*; do echo \"\$(cat \$t/comm) \$(cat \$t/wchan)\"; cat \$t/stack 2>/dev/null | head -8; done; } >'$T/hang-$io.out' 2>&1"
 	if ! STUCK_PROBE_HELD=$T/ff/held "$T/stuck_probe" "$base/0" "$base/1" "$TC_FF_PID" 2 >"$T/probe-$io.out" 2>&1; then
 		# where the daemon's threads wait, taken before the thaw changes it
 		for t in /proc/"$TC_PID"/task/*; do
@@ -88,6 +93,7 @@ CONF
 		sort -k3 "$T/threads-$io.out" | uniq -c -f2 >&2
 		echo "--- status ---" >&2
 		"$CTL" -c "$T/t.conf" --json status >&2 2>&1
+		[ -f "$T/hang-$io.out" ] && { echo "--- while the read was unanswered ---"; cat "$T/hang-$io.out"; } >&2
 		fail "backing_io = $io: $(grep -av '^ok' "$T/probe-$io.out" | tr '\n' ' ')"
 	fi
 	pass "backing_io = $io: $(grep -ac '^ok' "$T/probe-$io.out") checks of stuck_probe passed; $(grep -a 'ABORT TASK over\|WARM\|queued behind A' "$T/probe-$io.out" | sed 's/^ok: //' | tr '\n' ';')"

@@ -145,6 +145,12 @@ static double read_other(void)
 	return ms;
 }
 
+static void nop_cb(struct iscsi_context *c, int status, void *data, void *priv)
+{
+	(void)c; (void)status; (void)data;
+	*(bool *)priv = true;
+}
+
 /*
  * READ(10) of 4K at lba, answered within max_ms or NULL: a synchronous
  * call that cannot hang the probe on a command the target never answers.
@@ -170,12 +176,20 @@ static struct scsi_task *read_bounded(struct iscsi_context *c, int lun, uint32_t
 		 * unanswered, seldom, and only under load) */
 		printf("read of LBA %u: no answer in %.0f ms; libiscsi holds %d PDU(s), %d of them not sent\n", lba,
 		       max_ms, iscsi_queue_length(c), iscsi_out_queue_length(c));
+		/* the state of both ends while the read is still unanswered */
+		const char *hook = getenv("STUCK_PROBE_ON_HANG");
+		if (hook) {
+			fflush(stdout);
+			if (system(hook) != 0)
+				printf("STUCK_PROBE_ON_HANG failed\n");
+		}
 		/* New bytes on the connection: if the answer comes now, the
 		 * target had not read the command (its reader missed it) */
-		if (c == is && iscsi_nop_out_async(c, NULL, NULL, 0, NULL) == 0) {
+		bool nop_in = false;
+		if (c == is && iscsi_nop_out_async(c, nop_cb, &nop_in, 0, NULL) == 0) {
 			serve(3000, &o.done);
-			check(false, "after a NOP-Out the read %s", o.done ? "was answered at once: the target had not "
-			      "read the command until more bytes came" : "is still unanswered");
+			check(false, "after a NOP-Out the read %s; the NOP-In %s", o.done ? "was answered at once: the target had not "
+			      "read the command until more bytes came" : "is still unanswered", nop_in ? "came" : "did not come");
 		}
 		if (o.done)
 			return o.task;

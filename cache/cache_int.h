@@ -26,6 +26,7 @@
 #include "cache/advisor.h"
 #include "cache/policy.h"
 #include "cache/status.h"
+#include "cache/trace.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -553,6 +554,7 @@ struct cache_set {
 	struct cache_bitmaps bm;
 	struct policy *policy;
 	struct advisor *advisor;      /* the sizing advisor's copies (NULL: out of memory at open) */
+	_Atomic(struct cache_trace *) trace; /* tierctl trace: NULL when none runs (trace.c) */
 	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id: cache_vol_of */
 	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
 	struct set_alloc alloc;

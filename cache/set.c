@@ -748,6 +748,8 @@ void cache_set_close(struct cache_set *cs)
 	 */
 	if (atomic_load(&cs->bg_inflight))
 		rcu_barrier();
+	if (atomic_load(&cs->trace))
+		cache_trace_stop(cs, NULL);
 	if (cs->cleaner)
 		cleaner_free(cs->cleaner);
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)

@@ -299,6 +299,8 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 		/* whether this request's misses may be promoted, for the advisor */
 		const struct vol_mode_ops *m = vol_mode(atomic_load(&v->mode));
 		bool may_admit = req->op == BDEV_READ ? m->fills : m->dirty;
+		if (rw && atomic_load_explicit(&cs->trace, memory_order_relaxed))
+			cache_trace_note(cs, v->bid, req->op == BDEV_WRITE, req->offset, req->len);
 		uint64_t off = req->offset, end = req->offset + req->len;
 		while (off < end) {
 			uint64_t e = off / ext;

@@ -15,6 +15,7 @@
 #include "cache/advisor.h"
 #include "cache/cache.h"
 #include "cache/status.h"
+#include "cache/trace.h"
 #include "bdev/fault.h"
 #include "common/log.h"
 #include "config/config.h"
@@ -674,6 +675,63 @@ static int ctl_advise(struct json_object *req, struct json_object *resp, void *a
 	return 0;
 }
 
+static struct json_object *trace_json(const char *set, const struct cache_trace_info *ti)
+{
+	struct json_object *o = json_object_new_object();
+	json_object_object_add(o, "set", json_object_new_string(set));
+	json_object_object_add(o, "tracing", json_object_new_boolean(ti->on));
+	if (ti->path[0]) {
+		json_object_object_add(o, "path", json_object_new_string(ti->path));
+		json_object_object_add(o, "records", json_object_new_int64((int64_t)ti->records));
+		json_object_object_add(o, "not_recorded", json_object_new_int64((int64_t)ti->dropped));
+		json_object_object_add(o, "max_records", json_object_new_int64((int64_t)ti->max_records));
+		json_object_object_add(o, "seconds", json_object_new_double(ti->seconds));
+	}
+	return o;
+}
+
+/*
+ * tierctl trace SET start FILE [--max N] | stop | (nothing: its state):
+ * record the set's reads and writes to FILE (cache/trace.h).
+ */
+static int ctl_trace(struct json_object *req, struct json_object *resp, void *arg)
+{
+	(void)arg;
+	const char *set = req_str(req, "set"), *action = req_str(req, "action"), *path = req_str(req, "path");
+	struct json_object *m;
+	int64_t max = json_object_object_get_ex(req, "max_records", &m) ? json_object_get_int64(m) : 0;
+	if (!set)
+		return control_error(resp, "trace: which cache set?");
+	int i;
+	for (i = 0; i < g_cfg->ncaches && strcmp(g_cfg->caches[i].name, set); i++)
+		;
+	if (i == g_cfg->ncaches)
+		return control_error(resp, "trace: no cache set named %s", set);
+	if (!g_sets[i])
+		return control_error(resp, "trace: cache set %s is not open (see tierctl status)", set);
+	struct cache_trace_info ti;
+	if (!action) {
+		cache_trace_get(g_sets[i], &ti);
+	} else if (!strcmp(action, "start")) {
+		char err[320];
+		if (max < 0)
+			return control_error(resp, "trace: --max takes a count of requests");
+		if (cache_trace_start(g_sets[i], path, (uint64_t)max, err, sizeof(err)) < 0)
+			return control_error(resp, "trace: %s", err);
+		cache_trace_get(g_sets[i], &ti);
+	} else if (!strcmp(action, "stop")) {
+		int r = cache_trace_stop(g_sets[i], &ti);
+		if (r == -ENOENT)
+			return control_error(resp, "trace: cache set %s is not being traced", set);
+		if (r < 0)
+			return control_error(resp, "trace: %s is incomplete: %s", ti.path, strerror(-r));
+	} else {
+		return control_error(resp, "trace: start FILE, stop, or nothing (the state), not %s", action);
+	}
+	json_object_object_add(resp, "trace", trace_json(set, &ti));
+	return 0;
+}
+
 void ctl_cache_update(const struct config *cfg, struct bdev **vols)
 {
 	g_cfg = cfg;
@@ -687,6 +745,7 @@ void ctl_cache_register(const struct config *cfg, struct cache_set **sets, struc
 	g_vols = vols;
 	control_register("stats", ctl_stats, NULL);
 	control_register("advise", ctl_advise, NULL);
+	control_register("trace", ctl_trace, NULL);
 	control_register("flush", ctl_flush, NULL);
 	control_register("flush-progress", ctl_flush_progress, NULL);
 	control_register("mode", ctl_mode, NULL);

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <json-c/json.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,10 @@ static void usage(FILE *f)
 		"                             the read hit ratio each set and LUN would have at 1/4 to 8\n"
 		"                             times today's cache size (--target: the size that reaches\n"
 		"                             PCT; --reset: then start a fresh curve)\n"
+		"  trace SET start FILE [--max N] | trace SET stop | trace SET\n"
+		"                             record every read and write SET serves to FILE (created\n"
+		"                             by the daemon; \"R|W LUN OFFSET LEN\" a line, for replay\n"
+		"                             and sizing; --max: stop recording after N requests)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 run the LUN uncached from now on, and destage its dirty\n"
 		"                             data (bytes left, rate and ETA until done)\n"
@@ -490,6 +495,32 @@ int main(int argc, char **argv)
 				usage(stderr);
 				return 2;
 			}
+		}
+	} else if (!strcmp(cmd, "trace") && nargs >= 1 && nargs <= 5) {
+		json_object_object_add(req, "set", json_object_new_string(args[0]));
+		if (nargs >= 3 && !strcmp(args[1], "start")) {
+			char abs[PATH_MAX];
+			/* the daemon has its own working directory: name the file whole */
+			if (args[2][0] != '/' && getcwd(abs, sizeof(abs)) &&
+			    strlen(abs) + strlen(args[2]) + 2 <= sizeof(abs)) {
+				strcat(abs, "/");
+				strcat(abs, args[2]);
+			} else {
+				snprintf(abs, sizeof(abs), "%s", args[2]);
+			}
+			json_object_object_add(req, "action", json_object_new_string("start"));
+			json_object_object_add(req, "path", json_object_new_string(abs));
+			if (nargs == 5 && !strcmp(args[3], "--max") && atoll(args[4]) > 0) {
+				json_object_object_add(req, "max_records", json_object_new_int64(atoll(args[4])));
+			} else if (nargs != 3) {
+				usage(stderr);
+				return 2;
+			}
+		} else if (nargs == 2 && !strcmp(args[1], "stop")) {
+			json_object_object_add(req, "action", json_object_new_string("stop"));
+		} else if (nargs != 1) {
+			usage(stderr);
+			return 2;
 		}
 	} else if (!strcmp(cmd, "mode") && nargs == 2) {
 		wait = true; /* leaving write-back: follow the destage */

@@ -4,11 +4,16 @@
  * Each worker has a ring of its own (single producer: the worker; single
  * consumer: the trace's thread). The thread wakes every DRAIN_MS, takes
  * what every ring holds at that moment and writes it merged by timestamp,
- * so lines from two workers interleave as the requests arrived (up to the
- * few microseconds between a worker reading the clock and publishing the
- * record). cs->trace is published and retired like an RCU pointer:
- * cache_trace_stop clears it, waits a grace period (no worker can still
- * be pushing), then the thread drains the rest and the file is closed.
+ * so lines from two workers interleave as the requests arrived. A worker
+ * reads the clock just before it publishes its record; one preempted in
+ * between can publish after the thread drained newer records of other
+ * workers, and its line then comes a little late (its timestamp says so).
+ *
+ * cs->trace is published and retired like an RCU pointer: cache_trace_stop
+ * clears it and waits a grace period (no worker can still be pushing), then
+ * the thread drains the rest, writes the footer, syncs and closes the file,
+ * and ends. Everything that touches the file or looks up a volume runs on
+ * that thread, an RCU reader of its own.
  *
  * Threading: cache_trace_note on workers, under rcu_read_lock; start, stop
  * and get on the control or main thread, serialised by trace_mu.
@@ -21,6 +26,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,22 +58,27 @@ struct trace_ring {
 };
 
 struct cache_trace {
+	/* read by the workers on every request: never written while they run
+	 * but for full, once */
+	struct trace_ring *rings;    /* nrings of them */
+	unsigned nrings;
+	_Atomic bool full;           /* max_records written: record no more */
+	uint64_t max_records;
+	/* the trace's thread and the control thread */
+	_Alignas(64) _Atomic uint64_t written;
+	_Atomic uint64_t off_worker; /* requests from a thread that is no worker (none today) */
 	struct cache_set *cs;
 	FILE *f;
 	char path[256];
-	unsigned nrings;
-	uint64_t max_records;
-	_Atomic bool full;           /* max_records written: record no more */
-	_Atomic uint64_t off_worker; /* requests from a thread that is no worker */
-	_Atomic uint64_t written;
 	uint64_t t0_ns;
-	int write_err;               /* the first error writing the file */
+	int err;                     /* the first error writing or closing the file */
+	uint32_t *at, *end;          /* drain's cursors, per ring */
 	bool lun_named[CACHE_SET_MAX_VOLS];
 	pthread_t thread;
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
 	bool stopping;
-	struct trace_ring *rings;    /* nrings of them */
+	struct cache_trace_info final; /* filled by the thread before it ends */
 };
 
 static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -112,13 +123,19 @@ out:
 	rcu_read_unlock();
 }
 
-static void write_lun_name(struct cache_trace *t, uint16_t bid)
+static void note_err(struct cache_trace *t, int e)
+{
+	if (!t->err)
+		t->err = e ? e : EIO;
+}
+
+/* The trace's thread: "# lun ID NAME MODE" once per LUN, before its first line. */
+static void write_lun_name(struct cache_trace *t, uint32_t bid)
 {
 	if (bid >= CACHE_SET_MAX_VOLS || t->lun_named[bid])
 		return;
-	t->lun_named[bid] = true;
-	char name[72] = "?";
-	const char *mode = "?";
+	char name[72] = "";
+	const char *mode = "";
 	rcu_read_lock(); /* vol_close waits a grace period before it frees the volume */
 	struct cache_vol *v = cache_vol_of(t->cs, bid);
 	if (v) {
@@ -126,72 +143,56 @@ static void write_lun_name(struct cache_trace *t, uint16_t bid)
 		mode = cache_mode_name(cache_vol_mode(v));
 	}
 	rcu_read_unlock();
+	if (!name[0])
+		return; /* closed meanwhile: the header named it, if it was there at the start */
+	t->lun_named[bid] = true;
 	/* the mode decides whether writes are admitted: a replay needs it */
-	fprintf(t->f, "# lun %u %s %s\n", bid, name, mode);
+	if (fprintf(t->f, "# lun %u %s %s\n", bid, name, mode) < 0)
+		note_err(t, errno);
 }
 
 /* The trace's thread: write what the rings hold now, merged by time. */
 static void drain(struct cache_trace *t)
 {
-	uint32_t at[64], end[64];
-	unsigned n = t->nrings < 64 ? t->nrings : 64;
+	unsigned n = t->nrings;
+	uint64_t written = atomic_load_explicit(&t->written, memory_order_relaxed);
 	for (unsigned i = 0; i < n; i++) {
-		at[i] = atomic_load_explicit(&t->rings[i].tail, memory_order_relaxed);
-		end[i] = atomic_load_explicit(&t->rings[i].head, memory_order_acquire);
+		t->at[i] = atomic_load_explicit(&t->rings[i].tail, memory_order_relaxed);
+		t->end[i] = atomic_load_explicit(&t->rings[i].head, memory_order_acquire);
 	}
 	for (;;) {
 		int best = -1;
 		uint64_t best_t = UINT64_MAX;
 		for (unsigned i = 0; i < n; i++)
-			if (at[i] != end[i] && t->rings[i].rec[at[i] & (RING - 1)].t_ns < best_t) {
+			if (t->at[i] != t->end[i] && t->rings[i].rec[t->at[i] & (RING - 1)].t_ns < best_t) {
 				best = (int)i;
-				best_t = t->rings[i].rec[at[i] & (RING - 1)].t_ns;
+				best_t = t->rings[i].rec[t->at[i] & (RING - 1)].t_ns;
 			}
 		if (best < 0)
 			break;
-		const struct trace_rec *e = &t->rings[best].rec[at[best] & (RING - 1)];
-		if (atomic_load_explicit(&t->written, memory_order_relaxed) >= t->max_records) {
+		struct trace_ring *r = &t->rings[best];
+		const struct trace_rec *e = &r->rec[t->at[best] & (RING - 1)];
+		if (written >= t->max_records) {
 			/* full: the rest is counted, not written */
 			atomic_store_explicit(&t->full, true, memory_order_relaxed);
-			atomic_fetch_add_explicit(&t->rings[best].over, 1, memory_order_relaxed);
-			at[best]++;
-			atomic_store_explicit(&t->rings[best].tail, at[best], memory_order_release);
-			continue;
+			atomic_fetch_add_explicit(&r->over, 1, memory_order_relaxed);
+		} else {
+			write_lun_name(t, e->bid);
+			/* the fifth field, microseconds since the start, is for
+			 * whoever wants the arrival times; the replay reads four */
+			if (fprintf(t->f, "%c %u %llu %u %llu\n", e->write ? 'W' : 'R', e->bid,
+				    (unsigned long long)e->off, e->len,
+				    (unsigned long long)(e->t_ns > t->t0_ns ? (e->t_ns - t->t0_ns) / 1000 : 0)) < 0)
+				note_err(t, errno);
+			written++;
 		}
-		write_lun_name(t, e->bid);
-		if (fprintf(t->f, "%c %u %llu %u\n", e->write ? 'W' : 'R', e->bid, (unsigned long long)e->off,
-			    e->len) < 0 &&
-		    !t->write_err)
-			t->write_err = errno ? errno : EIO;
-		at[best]++;
-		atomic_store_explicit(&t->rings[best].tail, at[best], memory_order_release);
-		atomic_fetch_add_explicit(&t->written, 1, memory_order_relaxed);
+		t->at[best]++;
+		/* the slot is free again once the line is formatted */
+		atomic_store_explicit(&r->tail, t->at[best], memory_order_release);
 	}
-	if (fflush(t->f) && !t->write_err)
-		t->write_err = errno ? errno : EIO;
-}
-
-static void *trace_thread(void *arg)
-{
-	struct cache_trace *t = arg;
-	rcu_register_thread(); /* write_lun_name reads a volume under rcu_read_lock */
-	pthread_mutex_lock(&t->mu);
-	while (!t->stopping) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += DRAIN_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&t->cond, &t->mu, &ts);
-		pthread_mutex_unlock(&t->mu);
-		drain(t);
-		pthread_mutex_lock(&t->mu);
-	}
-	pthread_mutex_unlock(&t->mu);
-	rcu_unregister_thread();
-	return NULL;
+	atomic_store_explicit(&t->written, written, memory_order_relaxed);
+	if (fflush(t->f))
+		note_err(t, errno);
 }
 
 static uint64_t dropped_of(const struct cache_trace *t)
@@ -213,10 +214,66 @@ static void info_of(const struct cache_trace *t, struct cache_trace_info *out)
 	out->seconds = (double)(mono_ns() - t->t0_ns) / 1e9;
 }
 
+/* Make the file and its name durable, and close it. The trace's thread. */
+static void finish_file(struct cache_trace *t)
+{
+	if (fflush(t->f) || ferror(t->f))
+		note_err(t, errno);
+	if (fsync(fileno(t->f)))
+		note_err(t, errno);
+	if (fclose(t->f))
+		note_err(t, errno);
+	t->f = NULL;
+	char dir[sizeof(t->path)];
+	snprintf(dir, sizeof(dir), "%s", t->path);
+	int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		if (fsync(dfd))
+			note_err(t, errno);
+		close(dfd);
+	}
+}
+
+static void *trace_thread(void *arg)
+{
+	struct cache_trace *t = arg;
+	rcu_register_thread(); /* write_lun_name reads volumes under rcu_read_lock */
+	/* the LUNs attached now are named in the header, before any line */
+	for (uint32_t b = 0; b < CACHE_SET_MAX_VOLS; b++)
+		write_lun_name(t, b);
+	pthread_mutex_lock(&t->mu);
+	while (!t->stopping) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += DRAIN_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&t->cond, &t->mu, &ts);
+		pthread_mutex_unlock(&t->mu);
+		drain(t);
+		pthread_mutex_lock(&t->mu);
+	}
+	pthread_mutex_unlock(&t->mu);
+	/* stopping: cache_trace_stop waited a grace period, nothing comes any more */
+	drain(t);
+	info_of(t, &t->final);
+	t->final.on = false;
+	if (fprintf(t->f, "# records %llu, dropped %llu, %.1f s\n", (unsigned long long)t->final.records,
+		    (unsigned long long)t->final.dropped, t->final.seconds) < 0)
+		note_err(t, errno);
+	finish_file(t);
+	rcu_unregister_thread();
+	return NULL;
+}
+
 static void trace_free(struct cache_trace *t)
 {
 	pthread_mutex_destroy(&t->mu);
 	pthread_cond_destroy(&t->cond);
+	free(t->at);
+	free(t->end);
 	free(t->rings);
 	free(t);
 }
@@ -233,13 +290,20 @@ int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_recor
 		snprintf(err, errlen, "cache %s is being traced already (tierctl trace %s stop)", cs->name, cs->name);
 		return -EBUSY;
 	}
-	struct cache_trace *t = calloc(1, sizeof(*t));
 	unsigned n = workers_count();
-	if (n > 64)
-		n = 64;
-	if (t)
+	struct cache_trace *t = aligned_alloc(64, (sizeof(*t) + 63) / 64 * 64);
+	if (t) {
+		memset(t, 0, sizeof(*t));
 		t->rings = aligned_alloc(64, sizeof(*t->rings) * (n ? n : 1));
-	if (!t || !t->rings) {
+		t->at = calloc(n ? n : 1, sizeof(*t->at));
+		t->end = calloc(n ? n : 1, sizeof(*t->end));
+	}
+	if (!t || !t->rings || !t->at || !t->end) {
+		if (t) {
+			free(t->rings);
+			free(t->at);
+			free(t->end);
+		}
 		free(t);
 		pthread_mutex_unlock(&trace_mu);
 		snprintf(err, errlen, "out of memory");
@@ -253,11 +317,16 @@ int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_recor
 	pthread_mutex_init(&t->mu, NULL);
 	pthread_cond_init(&t->cond, NULL);
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-	if (fd < 0 || !(t->f = fdopen(fd, "w"))) {
+	if (fd >= 0 && !(t->f = fdopen(fd, "w"))) {
 		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		snprintf(err, errlen, "cannot create %s: %s", path, strerror(e));
+		close(fd);
+		unlink(path); /* ours: O_EXCL made it */
+		errno = e;
+		fd = -1;
+	}
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+		int e = errno;
 		trace_free(t);
 		pthread_mutex_unlock(&trace_mu);
 		return -e;
@@ -266,11 +335,21 @@ int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_recor
 	struct tm tm;
 	char when[32];
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
-	fprintf(t->f, "# tiercache trace of cache %s, started %s\n# R|W LUN OFFSET LEN (bytes), in arrival order\n",
+	fprintf(t->f,
+		"# tiercache trace of cache %s, started %s\n"
+		"# R|W LUN OFFSET LEN (bytes) MICROSECONDS (since the start), in arrival order\n",
 		cs->name, when);
 	fprintf(t->f, "# nslots %u\n# extent %u\n# admit_hits %u\n# seq_cutoff %llu\n", cs->lay.nslots,
 		cs->lay.extent_size, cs->cfg.admit_hits ? cs->cfg.admit_hits : 1, (unsigned long long)cs->cfg.seq_cutoff);
-	fflush(t->f);
+	if (fflush(t->f) || ferror(t->f)) {
+		int e = errno ? errno : EIO;
+		snprintf(err, errlen, "cannot write %s: %s", path, strerror(e));
+		fclose(t->f);
+		unlink(path);
+		trace_free(t);
+		pthread_mutex_unlock(&trace_mu);
+		return -e;
+	}
 	t->t0_ns = mono_ns();
 	int e = pthread_create(&t->thread, NULL, trace_thread, t);
 	if (e) {
@@ -301,29 +380,20 @@ int cache_trace_stop(struct cache_set *cs, struct cache_trace_info *out)
 	t->stopping = true;
 	pthread_cond_signal(&t->cond);
 	pthread_mutex_unlock(&t->mu);
+	/* the rest of the rings, the footer, fsync: on the thread (the file
+	 * was flushed every 20 ms, so what the sync waits for is bounded by
+	 * the kernel's own write-back of the last seconds) */
 	pthread_join(t->thread, NULL);
-	drain(t);
-	struct cache_trace_info info;
-	info_of(t, &info);
-	info.on = false;
-	fprintf(t->f, "# records %llu, dropped %llu, %.1f s\n", (unsigned long long)info.records,
-		(unsigned long long)info.dropped, info.seconds);
-	int r = 0;
-	if (fflush(t->f) || fsync(fileno(t->f)))
-		r = -errno;
-	if (fclose(t->f) && !r)
-		r = -errno;
-	if (t->write_err && !r)
-		r = -t->write_err;
+	int r = -t->err;
 	if (r)
 		log_err("cache %s: the trace %s is incomplete: %s", cs->name, t->path, strerror(-r));
 	else
 		log_info("cache %s: trace %s done: %llu requests, %llu not recorded", cs->name, t->path,
-			 (unsigned long long)info.records, (unsigned long long)info.dropped);
+			 (unsigned long long)t->final.records, (unsigned long long)t->final.dropped);
+	if (out)
+		*out = t->final;
 	trace_free(t);
 	pthread_mutex_unlock(&trace_mu);
-	if (out)
-		*out = info;
 	return r;
 }
 

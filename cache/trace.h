@@ -3,8 +3,8 @@
  * replay: `tierctl trace SET start FILE` ... `tierctl trace SET stop`.
  *
  * One text line per READ or WRITE request as the volume received it,
- * "R|W LUN OFFSET LEN" (LUN is the backing id; bytes), in the order the
- * requests arrived, after a header of '#' lines: the set's slots and
+ * "R|W LUN OFFSET LEN USEC" (LUN is the backing id; bytes; microseconds
+ * since the start), in the order the requests arrived, after a header of '#' lines: the set's slots and
  * extent size ("# nslots N", "# extent N"), its policy settings
  * ("# admit_hits N", "# seq_cutoff BYTES"), and each LUN's name and cache
  * mode ("# lun ID NAME MODE", before its first request).
@@ -15,7 +15,8 @@
  * Cost: nothing while no trace runs but one load per request. While one
  * runs, a timestamp and a record in the worker's own ring (no lock, no
  * system call); a thread of the trace drains the rings every 20 ms in
- * time order and writes the lines. A record that finds its ring full is
+ * time order and writes the lines, and at stop the rest, a footer
+ * ("# records N, dropped D, S s"), and syncs the file. A record that finds its ring full is
  * counted as dropped, not waited for; the footer says how many.
  */
 #ifndef TC_CACHE_TRACE_H
@@ -37,7 +38,7 @@ struct cache_trace_info {
 	double seconds;       /* since it started */
 };
 
-/* Control thread. Creates path (O_EXCL: never over an existing file).
+/* Control thread. Creates path, absolute (O_EXCL: never over an existing file).
  * max_records 0: 50 million. -EBUSY when a trace runs already. */
 int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_records, char *err, size_t errlen);
 /* Control or main thread: stop, write the rest and the footer, close.

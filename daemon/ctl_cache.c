@@ -713,9 +713,18 @@ static int ctl_trace(struct json_object *req, struct json_object *resp, void *ar
 	if (!action) {
 		cache_trace_get(g_sets[i], &ti);
 	} else if (!strcmp(action, "start")) {
-		char err[320];
+		char err[320], full[256];
 		if (max < 0)
 			return control_error(resp, "trace: --max takes a count of requests");
+		if (!path || !path[0])
+			return control_error(resp, "trace: start needs a file");
+		/* a relative name is in the state directory: under the shipped
+		 * unit the daemon can write there (and in /srv/tiercache) only */
+		if (path[0] != '/' && g_cfg->state_dir) {
+			if ((size_t)snprintf(full, sizeof(full), "%s/%s", g_cfg->state_dir, path) >= sizeof(full))
+				return control_error(resp, "trace: %s/%s is too long", g_cfg->state_dir, path);
+			path = full;
+		}
 		if (cache_trace_start(g_sets[i], path, (uint64_t)max, err, sizeof(err)) < 0)
 			return control_error(resp, "trace: %s", err);
 		cache_trace_get(g_sets[i], &ti);

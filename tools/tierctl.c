@@ -18,6 +18,7 @@
 #include <getopt.h>
 #include <json-c/json.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,8 +48,9 @@ static void usage(FILE *f)
 		"                             PCT; --reset: then start a fresh curve)\n"
 		"  trace SET start FILE [--max N] | trace SET stop | trace SET\n"
 		"                             record every read and write SET serves to FILE (created\n"
-		"                             by the daemon; \"R|W LUN OFFSET LEN\" a line, for replay\n"
-		"                             and sizing; --max: stop recording after N requests)\n"
+		"                             by the daemon, in its state_dir unless absolute; \"R|W\n"
+		"                             LUN OFFSET LEN USEC\" a line, for replay and sizing;\n"
+		"                             --max: stop recording after N requests)\n"
 		"  mode LUN MODE              write-back | write-through | write-around | pass-through\n"
 		"  detach LUN                 run the LUN uncached from now on, and destage its dirty\n"
 		"                             data (bytes left, rate and ETA until done)\n"
@@ -499,19 +501,18 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "trace") && nargs >= 1 && nargs <= 5) {
 		json_object_object_add(req, "set", json_object_new_string(args[0]));
 		if (nargs >= 3 && !strcmp(args[1], "start")) {
-			char abs[PATH_MAX];
-			/* the daemon has its own working directory: name the file whole */
-			if (args[2][0] != '/' && getcwd(abs, sizeof(abs)) &&
-			    strlen(abs) + strlen(args[2]) + 2 <= sizeof(abs)) {
-				strcat(abs, "/");
-				strcat(abs, args[2]);
-			} else {
-				snprintf(abs, sizeof(abs), "%s", args[2]);
-			}
+			/* the daemon creates the file: a relative name is in its state directory */
 			json_object_object_add(req, "action", json_object_new_string("start"));
-			json_object_object_add(req, "path", json_object_new_string(abs));
-			if (nargs == 5 && !strcmp(args[3], "--max") && atoll(args[4]) > 0) {
-				json_object_object_add(req, "max_records", json_object_new_int64(atoll(args[4])));
+			json_object_object_add(req, "path", json_object_new_string(args[2]));
+			if (nargs == 5 && !strcmp(args[3], "--max")) {
+				char *end;
+				errno = 0;
+				unsigned long long m = strtoull(args[4], &end, 10);
+				if (errno || *end || !m || m > INT64_MAX || args[4][0] == '-') {
+					fprintf(stderr, "tierctl: trace --max takes a count of requests, like 1000000\n");
+					return 2;
+				}
+				json_object_object_add(req, "max_records", json_object_new_int64((int64_t)m));
 			} else if (nargs != 3) {
 				usage(stderr);
 				return 2;

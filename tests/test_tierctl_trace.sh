@@ -13,6 +13,9 @@
 #    requests and counts every later one as not recorded; stop says what
 #    was written.
 #  - tests/unit/test_advisor reads the file (the replay's input format).
+#  - a trace still running when the daemon stops is finished (footer,
+#    sync) and the daemon exits 0; make check runs this test on the ASan
+#    daemon too.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 CTL=$TC_ROOT/build/tierctl
@@ -118,3 +121,11 @@ pass "a relative name lands in state_dir; --max 3 wrote 3 requests and counted t
 grep -q "t1.trace: 5 requests, 9 accesses" "$T/adv.out" ||
 	fail "test_advisor did not read the trace's 5 requests (9 pieces): $(grep requests "$T/adv.out")"
 pass "tests/unit/test_advisor reads the recorded file: 5 requests, 9 extent pieces"
+
+# a trace still running when the daemon stops is finished: rest, footer, sync
+ctl trace fast start "$T/last.trace" >/dev/null 2>&1 || fail "trace start last"
+qio -c 'write 0 4k' -c 'read 0 4k' "$base/0"
+tc_stop
+[ "$(grep -vc '^#' "$T/last.trace")" = 2 ] && grep -qx '# records 2, dropped 0, .*' "$T/last.trace" ||
+	fail "a trace running at shutdown: $(tail -3 "$T/last.trace" | tr '\n' ' ')"
+pass "a trace running when the daemon stops is finished with its 2 requests and its footer; exit status 0"

@@ -42,6 +42,15 @@
 #  10. (extra) target-side copies: EXTENDED COPY (sg_xcopy) of LUN 1 onto
 #      LUN 0, cmp equal. ODX with ddpt --odx is SKIPped: bookworm's ddpt 0.97
 #      sends malformed POPULATE TOKEN range descriptors (see step10).
+#  11. (recording, not a check; STEPS="1 11") a trace of a real filesystem
+#      workload for the sizing advisor: tierctl trace records cache fast
+#      while ext4 on LUN 0 takes a source tarball (zlib, Debian's), and in
+#      three trees of their own unpacks it, configures and builds it, runs
+#      its tests and builds it again from clean (the first tree is removed
+#      before the third), the guest's page cache dropped between phases (a
+#      host with little memory to spare). The trace comes
+#      back compressed to $W/ext4-build.trace.xz; tests/unit/test_advisor
+#      replays the copy in tests/data/advisor/.
 #
 # Usage: tests/system/run-vm-initiator.sh [setup|build|boot|check|stop|all]
 #        (debugging a running guest, KEEP=1: gsh CMD runs CMD in it, push
@@ -64,6 +73,9 @@ VMDIR=$W # lib-vm.sh: where the kernel is
 
 # Debian packages of the guest root (debootstrap --include)
 GUEST_PKGS=open-iscsi,sg3-utils,fio,e2fsprogs,multipath-tools,udev,kmod,iproute2,busybox,procps,util-linux,ddpt,tcpdump
+# step 11 builds a source tree in the guest
+recording() { [[ " $STEPS " == *" 11 "* ]]; }
+recording && GUEST_PKGS+=,gcc,make,libc6-dev,xz-utils,bzip2
 # kernel modules of the guest root (with what modprobe --show-depends adds)
 ROOT_MODS="iscsi_tcp libiscsi libiscsi_tcp scsi_transport_iscsi sd_mod sg scsi_dh_alua scsi_dh_emc scsi_dh_rdac
 	dm_mod dm_multipath dm_round_robin dm_service_time dm_queue_length ext4 crc32c_generic
@@ -96,6 +108,15 @@ setup() {
 		DEBIAN_FRONTEND=noninteractive chroot "$R" apt-get install -y -qq $missing >/dev/null
 	fi
 	chroot "$R" apt-get clean
+	# step 11's source tree: Debian's zlib source, fetched from the archive
+	if recording && ! ls "$W"/src/zlib_*.orig.tar.* >/dev/null 2>&1; then
+		mkdir -p "$W/src/lists/partial"
+		echo "deb-src http://deb.debian.org/debian bookworm main" >"$W/src/sources.list"
+		local o=(-o Dir::Etc::SourceList="$W/src/sources.list" -o Dir::Etc::SourceParts=/dev/null
+			-o Dir::State::Lists="$W/src/lists")
+		apt-get "${o[@]}" update -qq
+		(cd "$W/src" && apt-get "${o[@]}" source --download-only zlib)
+	fi
 }
 
 # the guest's /sbin/tc-init (PID 1 after switch_root): modules, udev, the debug
@@ -662,6 +683,36 @@ step10() {
 	kcheck step10
 }
 
+# drop the guest's page cache: the next phase reads from the LUN
+dropc() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+step11() {
+	local d tb t=/var/lib/tiercache/ext4-build.trace rc
+	d=$(cat /run/ini-diskA)
+	tb=$(ls /usr/src/zlib_*.orig.tar.*) || { bad "no source tarball in /usr/src"; return; }
+	rm -f $t
+	tierctl -c /etc/tiercached.conf trace fast start $t || { bad "tierctl trace start"; return; }
+	mkfs.ext4 -q -F /dev/$d && mkdir -p /mnt/rec && mount /dev/$d /mnt/rec || { bad "mkfs/mount /dev/$d"; return; }
+	cp "$tb" /mnt/rec/ && dropc
+	# three builds in trees of their own, as a build server keeps them;
+	# the first tree is removed before the third build
+	rc=0
+	for i in 1 2 3; do
+		[ $i = 3 ] && rm -rf /mnt/rec/b1 && dropc
+		mkdir -p /mnt/rec/b$i && (cd /mnt/rec/b$i && tar xf "../${tb##*/}") && dropc || { bad "unpack $i"; rc=1; break; }
+		(cd /mnt/rec/b$i/zlib-* && ./configure && make -j2 && dropc && make test && dropc &&
+			make clean && make -j2 && dropc && tar cf - . | wc -c) >/tmp/build$i.log 2>&1 || { rc=$?; break; }
+		tail -1 /tmp/build$i.log | sed "s/^/   build $i| /"
+	done
+	umount /mnt/rec
+	tierctl -c /etc/tiercached.conf trace fast stop | sed 's/^/   trace| /'
+	[ $rc = 0 ] && ok "zlib unpacked, configured, built, tested and rebuilt three times on ext4 on LUN 0" || bad "the builds (rc $rc)"
+	ok "trace: $(grep -vc '^#' $t) requests"
+	echo "TRACE-BEGIN"
+	xz -6 -c $t | base64 -w 76 # -9 wants more memory than the guest has
+	echo "TRACE-END"
+}
+
 "$@"
 EOF
 chmod 755 "$R/sbin/ini-steps"
@@ -678,6 +729,8 @@ build() {
 		"$R/etc/iscsi/iscsid.conf"
 	rm -rf "$R"/etc/iscsi/{nodes,send_targets,ifaces} "$R"/etc/multipath.conf "$R"/etc/multipath/{bindings,wwids}
 	rm -f "$W/ini-root.img" "$W/ini-data.img"
+	rm -f "$R"/usr/src/zlib_*
+	if recording; then cp "$W"/src/zlib_*.orig.tar.* "$R/usr/src/"; fi
 	mkfs.ext4 -q -F -L tcroot -d "$R" "$W/ini-root.img" 1G
 	# the daemon's state_dir, backing files and cache legs: a fresh filesystem each run
 	mkfs.ext4 -q -F -L tcdata "$W/ini-data.img" 512M
@@ -724,10 +777,20 @@ check() {
 		7) title="dm-multipath over two portals, one path lost under I/O" ;;
 		9) title="(extra) CHAP: SHA3-256, SHA-256, MD5, mutual" ;;
 		10) title="(extra) ODX with ddpt, EXTENDED COPY with sg_xcopy" ;;
+		11) title="(recording) a trace of ext4 while a source tree is unpacked and built" ;;
 		esac
 		echo "== step $n: $title"
 		t0=$(now)
-		out=$(gsh "/sbin/ini-steps step$n") || true
+		if [ "$n" = 11 ]; then
+			out=$(TMO=3000 gsh "/sbin/ini-steps step$n") || true # three builds under TCG
+		else
+			out=$(gsh "/sbin/ini-steps step$n") || true
+		fi
+		if [ "$n" = 11 ]; then
+			echo "$out" | sed -n '/^TRACE-BEGIN$/,/^TRACE-END$/p' | sed '1d;$d' | base64 -d >"$W/ext4-build.trace.xz" &&
+				echo "   the trace: $W/ext4-build.trace.xz ($(stat -c %s "$W/ext4-build.trace.xz") bytes)"
+			out=$(echo "$out" | sed '/^TRACE-BEGIN$/,/^TRACE-END$/d')
+		fi
 		echo "$out"
 		echo "   (step $n: $(since "$t0") s)"
 		echo "$out" | grep -q '^FAIL: ' && RC=1

@@ -18,9 +18,11 @@
  *               200k requests (a backup beside the hot set); LUN 2 a loop
  *               over 30k extents in a fixed random order plus one-touch
  *               random reads.
- *   TRACE       with an argument: a recorded trace ("R|W LUN OFFSET LEN"
- *               per line, bytes; tests/data/advisor/), at the size its
- *               header names ("# nslots N").
+ *   TRACE [N [S]]  with an argument: a recorded trace ("R|W LUN OFFSET
+ *               LEN" per line, bytes; tierctl trace writes them;
+ *               tests/data/advisor/), at the size its header names
+ *               ("# nslots N") or N slots; S: the advisor's copies at 1x
+ *               have S slots (sampling rate S/N) instead of 4096.
  *
  * Prints the curves side by side, the advisor's memory, and its CPU time per
  * million accesses (not asserted: this machine is noisy).
@@ -59,6 +61,7 @@ struct trace {
 	struct acc *a;
 	size_t n, cap;
 	uint64_t max_ext;
+	bool has_lun[NLUNS];
 };
 
 static void push(struct trace *t, uint8_t lun, bool write, uint64_t off, uint32_t len)
@@ -72,6 +75,7 @@ static void push(struct trace *t, uint8_t lun, bool write, uint64_t off, uint32_
 		}
 	}
 	t->a[t->n++] = (struct acc){ off, len, lun, write };
+	t->has_lun[lun] = true;
 	if ((off + len - 1) / EXTENT > t->max_ext)
 		t->max_ext = (off + len - 1) / EXTENT;
 }
@@ -195,10 +199,12 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static uint32_t SAMPLE_SLOTS; /* the advisor's slots per copy at 1x (0: its default) */
+
 /* Feed the advisor the trace as the daemon does: one note per piece. */
 static struct advisor *advise(const struct trace *t, uint32_t nslots, uint64_t *notes, double *secs)
 {
-	struct advisor_cfg cfg = { .nslots = nslots, .policy = set_policy() };
+	struct advisor_cfg cfg = { .nslots = nslots, .policy = set_policy(), .sample_slots = SAMPLE_SLOTS };
 	struct advisor *a = advisor_new(&cfg);
 	struct policy_cfg sc = set_policy();
 	sc.nslots = nslots;
@@ -266,6 +272,8 @@ static void run_workload(const char *name, const struct trace *t, uint32_t nslot
 	snprintf(what, sizeof(what), "%s, the set", name);
 	compare(what, t, 0, nslots, &r.set);
 	for (int l = 1; per_lun && l < NLUNS; l++) {
+		if (!t->has_lun[l])
+			continue; /* a trace of one LUN */
 		snprintf(what, sizeof(what), "%s, LUN %d alone", name, l);
 		CHECK(r.lun[l].on, "%s: a curve", what);
 		compare(what, t, l, nslots, &r.lun[l]);
@@ -474,6 +482,10 @@ int main(int argc, char **argv)
 			fprintf(stderr, "%s: not a trace with a '# nslots N' line\n", argv[1]);
 			return 2;
 		}
+		if (argc > 2) /* "today's" size other than the recording set's */
+			nslots = (uint32_t)strtoul(argv[2], NULL, 0);
+		if (argc > 3) /* a copy at 1x this small: a sample of the extents even on a small trace */
+			SAMPLE_SLOTS = (uint32_t)strtoul(argv[3], NULL, 0);
 		run_workload(argv[1], &t, nslots, true);
 		free(t.a);
 	} else {

@@ -227,7 +227,9 @@ struct iscsi_cmd *iscsi_cmd_get(struct iscsi_sess *s, bool immediate)
 	if (!immediate)
 		s->active_nonimm++;
 	cmd->immediate = immediate;
-	cmd->aborted = cmd->failed = cmd->status_sent = false;
+	/* every flag of the command's last life: one left overdue would
+	 * have the next command's answer dropped (cmd_done) */
+	cmd->aborted = cmd->failed = cmd->status_sent = cmd->overdue = false;
 	cmd->nbufs = 0;
 	cmd->received = cmd->unsol_expected = cmd->unsol_received = cmd->unsol_datasn = 0;
 	cmd->unsol_final = false;

@@ -171,7 +171,12 @@ static void guard_submit(struct bdev *dev, struct bdev_req *req)
 	if (r)
 		greq_free = r->next;
 	else if (!(r = malloc(sizeof(*r)))) {
-		bdev_submit(g->inner, req); /* no memory: unguarded beats failed */
+		/* no memory: again later, not unguarded. Passed through, req
+		 * came back naming the leg's own device, and the mirror
+		 * ignores an error from a device that is not its leg's (a
+		 * replaced leg's late answer): the leg that failed a write
+		 * stayed in service without it. */
+		bdev_submit_later(dev, req);
 		return;
 	}
 	watch();

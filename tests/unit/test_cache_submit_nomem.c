@@ -14,6 +14,12 @@
  *  - done() is not called while submit runs;
  *  - the request completes later, without an error;
  *  - a write so retried reads back, and a mirror read returns the leg's bytes.
+ * And a leg guard (leg_timeout) that finds no memory for a request to its
+ * leg takes it again later too, and the request comes back naming the
+ * guard: it used to be passed straight to the leg and came back naming
+ * the leg's own device, and the mirror ignores an error from a device
+ * that is not its leg's (a replaced leg's late answer), so the leg that
+ * failed a write stayed in service without it.
  */
 #include "cache/cache_int.h"
 #include "tests/unit/cache_test_util.h"
@@ -56,9 +62,12 @@ struct job {
 	sem_t done;
 };
 
+static struct bdev *last_dev; /* the dev the last job's request came back with */
+
 static void job_done(struct bdev_req *req, int err)
 {
 	struct job *j = req->priv;
+	last_dev = req->dev;
 	j->err = err;
 	j->nested = in_submit;
 	sem_post(&j->done);
@@ -128,11 +137,37 @@ int main(void)
 	CHECK(e == 0 && !memcmp(r, d[1]->data, LEN), "mirror: the read completed later with the leg's bytes (err %d)",
 	      e);
 
-	buf_put(w, LEN);
 	buf_put(r, LEN);
+	r = NULL;
 	cache_set_shutdown(cs); /* waits for the fill the read started */
 	bdev_close(vol);
 	cache_set_close(cs);
+
+	/*
+	 * A leg guard (leg_timeout), on worker 3, whose guard context pool is
+	 * empty (the first set has no guards): the context is the first
+	 * allocation. The request must come back later, naming the guard.
+	 */
+	struct cache_set_cfg gcfg = cfg;
+	gcfg.name = "guarded";
+	gcfg.leg_timeout_ms = 30000;
+	struct mem_bdev *g[2];
+	for (int i = 0; i < 2; i++)
+		g[i] = mem_new(10 + i, LEG_SIZE, NULL);
+	struct bdev *glegs[2] = { &g[0]->dev, &g[1]->dev };
+	struct cache_set *gs = cache_set_open_devs(&gcfg, glegs, err, sizeof(err));
+	REQUIRE(gs, "open guarded: %s", err);
+	before = atomic_load(&failed_mallocs);
+	last_dev = NULL;
+	e = run_on(3, gs->legs[1], BDEV_WRITE, 1u << 20, w, 1, &nested);
+	CHECK(atomic_load(&failed_mallocs) == before + 1, "guard: the allocation was refused");
+	CHECK(!nested, "guard: done() did not run inside submit");
+	CHECK(e == 0 && !memcmp(g[1]->data + (1u << 20), w, LEN), "guard: the write landed, later (err %d)", e);
+	CHECK(last_dev == gs->legs[1], "guard: it came back naming the guard, as the mirror checks (%s)",
+	      last_dev == &g[1]->dev ? "the leg's own device: an error would be ignored" : "?");
+	buf_put(w, LEN);
+	cache_set_shutdown(gs);
+	cache_set_close(gs);
 	workers_stop();
 	return check_failures ? 1 : 0;
 }

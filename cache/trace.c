@@ -270,6 +270,8 @@ static void *trace_thread(void *arg)
 
 static void trace_free(struct cache_trace *t)
 {
+	if (!t)
+		return;
 	pthread_mutex_destroy(&t->mu);
 	pthread_cond_destroy(&t->cond);
 	free(t->at);
@@ -278,57 +280,39 @@ static void trace_free(struct cache_trace *t)
 	free(t);
 }
 
-int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_records, char *err, size_t errlen)
+/* A trace with a ring per worker, or NULL (out of memory). */
+static struct cache_trace *trace_new(struct cache_set *cs, unsigned n)
 {
-	if (!path || path[0] != '/' || strlen(path) >= sizeof(((struct cache_trace *)0)->path)) {
-		snprintf(err, errlen, "a trace file is an absolute path of fewer than 256 bytes");
-		return -EINVAL;
-	}
-	pthread_mutex_lock(&trace_mu);
-	if (atomic_load(&cs->trace)) {
-		pthread_mutex_unlock(&trace_mu);
-		snprintf(err, errlen, "cache %s is being traced already (tierctl trace %s stop)", cs->name, cs->name);
-		return -EBUSY;
-	}
-	unsigned n = workers_count();
 	struct cache_trace *t = aligned_alloc(64, (sizeof(*t) + 63) / 64 * 64);
-	if (t) {
-		memset(t, 0, sizeof(*t));
-		t->rings = aligned_alloc(64, sizeof(*t->rings) * (n ? n : 1));
-		t->at = calloc(n ? n : 1, sizeof(*t->at));
-		t->end = calloc(n ? n : 1, sizeof(*t->end));
-	}
-	if (!t || !t->rings || !t->at || !t->end) {
-		if (t) {
-			free(t->rings);
-			free(t->at);
-			free(t->end);
-		}
-		free(t);
-		pthread_mutex_unlock(&trace_mu);
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
-	memset(t->rings, 0, sizeof(*t->rings) * (n ? n : 1));
-	t->cs = cs;
-	t->nrings = n;
-	t->max_records = max_records ? max_records : DEFAULT_MAX_RECORDS;
-	snprintf(t->path, sizeof(t->path), "%s", path);
+	if (!t)
+		return NULL;
+	memset(t, 0, sizeof(*t));
 	pthread_mutex_init(&t->mu, NULL);
 	pthread_cond_init(&t->cond, NULL);
+	t->cs = cs;
+	t->nrings = n;
+	t->rings = aligned_alloc(64, sizeof(*t->rings) * n);
+	t->at = calloc(n, sizeof(*t->at));
+	t->end = calloc(n, sizeof(*t->end));
+	if (!t->rings || !t->at || !t->end) {
+		trace_free(t);
+		return NULL;
+	}
+	memset(t->rings, 0, sizeof(*t->rings) * n);
+	return t;
+}
+
+/* Create path (never over an existing file) and write the header: 0 or -errno. */
+static int trace_create_file(struct cache_trace *t, const char *path)
+{
+	struct cache_set *cs = t->cs;
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-	if (fd >= 0 && !(t->f = fdopen(fd, "w"))) {
+	if (fd < 0)
+		return -errno;
+	if (!(t->f = fdopen(fd, "w"))) {
 		int e = errno;
 		close(fd);
 		unlink(path); /* ours: O_EXCL made it */
-		errno = e;
-		fd = -1;
-	}
-	if (fd < 0) {
-		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
-		int e = errno;
-		trace_free(t);
-		pthread_mutex_unlock(&trace_mu);
 		return -e;
 	}
 	time_t now = time(NULL);
@@ -343,27 +327,55 @@ int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_recor
 		cs->lay.extent_size, cs->cfg.admit_hits ? cs->cfg.admit_hits : 1, (unsigned long long)cs->cfg.seq_cutoff);
 	if (fflush(t->f) || ferror(t->f)) {
 		int e = errno ? errno : EIO;
-		snprintf(err, errlen, "cannot write %s: %s", path, strerror(e));
 		fclose(t->f);
+		t->f = NULL;
 		unlink(path);
-		trace_free(t);
-		pthread_mutex_unlock(&trace_mu);
 		return -e;
 	}
+	return 0;
+}
+
+int cache_trace_start(struct cache_set *cs, const char *path, uint64_t max_records, char *err, size_t errlen)
+{
+	if (!path || path[0] != '/' || strlen(path) >= sizeof(((struct cache_trace *)0)->path)) {
+		snprintf(err, errlen, "a trace file is an absolute path of fewer than 256 bytes");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&trace_mu);
+	int r;
+	struct cache_trace *t = NULL;
+	if (atomic_load(&cs->trace)) {
+		snprintf(err, errlen, "cache %s is being traced already (tierctl trace %s stop)", cs->name, cs->name);
+		r = -EBUSY;
+		goto fail;
+	}
+	unsigned n = workers_count();
+	if (!(t = trace_new(cs, n ? n : 1))) {
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
+		goto fail;
+	}
+	t->max_records = max_records ? max_records : DEFAULT_MAX_RECORDS;
+	snprintf(t->path, sizeof(t->path), "%s", path);
+	if ((r = trace_create_file(t, path)) < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", path, strerror(-r));
+		goto fail;
+	}
 	t->t0_ns = mono_ns();
-	int e = pthread_create(&t->thread, NULL, trace_thread, t);
-	if (e) {
+	if ((r = -pthread_create(&t->thread, NULL, trace_thread, t)) < 0) {
 		fclose(t->f);
 		unlink(path);
-		trace_free(t);
-		pthread_mutex_unlock(&trace_mu);
-		snprintf(err, errlen, "cannot start the trace's thread: %s", strerror(e));
-		return -e;
+		snprintf(err, errlen, "cannot start the trace's thread: %s", strerror(-r));
+		goto fail;
 	}
 	atomic_store_explicit(&cs->trace, t, memory_order_release);
 	pthread_mutex_unlock(&trace_mu);
 	log_info("cache %s: tracing reads and writes to %s", cs->name, path);
 	return 0;
+fail:
+	trace_free(t);
+	pthread_mutex_unlock(&trace_mu);
+	return r;
 }
 
 int cache_trace_stop(struct cache_set *cs, struct cache_trace_info *out)

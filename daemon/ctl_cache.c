@@ -368,6 +368,15 @@ static int ctl_detach(struct json_object *req, struct json_object *resp, void *a
 	return set_mode(resp, lun, CACHE_PASS_THROUGH);
 }
 
+/* The index of the configured cache set named name, or -1. */
+static int cache_index(const char *name)
+{
+	for (int i = 0; i < g_cfg->ncaches; i++)
+		if (!strcmp(g_cfg->caches[i].name, name))
+			return i;
+	return -1;
+}
+
 /*
  * tierctl set CACHE KEY VALUE: the settings a set changes while running,
  * destage_max (bytes per second, 0 = no cap) and destage_max_iops. Until
@@ -379,10 +388,8 @@ static int ctl_set(struct json_object *req, struct json_object *resp, void *arg)
 	const char *set = req_str(req, "set"), *key = req_str(req, "key"), *val = req_str(req, "value");
 	if (!set || !key || !val)
 		return control_error(resp, "set needs CACHE KEY VALUE");
-	int i = 0;
-	while (i < g_cfg->ncaches && strcmp(g_cfg->caches[i].name, set))
-		i++;
-	if (i == g_cfg->ncaches || !g_sets[i])
+	int i = cache_index(set);
+	if (i < 0 || !g_sets[i])
 		return control_error(resp, "no open cache set %s", set);
 	struct cache_set_status st;
 	cache_set_status(g_sets[i], &st);
@@ -702,10 +709,8 @@ static int ctl_trace(struct json_object *req, struct json_object *resp, void *ar
 	int64_t max = json_object_object_get_ex(req, "max_records", &m) ? json_object_get_int64(m) : 0;
 	if (!set)
 		return control_error(resp, "trace: which cache set?");
-	int i;
-	for (i = 0; i < g_cfg->ncaches && strcmp(g_cfg->caches[i].name, set); i++)
-		;
-	if (i == g_cfg->ncaches)
+	int i = cache_index(set);
+	if (i < 0)
 		return control_error(resp, "trace: no cache set named %s", set);
 	if (!g_sets[i])
 		return control_error(resp, "trace: cache set %s is not open (see tierctl status)", set);

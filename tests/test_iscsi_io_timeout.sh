@@ -72,7 +72,7 @@ CONF
 		pass "backing_io = $io: a reload took io_timeout from 30 s to 2 s"
 	fi
 
-	# what both ends hold while a read goes unanswered (the open bug above)
+	# what both ends hold if a read ever goes unanswered (stuck_probe runs it)
 	export STUCK_PROBE_ON_HANG="{ echo '--- sockets of port $port (Recv-Q Send-Q) ---'; ss -tnio '( sport = :$port or dport = :$port )';
 		echo '--- status ---'; '$CTL' -c '$T/t.conf' --json status;
 		echo '--- held by freeze_fs ---'; cat '$T/ff/held';

@@ -296,9 +296,10 @@ static int load_trace(const char *path, struct trace *t, uint32_t *nslots)
 		/* tierctl trace (cache/trace.h) numbers LUNs by backing id from 0:
 		 * here they are 1 and 2 */
 		if (sscanf(line, "# nslots %u", nslots) == 1 || sscanf(line, "# extent %u", &EXTENT) == 1 ||
-		    sscanf(line, "# admit_hits %u", &ADMIT_HITS) == 1 || sscanf(line, "# seq_cutoff %llu", &off) == 1) {
-			if (!strncmp(line, "# seq_cutoff", 12))
-				SEQ_CUTOFF = off;
+		    sscanf(line, "# admit_hits %u", &ADMIT_HITS) == 1)
+			continue;
+		if (sscanf(line, "# seq_cutoff %llu", &off) == 1) {
+			SEQ_CUTOFF = off;
 			continue;
 		}
 		if (sscanf(line, "# lun %u %*s %31s", &lun, mode) == 2 && lun + 1 < NLUNS)

@@ -75,7 +75,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 		struct sync_call c = { .cs = cs };
 		pthread_mutex_init(&c.lock, NULL);
 		pthread_cond_init(&c.cond, NULL);
-		cache_sb_write(cs, (void (*)(void *, int))cache_sync_done, &c);
+		cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
 		pthread_mutex_lock(&c.lock);
 		while (!c.done)
 			pthread_cond_wait(&c.cond, &c.lock);

@@ -473,13 +473,30 @@ struct set_alloc {
 	_Atomic bool reclaim_pending;
 };
 
+/*
+ * A superblock write's waiter (sb.c), embedded in what waits: asking for a
+ * write needs no memory, so it cannot be lost when memory runs out. One
+ * write at a time per job: reuse it once its callback has started.
+ */
+struct sb_job {
+	struct worker_call call;
+	struct sb_job *next;
+	struct cache_set *cs;
+	void (*cb)(void *arg, int err);
+	void *arg;
+};
+
 /* Superblock writes (sb.c): one at a time, callers queued behind it. */
 struct set_sb {
 	pthread_mutex_t lock;
 	uint64_t gen;
 	struct sb_job *waiting, *inflight;
-	_Atomic int jobs;               /* cache_sb_write calls whose callback has not run */
+	_Atomic int jobs;               /* writes asked for whose generation has not finished */
 	bool busy;
+	bool kick, kick_inflight;       /* worker 0: a generation nobody waits on is wanted / in flight */
+	_Atomic bool kick_posted;       /* kick_call is on its way to worker 0 */
+	struct worker_call kick_call, fail_call;
+	uint32_t built_failed;          /* the failed legs the generation in flight records */
 	_Atomic uint32_t include;       /* resyncing legs that superblock writes reach anyway (resync.c) */
 	int pending, ok;
 	struct cache_sb_disk *buf[CACHE_MAX_LEGS];
@@ -694,7 +711,12 @@ void cache_reclaim(struct cache_set *cs);
 void cache_want_checkpoint(struct cache_set *cs);
 void cache_ckpt_resume(struct cache_set *cs);
 /* Write the superblock to every healthy leg; cb on the calling worker. */
-void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *arg);
+/* Any thread. cb(arg, err) runs on worker 0 once a superblock generation
+ * built after this call is durable (err: no leg took it). Cannot fail. */
+void cache_sb_write(struct cache_set *cs, struct sb_job *j, void (*cb)(void *arg, int err), void *arg);
+/* Any thread: have a new generation written, with nobody waiting on it
+ * (calls coalesce). Needs no memory. */
+void cache_sb_kick(struct cache_set *cs);
 
 /* volume.c: any thread, read-only accessors; cache_vol_new main thread. */
 struct bdev *cache_vol_backing(struct cache_vol *v);
@@ -740,6 +762,7 @@ struct sync_call {
 	bool done;
 	int err;
 	struct cache_set *cs;
+	struct sb_job job;            /* for a superblock write it waits on */
 };
 /* Post fn(c) to worker 0 and wait until it calls cache_sync_done. */
 int cache_sync_run(void (*fn)(void *), struct sync_call *c);
@@ -765,6 +788,7 @@ struct ckpt {
 	int inflight;
 	bool final;                   /* clean shutdown: set the clean flag */
 	struct sync_call *waiter;
+	struct sb_job sbj;
 	void *buf[CKPT_INFLIGHT];
 	struct bdev_req req[CKPT_INFLIGHT];
 	struct iovec iov[CKPT_INFLIGHT];

@@ -155,7 +155,7 @@ static void ckpt_pump(struct ckpt *ck)
 		cs->clean_flag = ck->final;
 		pthread_mutex_unlock(&cs->sb.lock);
 		ck->cursor++; /* once */
-		cache_sb_write(cs, ckpt_sb_done, ck);
+		cache_sb_write(cs, &ck->sbj, ckpt_sb_done, ck);
 	}
 }
 

@@ -44,6 +44,7 @@ struct resync {
 	void *buf;
 	struct iovec iov;
 	struct bdev_req req;
+	struct sb_job sbj;
 	uint64_t started_ms;
 	unsigned redo;
 };
@@ -86,7 +87,7 @@ static void resync_own_sb_done(void *arg, int err)
 	atomic_fetch_and(&cs->mirror.persisted, ~(1u << rs->leg));
 	atomic_fetch_and(&cs->mirror.resyncing, ~(1u << rs->leg));
 	intent_rewrite(cs);
-	cache_sb_write(cs, resync_sb_done, rs);
+	cache_sb_write(cs, &rs->sbj, resync_sb_done, rs);
 }
 
 static void resync_end(struct resync *rs)
@@ -145,7 +146,7 @@ static void resync_finish(void *arg)
 		return;
 	}
 	atomic_store(&rs->cs->sb.include, 1u << rs->leg);
-	cache_sb_write(rs->cs, resync_own_sb_done, rs);
+	cache_sb_write(rs->cs, &rs->sbj, resync_own_sb_done, rs);
 }
 
 static void chunk_written(struct bdev_req *req, int err)

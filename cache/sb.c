@@ -4,6 +4,12 @@
  * the one in flight; and the mirror's callbacks that persist a leg
  * failure in the superblock before the write that saw it completes.
  *
+ * Nothing here allocates: a waiter brings its own job, and a generation
+ * nobody waits on (a leg failure to record, a new size) is asked for with
+ * a call embedded in the set. A request lost to a refused malloc would
+ * leave its waiter waiting for good; for a leg failure, every write the
+ * mirror holds until the failure is on disk.
+ *
  * Threading: on worker 0 (cache_sb_write posts there from anywhere).
  */
 #include "cache/cache_int.h"
@@ -77,12 +83,6 @@ int cache_leg_format(const char *path, uint32_t *version, char *err, size_t errl
 
 /* ---- superblock ---------------------------------------------------------------- */
 
-struct sb_job {
-	struct sb_job *next;
-	void (*cb)(void *arg, int err);
-	void *arg;
-};
-
 static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_sb_disk *sb)
 {
 	memset(sb, 0, sizeof(*sb));
@@ -127,22 +127,34 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 
 static void sb_issue(struct cache_set *cs);
 
-/* Worker 0: the generation in flight is done (on sb_ok legs): answer its jobs, start the next. */
+/*
+ * Worker 0: the generation in flight is done (on sb_ok legs). The leg
+ * failures it records are on disk: the mirror releases the writes that
+ * waited for that (before the jobs' callbacks: a resync's clears its
+ * leg's mark again). Then answer its jobs and start the next.
+ */
 static void sb_finish(struct cache_set *cs)
 {
 	struct sb_job *list = cs->sb.inflight;
 	int res = cs->sb.ok ? 0 : -EIO;
+	int done = cs->sb.kick_inflight ? 1 : 0;
 	cs->sb.inflight = NULL;
+	cs->sb.kick_inflight = false;
 	cs->sb.busy = false;
-	int done = 0;
+	if (!res) {
+		uint32_t newly = cs->sb.built_failed & ~atomic_load(&cs->mirror.persisted);
+		mirror_persisted(&cs->mirror, cs->sb.built_failed);
+		if (newly)
+			log_warn("cache %s: degraded; leg failure recorded in the surviving leg's superblock",
+				 cs->name);
+	}
 	while (list) {
 		struct sb_job *j = list;
-		list = j->next;
+		list = j->next; /* j may be gone once its callback returns */
 		j->cb(j->arg, res);
-		free(j);
 		done++;
 	}
-	if (cs->sb.waiting)
+	if (cs->sb.waiting || cs->sb.kick)
 		sb_issue(cs);
 	atomic_fetch_sub(&cs->sb.jobs, done); /* the last access: shutdown may free the set after it */
 }
@@ -175,9 +187,12 @@ static void sb_issue(struct cache_set *cs)
 	cs->sb.busy = true;
 	cs->sb.inflight = cs->sb.waiting;
 	cs->sb.waiting = NULL;
+	cs->sb.kick_inflight = cs->sb.kick;
+	cs->sb.kick = false;
 	pthread_mutex_lock(&cs->sb.lock);
 	uint64_t gen = ++cs->sb.gen;
-	uint32_t failed = atomic_load(&cs->mirror.failed) |
+	cs->sb.built_failed = atomic_load(&cs->mirror.failed); /* build_sb records it, or more */
+	uint32_t failed = cs->sb.built_failed |
 			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb.include));
 	int n = 0;
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
@@ -190,7 +205,7 @@ static void sb_issue(struct cache_set *cs)
 	cs->sb.pending = n;
 	cs->sb.ok = 0;
 	if (!n) {
-		worker_post(worker_self(), sb_fail_async, cs);
+		worker_post_call(worker_self(), &cs->sb.fail_call, sb_fail_async, cs); /* one at a time: busy */
 		return;
 	}
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
@@ -212,17 +227,10 @@ static void sb_issue(struct cache_set *cs)
 	}
 }
 
-struct sb_post {
-	struct cache_set *cs;
-	struct sb_job *job;
-};
-
 static void sb_post_fn(void *arg)
 {
-	struct sb_post *p = arg;
-	struct cache_set *cs = p->cs;
-	struct sb_job *j = p->job;
-	free(p);
+	struct sb_job *j = arg;
+	struct cache_set *cs = j->cs;
 	j->next = NULL;
 	struct sb_job **t = &cs->sb.waiting;
 	while (*t)
@@ -232,50 +240,45 @@ static void sb_post_fn(void *arg)
 		sb_issue(cs);
 }
 
-/* Any thread. cb(arg, err) runs on worker 0 when the superblock is durable. */
-void cache_sb_write(struct cache_set *cs, void (*cb)(void *arg, int err), void *arg)
+void cache_sb_write(struct cache_set *cs, struct sb_job *j, void (*cb)(void *arg, int err), void *arg)
 {
-	struct sb_job *j = malloc(sizeof(*j));
-	struct sb_post *p = malloc(sizeof(*p));
-	if (!j || !p) {
-		free(j);
-		free(p);
-		log_err("cache %s: out of memory writing the superblock", cs->name);
-		return;
-	}
+	j->cs = cs;
 	j->cb = cb;
 	j->arg = arg;
-	p->cs = cs;
-	p->job = j;
 	atomic_fetch_add(&cs->sb.jobs, 1);
-	worker_post(worker_get(0), sb_post_fn, p);
+	worker_post_call(worker_get(0), &j->call, sb_post_fn, j);
 }
 
-struct persist_arg {
-	struct cache_set *cs;
-	uint32_t failed;
-};
-
-static void persist_done(void *arg, int err)
-{
-	struct persist_arg *pa = arg;
-	if (!err)
-		log_warn("cache %s: degraded; leg failure recorded in the surviving leg's superblock",
-			 pa->cs->name);
-	mirror_persisted(&pa->cs->mirror, pa->failed);
-	free(pa);
-}
-
-/* Any worker: the mirror lost a leg; record it before writes complete. */
-void cache_persist_failed(struct mirror *m, uint32_t failed, void *arg)
+static void sb_kick_fn(void *arg)
 {
 	struct cache_set *cs = arg;
-	struct persist_arg *pa = malloc(sizeof(*pa));
-	if (!pa)
-		return;
-	pa->cs = cs;
-	pa->failed = failed;
-	cache_sb_write(cs, persist_done, pa);
+	atomic_store(&cs->sb.kick_posted, false); /* a kick from now on posts again */
+	if (cs->sb.kick)
+		atomic_fetch_sub(&cs->sb.jobs, 1); /* joins the one not issued yet */
+	else
+		cs->sb.kick = true;
+	if (!cs->sb.busy)
+		sb_issue(cs);
+}
+
+void cache_sb_kick(struct cache_set *cs)
+{
+	if (atomic_exchange(&cs->sb.kick_posted, true))
+		return; /* one is on its way: its generation is built after this call */
+	atomic_fetch_add(&cs->sb.jobs, 1);
+	worker_post_call(worker_get(0), &cs->sb.kick_call, sb_kick_fn, cs);
+}
+
+/*
+ * Any worker: the mirror lost a leg; record it before writes complete.
+ * The next generation records it (sb_issue reads the failed mask when it
+ * builds one), and its end tells the mirror (sb_finish).
+ */
+void cache_persist_failed(struct mirror *m, uint32_t failed, void *arg)
+{
+	(void)m;
+	(void)failed;
+	cache_sb_kick(arg);
 }
 
 /*

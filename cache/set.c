@@ -649,7 +649,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	/* the first superblock of this run: not clean until shutdown says so */
 	struct sync_call c = { .cs = cs };
 	cs->clean_flag = false;
-	cache_sb_write(cs, (void (*)(void *, int))cache_sync_done, &c);
+	cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
 	pthread_mutex_init(&c.lock, NULL);
 	pthread_cond_init(&c.cond, NULL);
 	pthread_mutex_lock(&c.lock);

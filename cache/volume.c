@@ -413,14 +413,6 @@ static int64_t vol_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 	return r;
 }
 
-static void vol_resize_recorded(void *arg, int err)
-{
-	struct cache_set *cs = arg;
-	if (err)
-		log_err("cache %s: cannot record a backing store's new size in the superblock: %s",
-			cs->name, strerror(-err));
-}
-
 /* The backing store changed size (an RBD image resized): the volume
  * follows, the superblock's record of the backing store takes the new
  * size (else the next start would take it for another store), then the
@@ -433,7 +425,7 @@ static void vol_backing_resized(void *arg, uint64_t size)
 	pthread_mutex_lock(&cs->sb.lock);
 	cs->backing[v->bid].size = le64_of(size);
 	pthread_mutex_unlock(&cs->sb.lock);
-	cache_sb_write(cs, vol_resize_recorded, cs);
+	cache_sb_kick(cs); /* a leg that fails it says so itself */
 	if (v->on_resize)
 		v->on_resize(v->on_resize_arg, size);
 }

@@ -20,11 +20,20 @@
  * the leg's own device, and the mirror ignores an error from a device
  * that is not its leg's (a replaced leg's late answer), so the leg that
  * failed a write stayed in service without it.
+ * And a leg that fails a write while no memory is to be had: the mirror
+ * holds the write until the failure is in the surviving leg's superblock,
+ * and asking for that superblock write used to take three mallocs (the
+ * set's, the job's, the post's), any of which, refused, dropped the ask:
+ * the write, and every write after it, waited for good. Here every malloc
+ * on the worker that sees the failure is refused from the moment the
+ * write is submitted until it completes, which it must, with the failure
+ * recorded on the surviving leg.
  */
 #include "cache/cache_int.h"
 #include "tests/unit/cache_test_util.h"
 
 #include <semaphore.h>
+#include <time.h>
 
 void *__real_malloc(size_t size);
 void *__wrap_malloc(size_t size);
@@ -57,6 +66,7 @@ struct job {
 	struct bdev_req req;
 	struct iovec iov;
 	int fails;              /* mallocs to refuse inside the submit */
+	int late_fails;         /* and after it, until done() */
 	int err;
 	bool nested;            /* done() ran inside submit */
 	sem_t done;
@@ -68,6 +78,7 @@ static void job_done(struct bdev_req *req, int err)
 {
 	struct job *j = req->priv;
 	last_dev = req->dev;
+	fail_mallocs = 0;
 	j->err = err;
 	j->nested = in_submit;
 	sem_post(&j->done);
@@ -80,23 +91,48 @@ static void job_start(void *arg)
 	in_submit = true;
 	bdev_submit(j->dev, &j->req);
 	in_submit = false;
-	fail_mallocs = 0;
+	fail_mallocs = j->late_fails; /* job_done ends it */
 }
 
-static int run_on(unsigned worker, struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, int fails,
-		  bool *nested)
+/* The job's result, or -ETIMEDOUT when it has not come back in 30 s (it never will). */
+static int run_late(unsigned worker, struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, int fails,
+		    int late_fails, bool *nested)
 {
-	struct job j = { .dev = dev, .fails = fails };
+	static struct job j; /* a job that never comes back stays valid */
+	j = (struct job){ .dev = dev, .fails = fails, .late_fails = late_fails };
 	sem_init(&j.done, 0, 0);
 	j.iov = (struct iovec){ .iov_base = buf, .iov_len = LEN };
 	j.req = (struct bdev_req){ .op = op, .offset = off, .len = LEN, .iov = &j.iov, .iovcnt = 1,
 				   .done = job_done, .priv = &j };
 	REQUIRE(worker_post(worker_get(worker), job_start, &j) == 0, "post");
-	while (sem_wait(&j.done) < 0)
-		;
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 30;
+	while (sem_timedwait(&j.done, &until) < 0)
+		if (errno == ETIMEDOUT)
+			return -ETIMEDOUT;
 	sem_destroy(&j.done);
 	*nested = j.nested;
 	return j.err;
+}
+
+static int run_on(unsigned worker, struct bdev *dev, enum bdev_op op, uint64_t off, void *buf, int fails,
+		  bool *nested)
+{
+	return run_late(worker, dev, op, off, buf, fails, 0, nested);
+}
+
+/* The failed-leg mask in leg's newest valid superblock; -1 when none is valid. */
+static long sb_failed_mask(const struct mem_bdev *leg)
+{
+	const struct cache_sb_disk *best = NULL;
+	for (int k = 0; k < 2; k++) {
+		const struct cache_sb_disk *sb = (const void *)(leg->data + k * 4096);
+		const char *why;
+		if (meta_sb_check(sb, &why) == 0 && (!best || le64_get(sb->gen) > le64_get(best->gen)))
+			best = sb;
+	}
+	return best ? (long)le32_get(best->failed_mask) : -1;
 }
 
 int main(void)
@@ -165,9 +201,37 @@ int main(void)
 	CHECK(e == 0 && !memcmp(g[1]->data + (1u << 20), w, LEN), "guard: the write landed, later (err %d)", e);
 	CHECK(last_dev == gs->legs[1], "guard: it came back naming the guard, as the mirror checks (%s)",
 	      last_dev == &g[1]->dev ? "the leg's own device: an error would be ignored" : "?");
-	buf_put(w, LEN);
 	cache_set_shutdown(gs);
 	cache_set_close(gs);
+
+	/*
+	 * A leg fails a mirror write on worker 3 while every malloc there is
+	 * refused: the write must still complete, once the failure is in the
+	 * surviving leg's superblock.
+	 */
+	struct cache_set_cfg pcfg = cfg;
+	pcfg.name = "persist";
+	struct mem_bdev *p[2];
+	for (int i = 0; i < 2; i++)
+		p[i] = mem_new(20 + i, LEG_SIZE, NULL);
+	struct bdev *plegs[2] = { &p[0]->dev, &p[1]->dev };
+	struct cache_set *ps = cache_set_open_devs(&pcfg, plegs, err, sizeof(err));
+	REQUIRE(ps, "open persist: %s", err);
+	CHECK(sb_failed_mask(p[0]) == 0, "persist: no leg is marked failed at first");
+	atomic_store(&p[1]->fail_after, 0);
+	before = atomic_load(&failed_mallocs);
+	e = run_late(3, &ps->mirror.dev, BDEV_WRITE, 1u << 20, w, 0, 1000000, &nested);
+	REQUIRE(e != -ETIMEDOUT, "persist: the write never completed: the ask to record the leg's failure was "
+		"lost (%d mallocs refused)", atomic_load(&failed_mallocs) - before);
+	CHECK(e == 0 && !memcmp(p[0]->data + (1u << 20), w, LEN), "persist: the write landed on the good leg (err %d)",
+	      e);
+	CHECK(atomic_load(&ps->mirror.failed) == 2u, "persist: leg 1 is failed (mask %u)",
+	      atomic_load(&ps->mirror.failed));
+	CHECK(sb_failed_mask(p[0]) == 2, "persist: the surviving leg's superblock records it (mask %ld)",
+	      sb_failed_mask(p[0]));
+	buf_put(w, LEN);
+	cache_set_shutdown(ps);
+	cache_set_close(ps);
 	workers_stop();
 	return check_failures ? 1 : 0;
 }

@@ -510,6 +510,8 @@ struct set_ckpt {
 	uint64_t seq;                 /* the last durable checkpoint's: replay from here */
 	bool running;
 	_Atomic bool wanted;
+	_Atomic bool want_posted, resume_posted; /* want_call, resume_call on their way to worker 0 */
+	struct worker_call want_call, resume_call;
 	struct sync_call *queued;     /* waits for the running checkpoint to end (worker 0) */
 	bool queued_final;
 	struct ckpt *run;             /* the one running, its buffers kept for the next */

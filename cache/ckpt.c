@@ -178,28 +178,38 @@ static void ckpt_start(struct cache_set *cs)
 
 static void ckpt_post(void *arg)
 {
-	ckpt_start(arg);
+	struct cache_set *cs = arg;
+	atomic_store(&cs->ck.want_posted, false);
+	ckpt_start(cs);
 }
 
 static void ckpt_resume_fn(void *arg)
 {
 	struct cache_set *cs = arg;
+	atomic_store(&cs->ck.resume_posted, false);
 	if (cs->ck.running)
 		ckpt_pump(cs->ck.run);
 }
 
+/*
+ * These two post calls embedded in the set: one lost to a refused malloc
+ * would leave the journal without a checkpoint for good (wanted stays
+ * set, so nobody asks again) or a checkpoint waiting on the block log,
+ * and writes would stall once the journal filled.
+ */
+
 /* Any worker: a checkpoint waiting for the block log may go on (dlog_finish). */
 void cache_ckpt_resume(struct cache_set *cs)
 {
-	if (worker_post(worker_get(0), ckpt_resume_fn, cs) < 0)
-		log_warn("cache %s: cannot resume a checkpoint", cs->name);
+	if (!atomic_exchange(&cs->ck.resume_posted, true))
+		worker_post_call(worker_get(0), &cs->ck.resume_call, ckpt_resume_fn, cs);
 }
 
 /* Any thread. */
 void cache_want_checkpoint(struct cache_set *cs)
 {
-	if (!atomic_exchange(&cs->ck.wanted, true))
-		worker_post(worker_get(0), ckpt_post, cs);
+	if (!atomic_exchange(&cs->ck.wanted, true) && !atomic_exchange(&cs->ck.want_posted, true))
+		worker_post_call(worker_get(0), &cs->ck.want_call, ckpt_post, cs);
 }
 
 /*

@@ -28,6 +28,11 @@
  * on the worker that sees the failure is refused from the moment the
  * write is submitted until it completes, which it must, with the failure
  * recorded on the surviving leg.
+ * And write-back writes on a worker where every malloc is refused (once
+ * its pools are warm) go on past many journal rings' worth: the journal
+ * asks for a checkpoint when a ring is half full, and that ask was a
+ * malloc'd post; refused, it was lost with the "wanted" mark left set, so
+ * nobody asked again, and writes stalled once the ring was full.
  */
 #include "cache/cache_int.h"
 #include "tests/unit/cache_test_util.h"
@@ -229,9 +234,47 @@ int main(void)
 	      atomic_load(&ps->mirror.failed));
 	CHECK(sb_failed_mask(p[0]) == 2, "persist: the surviving leg's superblock records it (mask %ld)",
 	      sb_failed_mask(p[0]));
-	buf_put(w, LEN);
 	cache_set_shutdown(ps);
 	cache_set_close(ps);
+
+	/* write-back writes on worker 3 with every malloc there refused, past many checkpoints */
+	struct cache_set_cfg kcfg = cfg;
+	kcfg.name = "ckpt";
+	kcfg.mode = CACHE_WRITE_BACK;
+	struct mem_bdev *k[3];
+	for (int i = 0; i < 3; i++)
+		k[i] = mem_new(30 + i, sizes[i], NULL);
+	struct bdev *klegs[2] = { &k[1]->dev, &k[2]->dev };
+	struct cache_set *ks = cache_set_open_devs(&kcfg, klegs, err, sizeof(err));
+	REQUIRE(ks, "open ckpt: %s", err);
+	struct bdev *kvol = cache_vol_open(ks, "lun0", &k[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(kvol, "attach ckpt: %s", err);
+	const int warm = 64, nw = 2000;
+	int bad = 0;
+	uint64_t seq0 = 0;
+	before = 0;
+	for (int i = 0; i < warm + nw && !bad; i++) {
+		if (i == warm) {
+			seq0 = ks->ck.seq;
+			before = atomic_load(&failed_mallocs);
+		}
+		uint64_t off = (uint64_t)(i % 32) * (64u << 10) + (uint64_t)(i / 32 % 16) * LEN;
+		w[0] = (uint8_t)i;
+		int refuse = i < warm ? 0 : 1000000;
+		e = run_late(3, kvol, BDEV_WRITE, off, w, refuse, refuse, &nested);
+		REQUIRE(e != -ETIMEDOUT, "ckpt: write %d never completed (%d mallocs refused, checkpoint seq %llu -> %llu)",
+			i, atomic_load(&failed_mallocs) - before, (unsigned long long)seq0,
+			(unsigned long long)ks->ck.seq);
+		if (e)
+			bad++;
+	}
+	CHECK(!bad, "ckpt: every write completed without an error");
+	CHECK(ks->ck.seq > seq0, "ckpt: checkpoints ran meanwhile (seq %llu -> %llu)", (unsigned long long)seq0,
+	      (unsigned long long)ks->ck.seq);
+	printf("ckpt: %d mallocs refused on the writing worker over %d writes\n",
+	       atomic_load(&failed_mallocs) - before, nw);
+	buf_put(w, LEN);
+	test_set_close(ks, kvol);
 	workers_stop();
 	return check_failures ? 1 : 0;
 }

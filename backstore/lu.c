@@ -511,10 +511,7 @@ struct scsi_publish *scsi_target_publish_start(struct scsi_target *const *t, int
 		pthread_mutex_unlock(&t[i]->lock);
 	}
 	for (unsigned w = 0; w < nw; w++)
-		while (worker_post(worker_get(w), publish_on_worker, p) < 0) {
-			struct timespec ts = { 0, 10 * 1000000L };
-			nanosleep(&ts, NULL);
-		}
+		worker_post_wait(worker_get(w), publish_on_worker, p);
 	return p;
 }
 

@@ -188,6 +188,7 @@ struct mirror {
 	_Atomic uint32_t resync_skip_inflight;
 	void *_Atomic resync_finisher;   /* the resync waiting for that 0 (resync.c) */
 	void (*resync_finish_fn)(void *rs);
+	struct worker_call resync_finish_call; /* posts it: one resync at a time, its end once */
 	_Atomic uint64_t resync_started_ms;  /* for the rate and ETA status shows */
 	pthread_mutex_t lock;            /* the waiters list */
 	struct mirror_waiter *waiters;

@@ -256,8 +256,8 @@ static void skip_settled(struct mirror *m)
 	if (atomic_fetch_sub(&m->resync_skip_inflight, 1) != 1)
 		return;
 	void *f = atomic_exchange(&m->resync_finisher, NULL);
-	if (f && worker_post(worker_get(0), m->resync_finish_fn, f) < 0)
-		log_err("cannot post the end of a resync; out of memory");
+	if (f) /* a lost post would leave the leg resyncing for good */
+		worker_post_call(worker_get(0), &m->resync_finish_call, m->resync_finish_fn, f);
 }
 
 /*

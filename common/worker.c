@@ -394,6 +394,14 @@ int worker_post(struct worker *w, void (*fn)(void *arg), void *arg)
 	return 0;
 }
 
+void worker_post_wait(struct worker *w, void (*fn)(void *arg), void *arg)
+{
+	while (worker_post(w, fn, arg) < 0) {
+		struct timespec ts = { 0, 10 * 1000000L };
+		nanosleep(&ts, NULL);
+	}
+}
+
 void worker_post_call(struct worker *w, struct worker_call *c, void (*fn)(void *arg), void *arg)
 {
 	c->heap = false;

@@ -105,6 +105,12 @@ int worker_exit_hook(void (*fn)(void));
 
 /* Run fn(arg) on w's thread. 0 or -ENOMEM. Any thread. */
 int worker_post(struct worker *w, void (*fn)(void *arg), void *arg);
+/*
+ * The same for a call that must not be lost, from a thread that may wait
+ * (never a worker: its loop would stop): tries again every 10 ms until
+ * memory is found.
+ */
+void worker_post_wait(struct worker *w, void (*fn)(void *arg), void *arg);
 
 /*
  * A posted call that needs no memory: embed one in the object the call is

@@ -68,7 +68,7 @@ bool watchdog_start(void)
 	for (unsigned i = 0; i < nbeats; i++) {
 		beats[i].tick.fn = beat;
 		atomic_store(&beats[i].last_ms, now);
-		worker_post(worker_get(i), tick_on, &beats[i]);
+		worker_post_wait(worker_get(i), tick_on, &beats[i]);
 	}
 	log_info("systemd watchdog: pinging every %llu ms while %u worker loop(s) tick",
 		 (unsigned long long)interval_ms / 2, nbeats);
@@ -108,5 +108,5 @@ void watchdog_stop(void)
 	 * ticks are gone before they could run again; the array lives until
 	 * the process exits. */
 	for (unsigned i = 0; i < nbeats; i++)
-		worker_post(worker_get(i), tick_off, &beats[i]);
+		worker_post_wait(worker_get(i), tick_off, &beats[i]);
 }

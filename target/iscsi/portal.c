@@ -81,8 +81,7 @@ static void close_target_worker(void *arg)
 void iscsi_portal_close_target(const struct scsi_target *scsi)
 {
 	for (unsigned i = 0; i < workers_count(); i++)
-		while (worker_post(worker_get(i), close_target_worker, (void *)scsi) < 0)
-			sleep_ms(10);
+		worker_post_wait(worker_get(i), close_target_worker, (void *)scsi);
 }
 
 void iscsi_portal_conn_gone(void) { atomic_fetch_sub(&live_conns, 1); }
@@ -295,14 +294,14 @@ void iscsi_portal_drain(void)
 		return;
 	atomic_store(&draining, true);
 	if (nlisteners)
-		worker_post(worker_get(0), close_listeners, NULL);
+		worker_post_wait(worker_get(0), close_listeners, NULL);
 	for (unsigned i = 0; i < workers_count(); i++)
-		worker_post(worker_get(i), drain_worker, NULL);
+		worker_post_wait(worker_get(i), drain_worker, NULL);
 	if (!wait_conns(DRAIN_GRACE_MS)) {
 		log_warn("iSCSI: %d connection(s) still busy after %u s; closing them",
 			 atomic_load(&live_conns), DRAIN_GRACE_MS / 1000);
 		for (unsigned i = 0; i < workers_count(); i++)
-			worker_post(worker_get(i), drain_worker, (void *)1);
+			worker_post_wait(worker_get(i), drain_worker, (void *)1);
 		if (!wait_conns(DRAIN_FORCE_MS))
 			log_warn("iSCSI: %d connection(s) still wait for the backstore; giving up",
 				 atomic_load(&live_conns));

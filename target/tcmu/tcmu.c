@@ -64,6 +64,7 @@ struct tdev {
 	bool wce;                   /* the LU's write cache bit as last seen */
 	/* worker-side state */
 	bool in_batch, kick, detaching, first_logged;
+	struct worker_call detach_call; /* detach_finish, once the last command is back */
 	/* handshake with the tc-tcmu thread (attach, detach, reconfig) */
 	sem_t sem;
 	int op_result;
@@ -255,7 +256,7 @@ static void ring_done(struct tcmu_xdev *xd, struct tcmu_xcmd *xc, void *ring_cmd
 		tcmulib_processing_complete(td->dev);
 	/* finish a pending detach once the stack has unwound out of the backstore */
 	if (td->detaching && xd->inflight == 0)
-		worker_post(td->w, detach_finish, td);
+		worker_post_call(td->w, &td->detach_call, detach_finish, td); /* inflight reaches 0 once */
 }
 
 static void on_ring(struct ev_handler *h, uint32_t events)

@@ -165,6 +165,13 @@ struct mirror_waiter;
 /* request flags, internal: to (or from) leg i only, errors reported, not acted on (repair.c) */
 #define MIRROR_F_LEG(i) (0x200u << (i))
 #define MIRROR_F_LEGS (MIRROR_F_LEG(0) | MIRROR_F_LEG(1))
+/*
+ * request flag, internal: a background read (a destage's). It goes to one
+ * leg (the last in service), and a host's read avoids a leg with one in
+ * flight while another leg has none: it then never queues behind a
+ * destage at the drive.
+ */
+#define MIRROR_F_BG 0x800
 
 struct mirror {
 	struct bdev dev;                 /* what the engine submits to */
@@ -174,6 +181,7 @@ struct mirror {
 	_Atomic uint32_t persisted;      /* failed mask known durable on the survivors */
 	_Atomic uint32_t resyncing;      /* legs being rebuilt: written, not read */
 	_Atomic uint32_t rr;
+	_Atomic uint32_t bg_reads[CACHE_MAX_LEGS]; /* MIRROR_F_BG reads in flight per leg */
 	_Atomic uint64_t errors[CACHE_MAX_LEGS];
 	/* resync window: writes at or above resync_pos skip the resyncing leg */
 	_Atomic uint64_t resync_pos, resync_end;

@@ -23,7 +23,10 @@
  *    queues behind one or a few short destage requests at the legs, not
  *    behind a hundred (a flush with no cap took QD1 read p99 of cached data
  *    from 0.28 to 1.0 ms on file legs; tests/bench/flush_foreground.sh),
- *    and a flush under load still moves on. Above the dirty target the
+ *    and a flush under load still moves on. Its reads of the legs are
+ *    background reads (MIRROR_F_BG): all on one leg, and a host's read
+ *    goes to the other leg while one is in flight, so with two drives it
+ *    queues behind none. Above the dirty target the
  *    limit is off: the cache filling up hurts the host more. The admin's caps (destage_max in bytes
  *    and destage_max_iops in backing writes per second, cleaner_set_max)
  *    hold always, a flush included: each second's budget is the smaller of
@@ -300,6 +303,7 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 		d->iov[i].iov_len = len;
 		d->req[i] = (struct bdev_req){
 			.op = BDEV_READ,
+			.flags = MIRROR_F_BG,
 			.offset = slot_leg_off(cs, s) + off,
 			.len = len,
 			.iov = &d->iov[i],

@@ -50,6 +50,7 @@ struct mreq {
 	int ok;              /* legs that succeeded */
 	int result;
 	uint32_t tried;      /* read: legs tried */
+	int bg_leg;          /* a background read: the leg it is counted on, else -1 */
 	uint32_t skipped;    /* write: resyncing legs it skipped (above the copy cursor) */
 	bool in_chunk;       /* counted in the resync chunk */
 	struct mirror_waiter wait;
@@ -199,16 +200,44 @@ void mirror_persisted(struct mirror *m, uint32_t failed)
 	}
 }
 
-static int pick_read_leg(struct mirror *m, uint32_t exclude)
+/*
+ * A leg to read from, not in exclude. A background read takes the last
+ * leg in service; a host's read goes round the legs, skipping those with
+ * background reads in flight while another leg has none.
+ */
+static void issue_leg(struct mreq *r, int leg);
+
+static int pick_read_leg(struct mirror *m, uint32_t exclude, bool bg)
 {
 	uint32_t bad = atomic_load(&m->failed) | atomic_load(&m->resyncing) | exclude;
+	if (bg) {
+		for (int leg = m->nlegs - 1; leg >= 0; leg--)
+			if (!(bad & (1u << leg)))
+				return leg;
+		return -1;
+	}
 	uint32_t start = atomic_fetch_add_explicit(&m->rr, 1, memory_order_relaxed);
+	int any = -1;
 	for (int k = 0; k < m->nlegs; k++) {
 		int leg = (int)((start + (uint32_t)k) % (uint32_t)m->nlegs);
-		if (!(bad & (1u << leg)))
+		if (bad & (1u << leg))
+			continue;
+		if (!atomic_load_explicit(&m->bg_reads[leg], memory_order_relaxed))
 			return leg;
+		if (any < 0)
+			any = leg;
 	}
-	return -1;
+	return any;
+}
+
+/* Issue a read to leg, counting it there if it is a background one. */
+static void issue_read(struct mreq *r, int leg)
+{
+	if (r->up->flags & MIRROR_F_BG) {
+		r->bg_leg = leg;
+		atomic_fetch_add_explicit(&r->m->bg_reads[leg], 1, memory_order_relaxed);
+	}
+	issue_leg(r, leg);
 }
 
 static void issue_leg_done(struct mreq *r, int leg, void (*done)(struct bdev_req *, int))
@@ -295,6 +324,10 @@ static void sub_done(struct bdev_req *sub, int err)
 	int leg = (int)(sub - r->sub);
 
 	bool one_leg = r->up->flags & MIRROR_F_LEGS;
+	if (r->bg_leg >= 0) {
+		atomic_fetch_sub_explicit(&m->bg_reads[r->bg_leg], 1, memory_order_relaxed);
+		r->bg_leg = -1;
+	}
 	/* an answer from a device replaced since (tierctl leg replace) says
 	 * nothing about the leg now in its place */
 	if (err && !one_leg && sub->dev == m->leg[leg]) {
@@ -321,12 +354,12 @@ static void sub_done(struct bdev_req *sub, int err)
 			return;
 		}
 		r->tried |= 1u << leg;
-		int next = pick_read_leg(m, r->tried);
+		int next = pick_read_leg(m, r->tried, r->up->flags & MIRROR_F_BG);
 		if (next < 0) {
 			complete(r, -EIO);
 			return;
 		}
-		issue_leg(r, next);
+		issue_read(r, next);
 		return;
 	}
 	if (--r->pending)
@@ -349,6 +382,7 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 	r->up = req;
 	r->ok = 0;
 	r->tried = 0;
+	r->bg_leg = -1;
 	r->skipped = 0;
 	r->in_chunk = false;
 	if (req->flags & MIRROR_F_LEGS) {
@@ -364,12 +398,12 @@ static void mirror_submit(struct bdev *dev, struct bdev_req *req)
 		return;
 	}
 	if (req->op == BDEV_READ) {
-		int leg = pick_read_leg(m, 0);
+		int leg = pick_read_leg(m, 0, req->flags & MIRROR_F_BG);
 		if (leg < 0) {
 			finish_async(r, -EIO);
 			return;
 		}
-		issue_leg(r, leg);
+		issue_read(r, leg);
 		return;
 	}
 	uint32_t failed = atomic_load(&m->failed);

@@ -180,6 +180,42 @@ struct bdev_owner_change {
 	bool prev_owner_us;          /* the previous owner was this gateway */
 };
 
+/*
+ * What every gateway of a shared device keeps alike (persistent
+ * reservations): small named blobs kept with the device in the cluster,
+ * and announcements that reach each gateway watching a blob. All but
+ * unwatch block on the cluster: call them from a thread of your own,
+ * never a worker.
+ *  - get: the blob's bytes in buf (at most cap, -EFBIG past that), *len;
+ *    -ENOENT when there is none.
+ *  - cas: replace the blob with buf if its first cmp_len bytes still
+ *    equal cmp (cmp_len 0: only if there is none yet): 0, -ECANCELED when
+ *    another gateway changed it first, or -errno. A blob does not start
+ *    with a zero byte.
+ *  - announce: send msg to every other gateway watching name and wait
+ *    until each has handled it (its fn returned 0), at most timeout_ms.
+ *    With fence, a gateway that has not by then is fenced (cut off from
+ *    the device, as a takeover does) before this returns. *others: how
+ *    many answered. 0, or -errno when one could be neither heard nor
+ *    fenced (or, without fence, did not answer: -ETIMEDOUT).
+ *  - watch: fn(arg, msg, len) runs on a thread of the driver's for each
+ *    announcement of another gateway (the announcer hears back when fn
+ *    returns 0); fn(arg, NULL, 0) when some may have been missed (the
+ *    watch was lost, or a fresh client replaced a fenced one; then before
+ *    the device serves again): read the blob again. One watch per device.
+ *    unwatch: fn is not called after it returns.
+ */
+struct bdev_shared_ops {
+	int (*get)(struct bdev *dev, const char *name, void *buf, size_t cap, size_t *len);
+	int (*cas)(struct bdev *dev, const char *name, const void *cmp, size_t cmp_len, const void *buf,
+		   size_t len);
+	int (*announce)(struct bdev *dev, const char *name, const void *msg, size_t len, unsigned timeout_ms,
+			bool fence, unsigned *others);
+	int (*watch)(struct bdev *dev, const char *name, int (*fn)(void *arg, const void *msg, size_t len),
+		     void *arg);
+	void (*unwatch)(struct bdev *dev);
+};
+
 struct bdev_owner_ops {
 	enum bdev_owner_state (*state)(struct bdev *dev, uint64_t *gen);
 	void (*acquire)(struct bdev *dev);
@@ -193,6 +229,10 @@ struct bdev_owner_ops {
 	 * the state unchanged), so hosts are told to look again.
 	 */
 	uint32_t (*owner_group)(struct bdev *dev);
+	/* The device's shared blobs (NULL: none), and for a device stacked on
+	 * the shared one (a cache volume) the one below, whose they are. */
+	const struct bdev_shared_ops *shared;
+	struct bdev *(*lower)(struct bdev *dev);
 };
 
 /*
@@ -241,6 +281,14 @@ static inline bool bdev_err_bad_blocks(int err)
 static inline bool bdev_is_shared(const struct bdev *dev)
 {
 	return dev && dev->ops->owner;
+}
+
+/* The device that keeps dev's shared blobs, or NULL. */
+static inline struct bdev *bdev_shared_base(struct bdev *dev)
+{
+	while (dev && dev->ops->owner && !dev->ops->owner->shared && dev->ops->owner->lower)
+		dev = dev->ops->owner->lower(dev);
+	return dev && dev->ops->owner && dev->ops->owner->shared ? dev : NULL;
 }
 
 static inline void bdev_submit(struct bdev *dev, struct bdev_req *req)

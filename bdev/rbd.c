@@ -131,6 +131,7 @@ static void rbd_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint
 
 static void rbd_teardown(struct rbd_bdev *rb)
 {
+	rbd_shared_stop(rb);
 	rbd_lock_stop(rb);
 	registry_del(rb);
 	if (rb->poller_started) {

@@ -245,6 +245,7 @@ int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, cha
 		rbd_update_unwatch(rb->image, rb->watch_handle);
 		rb->watching = false;
 	}
+	rbd_shared_moved(rb, false);
 	old->cluster = rb->cluster;
 	old->ioctx = rb->ioctx;
 	old->image = rb->image;
@@ -265,6 +266,7 @@ int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, cha
 		log_warn("%s: cannot watch the image header (%s); size changes are polled", rb->spec,
 			 strerror(-r));
 	rbd_header_changed(rb); /* the poller looks at the size on the new handle now */
+	rbd_shared_moved(rb, true); /* before the lock thread says STANDBY again */
 
 	unsigned wait_s = rb->op_timeout_s + 5;
 	if (!rbd_run_bounded(handles_close_free, old, wait_s))

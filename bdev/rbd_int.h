@@ -87,6 +87,8 @@ struct rbd_bdev {
 
 	/* rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;
+	/* rbd_shared.c's watch of a shared blob; NULL without */
+	struct rbd_shared *shared;
 };
 
 /* Enter the handles (false: they are being replaced, do not touch them). */
@@ -168,6 +170,13 @@ void rbd_header_changed(void *arg);
 /* Start the lock thread once the image is open and sized
  * (0, or -1 with a sentence in err); stop it (releasing a held lock) before
  * the image is closed. The owner ops every RBD bdev exports. */
+/* ---- rbd_shared.c ---- */
+extern const struct bdev_shared_ops rbd_shared_ops;
+/* rbd_reopen: before the swap (drop the watch on the old handles), after it (watch again, read again). */
+void rbd_shared_moved(struct rbd_bdev *rb, bool after);
+/* Stop watching (unwatch, close): no callback after it returns. */
+void rbd_shared_stop(struct rbd_bdev *rb);
+
 int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen);
 void rbd_lock_stop(struct rbd_bdev *rb);
 extern const struct bdev_owner_ops bdev_rbd_owner_ops;

@@ -523,6 +523,7 @@ const struct bdev_owner_ops bdev_rbd_owner_ops = {
 	.acquire = rbd_owner_acquire,
 	.listen = rbd_owner_listen,
 	.owner_group = rbd_owner_group,
+	.shared = &rbd_shared_ops,
 };
 
 /* ---- set up / tear down (rbd.c) -------------------------------------- */

@@ -319,11 +319,17 @@ static uint32_t vol_owner_group(struct bdev *dev)
 	return o->owner_group ? o->owner_group(v->backing) : 0;
 }
 
+static struct bdev *vol_owner_lower(struct bdev *dev)
+{
+	return ((struct cache_vol *)dev)->backing;
+}
+
 const struct bdev_owner_ops vol_owner_ops = {
 	.state = vol_owner_state,
 	.acquire = vol_owner_acquire,
 	.listen = vol_owner_listen,
 	.owner_group = vol_owner_group,
+	.lower = vol_owner_lower,
 };
 
 int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, size_t errlen)

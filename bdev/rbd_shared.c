@@ -1,0 +1,465 @@
+/*
+ * rbd_shared.c - blobs every gateway of an RBD image keeps alike (bdev.h
+ * "struct bdev_shared_ops"; persistent reservations use one).
+ *
+ * A blob NAME of image ID is the RADOS object "tiercache.NAME.ID" in the
+ * image's pool: its data is the blob. A change is one write operation
+ * that compares the blob's first bytes (which the caller makes a version)
+ * and replaces the whole object only if they still match (cmpext +
+ * write_full, or exclusive create for the first), so two gateways racing
+ * never both win. The object's omap holds the members: each gateway that
+ * watches it writes "GID" -> its client address, so that an announcer can
+ * fence one that does not answer.
+ *
+ * Announcements are RADOS notifies on that object. Each gateway watches
+ * it on the same client as its image I/O: a gateway that does not answer
+ * in time is blocklisted by address, which is also what stops its I/O (a
+ * takeover's lock break does the same), and its lock thread then gets a
+ * fresh client; rbd_shared_moved watches again on that client and has the
+ * layer above read the blob again before the device serves.
+ *
+ * librados calls the watch callback on its own thread; the callback only
+ * queues the notify, and a thread of ours runs the caller's fn and
+ * acknowledges after it returns (fn reads the blob: a blocking call in
+ * librados' callback thread is not ours to make). The test hook
+ * TIERCACHE_TEST_SHARED_DELAY_MS delays each acknowledgement.
+ */
+#include "bdev/rbd_int.h"
+
+#include "common/log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHARED_NAME_MAX 64
+#define SHARED_OID_MAX (SHARED_NAME_MAX + 96)
+
+struct notice {
+	struct notice *next;
+	uint64_t notify_id, cookie;
+	bool reload;            /* not a notify: read everything again */
+	bool own;               /* our own announcement: acknowledged, nothing to do */
+	size_t len;
+	char data[];
+};
+
+struct rbd_shared {
+	struct rbd_bdev *rb;
+	char name[SHARED_NAME_MAX];
+	char oid[SHARED_OID_MAX];
+	int (*fn)(void *arg, const void *msg, size_t len);
+	void *arg;
+	uint64_t cookie;        /* the watch on the current handles */
+	bool watching;
+	rados_ioctx_t watch_io; /* the ioctx the watch is on */
+	pthread_t thr;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct notice *head, **tail;
+	bool stopping;
+	unsigned delay_ms;
+};
+
+static int oid_of(struct rbd_bdev *rb, const char *name, char *oid, size_t cap)
+{
+	char id[64];
+	int r = rbd_get_id(rb->image, id, sizeof(id));
+	if (r < 0)
+		return r;
+	if (strlen(name) >= SHARED_NAME_MAX)
+		return -ENAMETOOLONG;
+	if ((size_t)snprintf(oid, cap, "tiercache.%s.%s", name, id) >= cap)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+static int sh_get(struct bdev *dev, const char *name, void *buf, size_t cap, size_t *len)
+{
+	struct rbd_bdev *rb = rbd_bdev_of(dev);
+	char oid[SHARED_OID_MAX];
+	if (!rbd_handles_enter(rb))
+		return -EAGAIN;
+	int r = oid_of(rb, name, oid, sizeof(oid));
+	if (r == 0) {
+		uint64_t size = 0;
+		time_t mt;
+		r = rados_stat(rb->ioctx, oid, &size, &mt);
+		if (r == 0 && size == 0)
+			r = -ENOENT; /* the members' omap made it; no blob yet */
+		if (r == 0 && size > cap)
+			r = -EFBIG;
+		if (r == 0) {
+			r = rados_read(rb->ioctx, oid, buf, size ? size : 1, 0);
+			if (r >= 0) {
+				*len = (size_t)r;
+				r = 0;
+			}
+		}
+	}
+	rbd_handles_exit(rb);
+	return r;
+}
+
+static int sh_cas(struct bdev *dev, const char *name, const void *cmp, size_t cmp_len, const void *buf,
+		  size_t len)
+{
+	struct rbd_bdev *rb = rbd_bdev_of(dev);
+	char oid[SHARED_OID_MAX];
+	if (!rbd_handles_enter(rb))
+		return -EAGAIN;
+	int r = oid_of(rb, name, oid, sizeof(oid));
+	if (r == 0) {
+		rados_write_op_t op = rados_create_write_op();
+		int cmp_rval = 0;
+		if (!op) {
+			r = -ENOMEM;
+		} else {
+			/* "none yet": an empty object (the members' omap may have
+			 * made it) reads as zeros, a blob starts with a byte that
+			 * is not */
+			static const char zero[1];
+			if (!cmp_len)
+				rados_write_op_create(op, LIBRADOS_CREATE_IDEMPOTENT, NULL);
+			rados_write_op_cmpext(op, cmp_len ? cmp : zero, cmp_len ? cmp_len : 1, 0, &cmp_rval);
+			rados_write_op_write_full(op, buf, len);
+			r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
+			rados_release_write_op(op);
+			/* a mismatch fails the op with -MAX_ERRNO - offset */
+			if (r <= -4095 || (r < 0 && cmp_rval < 0) || (cmp_len && r == -ENOENT))
+				r = -ECANCELED;
+		}
+	}
+	rbd_handles_exit(rb);
+	return r;
+}
+
+/* "[v2:IP:PORT/NONCE,v1:...]" or "IP:PORT/NONCE": the first, without its type. */
+static void addr_plain(const char *in, char *out, size_t cap)
+{
+	const char *p = in;
+	if (*p == '[')
+		p++;
+	const char *colon = strchr(p, ':');
+	if ((!strncmp(p, "v1:", 3) || !strncmp(p, "v2:", 3) || !strncmp(p, "any:", 4)) && colon)
+		p = colon + 1;
+	size_t n = strcspn(p, ",]");
+	if (n >= cap)
+		n = cap - 1;
+	memcpy(out, p, n);
+	out[n] = 0;
+}
+
+/* Record this client as a member (its gid and address) of the blob's watchers. */
+static int member_add(struct rbd_bdev *rb, const char *oid)
+{
+	char *addrs = NULL;
+	int r = rados_getaddrs(rb->cluster, &addrs);
+	if (r < 0 || !addrs)
+		return r < 0 ? r : -EIO;
+	char addr[256], key[32];
+	addr_plain(addrs, addr, sizeof(addr));
+	free(addrs);
+	snprintf(key, sizeof(key), "%" PRIu64, rados_get_instance_id(rb->cluster));
+	const char *keys[1] = { key };
+	const char *vals[1] = { addr };
+	size_t lens[1] = { strlen(addr) };
+	rados_write_op_t op = rados_create_write_op();
+	if (!op)
+		return -ENOMEM;
+	rados_write_op_omap_set2(op, keys, vals, (size_t[]){ strlen(key) }, lens, 1);
+	r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
+	rados_release_write_op(op);
+	return r;
+}
+
+/* The address member gid recorded, or -ENOENT. */
+static int member_addr(struct rbd_bdev *rb, const char *oid, uint64_t gid, char *addr, size_t cap)
+{
+	char key[32];
+	snprintf(key, sizeof(key), "%" PRIu64, gid);
+	const char *keys[1] = { key };
+	rados_read_op_t op = rados_create_read_op();
+	if (!op)
+		return -ENOMEM;
+	rados_omap_iter_t it = NULL;
+	int rv = 0;
+	rados_read_op_omap_get_vals_by_keys2(op, keys, 1, (size_t[]){ strlen(key) }, &it, &rv);
+	int r = rados_read_op_operate(op, rb->ioctx, oid, 0);
+	if (r == 0 && rv < 0)
+		r = rv;
+	if (r == 0) {
+		char *k = NULL, *v = NULL;
+		size_t kl = 0, vl = 0;
+		r = -ENOENT;
+		if (rados_omap_get_next2(it, &k, &v, &kl, &vl) == 0 && k && v && vl < cap) {
+			memcpy(addr, v, vl);
+			addr[vl] = 0;
+			r = 0;
+		}
+	}
+	if (it)
+		rados_omap_get_end(it);
+	rados_release_read_op(op);
+	return r;
+}
+
+static int sh_announce(struct bdev *dev, const char *name, const void *msg, size_t len, unsigned timeout_ms,
+		       bool fence, unsigned *others)
+{
+	struct rbd_bdev *rb = rbd_bdev_of(dev);
+	char oid[SHARED_OID_MAX];
+	*others = 0;
+	if (!rbd_handles_enter(rb))
+		return -EAGAIN;
+	int r = oid_of(rb, name, oid, sizeof(oid));
+	char *reply = NULL;
+	size_t reply_len = 0;
+	if (r == 0)
+		r = rados_notify2(rb->ioctx, oid, msg, (int)len, timeout_ms, &reply, &reply_len);
+	if ((r == 0 || r == -ETIMEDOUT) && reply) {
+		struct notify_ack_t *acks = NULL;
+		struct notify_timeout_t *tos = NULL;
+		size_t na = 0, nt = 0;
+		uint64_t me = rados_get_instance_id(rb->cluster);
+		int d = rados_decode_notify_response(reply, reply_len, &acks, &na, &tos, &nt);
+		if (d < 0) {
+			r = d;
+		} else {
+			for (size_t i = 0; i < na; i++)
+				if (acks[i].notifier_id != me)
+					(*others)++;
+			int fenced = 0;
+			for (size_t i = 0; i < nt && fence; i++) {
+				char addr[256];
+				int e = member_addr(rb, oid, tos[i].notifier_id, addr, sizeof(addr));
+				if (e == 0)
+					e = rados_blocklist_add(rb->cluster, addr, 0);
+				if (e < 0) {
+					log_err("%s: gateway client %" PRIu64 " did not take a change of %s and cannot be "
+						"fenced: %s", rb->spec, tos[i].notifier_id, name, strerror(-e));
+					r = e;
+					break;
+				}
+				log_warn("%s: gateway client %" PRIu64 " (%s) did not take a change of %s within %u ms; "
+					 "fenced it", rb->spec, tos[i].notifier_id, addr, name, timeout_ms);
+				fenced++;
+			}
+			if (r == -ETIMEDOUT && fenced == (int)nt)
+				r = 0;
+			rados_free_notify_response(acks, na, tos);
+		}
+	}
+	if (reply)
+		rados_buffer_free(reply);
+	rbd_handles_exit(rb);
+	return r;
+}
+
+static void notice_push(struct rbd_shared *s, struct notice *n)
+{
+	pthread_mutex_lock(&s->mu);
+	n->next = NULL;
+	*s->tail = n;
+	s->tail = &n->next;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void push_reload(struct rbd_shared *s)
+{
+	struct notice *n = calloc(1, sizeof(*n));
+	if (n) {
+		n->reload = true;
+		notice_push(s, n);
+	}
+}
+
+/* librados' thread: queue it for ours. */
+static void watch_cb(void *arg, uint64_t notify_id, uint64_t handle, uint64_t notifier_id, void *data,
+		     size_t len)
+{
+	struct rbd_shared *s = arg;
+	struct notice *n = malloc(sizeof(*n) + len);
+	if (!n)
+		return; /* unanswered: the announcer fences us, and we read it all again then */
+	n->notify_id = notify_id;
+	n->cookie = handle;
+	n->reload = false;
+	n->own = notifier_id == rados_get_instance_id(s->rb->cluster);
+	n->len = len;
+	if (len)
+		memcpy(n->data, data, len);
+	notice_push(s, n);
+}
+
+static void watch_err(void *arg, uint64_t cookie, int err)
+{
+	struct rbd_shared *s = arg;
+	log_warn("%s: the watch on %s failed (%s); reading it again", s->rb->spec, s->oid, strerror(-err));
+	push_reload(s);
+}
+
+/* Watch the object on the current handles (they are ours: the lock thread's, or before I/O). */
+static int watch_on(struct rbd_shared *s)
+{
+	struct rbd_bdev *rb = s->rb;
+	int r = member_add(rb, s->oid);
+	if (r < 0)
+		return r;
+	r = rados_watch2(rb->ioctx, s->oid, &s->cookie, watch_cb, watch_err, s);
+	if (r == 0) {
+		s->watching = true;
+		s->watch_io = rb->ioctx;
+	}
+	return r;
+}
+
+static void *notice_thread(void *arg)
+{
+	struct rbd_shared *s = arg;
+	for (;;) {
+		pthread_mutex_lock(&s->mu);
+		while (!s->head && !s->stopping)
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (s->stopping) {
+			pthread_mutex_unlock(&s->mu);
+			break;
+		}
+		struct notice *n = s->head;
+		s->head = n->next;
+		if (!s->head)
+			s->tail = &s->head;
+		pthread_mutex_unlock(&s->mu);
+		if (n->reload) {
+			s->fn(s->arg, NULL, 0);
+		} else {
+			if (s->delay_ms && !n->own)
+				usleep(s->delay_ms * 1000u);
+			if ((n->own || s->fn(s->arg, n->data, n->len) == 0) && rbd_handles_enter(s->rb)) {
+				int r = rados_notify_ack(s->rb->ioctx, s->oid, n->notify_id, n->cookie, NULL, 0);
+				rbd_handles_exit(s->rb);
+				if (r < 0 && r != -ENOTCONN)
+					log_warn("%s: cannot acknowledge a change of %s: %s", s->rb->spec, s->name,
+						 strerror(-r));
+			}
+		}
+		free(n);
+	}
+	return NULL;
+}
+
+static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, const void *msg, size_t len),
+		    void *arg)
+{
+	struct rbd_bdev *rb = rbd_bdev_of(dev);
+	if (rb->shared)
+		return -EBUSY;
+	struct rbd_shared *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->rb = rb;
+	s->fn = fn;
+	s->arg = arg;
+	snprintf(s->name, sizeof(s->name), "%s", name);
+	s->tail = &s->head;
+	const char *d = getenv("TIERCACHE_TEST_SHARED_DELAY_MS");
+	s->delay_ms = d ? (unsigned)atoi(d) : 0;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (pthread_create(&s->thr, NULL, notice_thread, s) != 0) {
+		pthread_cond_destroy(&s->cv);
+		pthread_mutex_destroy(&s->mu);
+		free(s);
+		return -EAGAIN;
+	}
+	/* published first, then watched inside the handles under s->mu: a
+	 * reopen meanwhile waits for us, then moves the watch (rbd_shared_moved) */
+	pthread_mutex_lock(&s->mu);
+	rb->shared = s;
+	int r = -EAGAIN;
+	if (rbd_handles_enter(rb)) {
+		r = oid_of(rb, name, s->oid, sizeof(s->oid));
+		if (r == 0)
+			r = watch_on(s);
+		rbd_handles_exit(rb);
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (r < 0)
+		rbd_shared_stop(rb);
+	return r;
+}
+
+static void sh_unwatch(struct bdev *dev)
+{
+	struct rbd_bdev *rb = rbd_bdev_of(dev);
+	rbd_shared_stop(rb);
+}
+
+void rbd_shared_stop(struct rbd_bdev *rb)
+{
+	struct rbd_shared *s = rb->shared;
+	if (!s)
+		return;
+	/* not under s->mu: a callback in flight takes it to queue its notice,
+	 * and the flush waits for that callback */
+	if (s->watching && rbd_handles_enter(rb)) {
+		rados_unwatch2(s->watch_io, s->cookie);
+		rados_watch_flush(rb->cluster); /* no callback of librados' after this */
+		rbd_handles_exit(rb);
+	}
+	s->watching = false;
+	pthread_mutex_lock(&s->mu);
+	s->stopping = true;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->thr, NULL);
+	while (s->head) {
+		struct notice *n = s->head;
+		s->head = n->next;
+		free(n);
+	}
+	pthread_cond_destroy(&s->cv);
+	pthread_mutex_destroy(&s->mu);
+	rb->shared = NULL;
+	free(s);
+}
+
+/*
+ * The lock thread, inside rbd_reopen: the old handles are about to go
+ * (before the swap: drop the watch on them) or a fresh client took their
+ * place (after it: watch there, and have the blob read again before the
+ * device serves: the caller runs fn itself, on this thread).
+ */
+void rbd_shared_moved(struct rbd_bdev *rb, bool after)
+{
+	struct rbd_shared *s = rb->shared;
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	if (!after) {
+		if (s->watching)
+			rados_unwatch2(s->watch_io, s->cookie); /* fenced: fails fast, the watch is gone anyway */
+		s->watching = false;
+		pthread_mutex_unlock(&s->mu);
+		return;
+	}
+	int r = s->oid[0] ? watch_on(s) : -ENOENT;
+	pthread_mutex_unlock(&s->mu);
+	if (r < 0)
+		log_err("%s: cannot watch %s on the fresh client (%s); changes other gateways make are not "
+			"seen until it can", rb->spec, s->oid, strerror(-r));
+	s->fn(s->arg, NULL, 0);
+}
+
+const struct bdev_shared_ops rbd_shared_ops = {
+	.get = sh_get,
+	.cas = sh_cas,
+	.announce = sh_announce,
+	.watch = sh_watch,
+	.unwatch = sh_unwatch,
+};

@@ -171,7 +171,7 @@ struct scsi_lu *scsi_lu_open(const struct scsi_lu_config *cfg, struct bdev *dev,
 		snprintf(err, errlen, "lun \"%s\": out of memory", cfg->name);
 		goto fail;
 	}
-	if (pr_load(lu, err, errlen) < 0)
+	if (pr_load(lu, err, errlen) < 0 || pr_shared_start(lu, err, errlen) < 0)
 		goto fail;
 	lu_space_init(lu, cfg->space_warn);
 	atomic_init(&lu->io_timeout_ms, cfg->io_timeout_ms);
@@ -216,6 +216,7 @@ void scsi_lu_close(struct scsi_lu *lu)
 		}
 	pthread_mutex_unlock(&registry_lock);
 	pthread_mutex_unlock(&walk_lock);
+	pr_shared_stop(lu);
 	xcopy_forget(NULL, lu);
 	odx_forget(NULL, lu);
 	pr_free(lu);

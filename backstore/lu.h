@@ -245,6 +245,7 @@ struct scsi_lu {
 	/* reservations: resv_held is the hot-path hint */
 	atomic_bool resv_held;
 	struct pr_state pr;
+	struct pr_shared *prs;          /* kept alike by several gateways (pr_shared.c), else NULL */
 	struct scsi_nexus *spc2_holder; /* RESERVE(6/10) holder, NULL if none */
 
 	/* COMPARE AND WRITE vs. writers, see sbc.c */
@@ -634,6 +635,17 @@ void pr_free(struct scsi_lu *lu);
 void pr_nexus_gone(struct scsi_lu *lu, struct scsi_nexus *nx);
 /* LU reset: SPC-2 reservations are released. */
 void pr_lu_reset(struct scsi_lu *lu);
+
+/*
+ * pr_shared.c: a LU that several gateways export over a shared store
+ * keeps its persistent reservations in the cluster. start: main thread,
+ * at open (0, or -1 with err); nothing for another LU. stop: at close.
+ * synced: false while this gateway may lack the cluster's latest state
+ * (media commands are then refused as on a gateway that lost the store).
+ */
+int pr_shared_start(struct scsi_lu *lu, char *err, size_t errlen);
+void pr_shared_stop(struct scsi_lu *lu);
+bool pr_shared_synced(const struct scsi_lu *lu);
 
 /* xcopy.c */
 enum scsi_rc xcopy_extended_copy(struct scsi_cmd *cmd);

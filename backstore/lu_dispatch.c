@@ -349,16 +349,26 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 	}
 	if (!(d->flags & CMDF_SANITIZE_OK) && atomic_load_explicit(&lu->sanitizing, memory_order_acquire))
 		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_READY_SANITIZE);
+	/*
+	 * Reservations before ownership: a command the reservation refuses
+	 * gets RESERVATION CONFLICT on whichever gateway it reaches, and never
+	 * moves a shared store's ownership (a non-owner would take it over).
+	 * With the reservations kept by several gateways, only on a copy known
+	 * to be the cluster's latest.
+	 */
+	if (__builtin_expect(lu->prs != NULL, 0) && (d->flags & (CMDF_READS | CMDF_WRITES)) &&
+	    !pr_shared_synced(lu))
+		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE); /* no takeover */
+	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
+		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
+		return SCSI_RC_DONE;
+	}
 	/* shared backing store: media access only while this gateway owns it */
 	if (lu->owner && (d->flags & (CMDF_READS | CMDF_WRITES))) {
 		uint64_t gen;
 		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
 		if (st != BDEV_OWNER_OWNED)
 			return spc_alua_refuse(cmd, st);
-	}
-	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
-		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
-		return SCSI_RC_DONE;
 	}
 	if ((d->flags & CMDF_WRITES) && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16 &&
 	    (lu->read_only || atomic_load_explicit(&lu->swp, memory_order_relaxed)))

@@ -19,6 +19,7 @@
  * complete before it is durable).
  */
 #include "backstore/lu.h"
+#include "backstore/pr_int.h"
 
 #include "common/log.h"
 
@@ -153,35 +154,59 @@ static void state_path(const struct scsi_lu *lu, char *out, size_t cap, const ch
 	snprintf(out, cap, "%s/%s.pr%s", lu->state_dir, name, suffix);
 }
 
+char *pr_encode(const struct scsi_lu *lu, uint64_t ver, bool shared, size_t *len)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (!f)
+		return NULL;
+	int idx = 0, holder = -1;
+	fprintf(f, "tiercache-pr 1 %016llx\ngeneration %u\n", (unsigned long long)ver, lu->pr.generation);
+	if (shared)
+		fprintf(f, "aptpl %d\n", lu->pr.aptpl ? 1 : 0);
+	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next, idx++)
+		if (r == lu->pr.holder)
+			holder = idx;
+	fprintf(f, "reservation %u %d\n", lu->pr.type, holder);
+	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next)
+		fprintf(f, "reg %016llx %d %u %s %s\n", (unsigned long long)r->key, r->all_tg_pt ? 1 : 0,
+			r->rel_port, r->i_port, r->t_port);
+	if (fclose(f) != 0) {
+		free(buf);
+		return NULL;
+	}
+	*len = n;
+	return buf;
+}
+
 /* Locked. Returns 0 or -errno. */
 static int pr_save(struct scsi_lu *lu)
 {
 	char path[4096], tmp[4096];
 
-	if (!lu->state_dir)
-		return 0;
+	if (!lu->state_dir || lu->prs)
+		return 0; /* shared across gateways: the cluster keeps it (pr_shared.c) */
 	state_path(lu, path, sizeof(path), "");
 	if (!lu->pr.aptpl) {
 		if (unlink(path) < 0 && errno != ENOENT)
 			return -errno;
 		return 0;
 	}
+	size_t len = 0;
+	char *text = pr_encode(lu, 0, false, &len);
+	if (!text)
+		return -ENOMEM;
 	state_path(lu, tmp, sizeof(tmp), ".tmp");
 	FILE *f = fopen(tmp, "w");
-	if (!f)
+	if (!f) {
+		free(text);
 		return -errno;
-	int idx = 0, holder = -1;
-	fprintf(f, "tiercache-pr 1\ngeneration %u\n", lu->pr.generation);
-	for (struct pr_reg *r = lu->pr.regs; r; r = r->next, idx++)
-		if (r == lu->pr.holder)
-			holder = idx;
-	fprintf(f, "reservation %u %d\n", lu->pr.type, holder);
-	for (struct pr_reg *r = lu->pr.regs; r; r = r->next)
-		fprintf(f, "reg %016llx %d %u %s %s\n", (unsigned long long)r->key, r->all_tg_pt ? 1 : 0,
-			r->rel_port, r->i_port, r->t_port);
+	}
 	int err = 0;
-	if (fflush(f) != 0 || fsync(fileno(f)) != 0)
+	if (fwrite(text, 1, len, f) != len || fflush(f) != 0 || fsync(fileno(f)) != 0)
 		err = -errno;
+	free(text);
 	if (fclose(f) != 0 && !err)
 		err = -errno;
 	if (!err && rename(tmp, path) != 0)
@@ -207,27 +232,21 @@ static void reg_list_free(struct pr_reg *r)
 	}
 }
 
-int pr_load(struct scsi_lu *lu, char *err, size_t errlen)
+/*
+ * Parse the state text into st (zeroed by the caller; aptpl is left as it
+ * is unless an aptpl line says). 0, or the number of the first bad line.
+ */
+static int pr_parse(FILE *f, struct pr_state *st, uint64_t *ver)
 {
-	char path[4096], line[1024];
+	char line[1024];
 	unsigned type = 0;
 	int holder = -1, lineno = 0;
-	struct pr_reg **tail = &lu->pr.regs;
+	struct pr_reg **tail = &st->regs;
 
-	if (!lu->state_dir)
-		return 0;
-	state_path(lu, path, sizeof(path), "");
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		if (errno == ENOENT)
-			return 0;
-		snprintf(err, errlen, "lun \"%s\": cannot read persistent reservations from %s: %s",
-			 lu->name, path, strerror(errno));
-		return -1;
-	}
+	*ver = 0;
 	while (fgets(line, sizeof(line), f)) {
-		unsigned long long key;
-		int all;
+		unsigned long long key, v;
+		int all, ap;
 		unsigned rel, gen;
 		char ip[PORT_NAME_MAX], tp[PORT_NAME_MAX];
 
@@ -235,10 +254,14 @@ int pr_load(struct scsi_lu *lu, char *err, size_t errlen)
 		if (lineno == 1) {
 			if (strncmp(line, "tiercache-pr 1", 14))
 				goto bad;
+			if (sscanf(line + 14, " %llx", &v) == 1)
+				*ver = v;
 			continue;
 		}
 		if (sscanf(line, "generation %u", &gen) == 1) {
-			lu->pr.generation = gen;
+			st->generation = gen;
+		} else if (sscanf(line, "aptpl %d", &ap) == 1) {
+			st->aptpl = ap != 0;
 		} else if (sscanf(line, "reservation %u %d", &type, &holder) == 2) {
 			if (type && !type_valid((uint8_t)type))
 				goto bad;
@@ -257,27 +280,75 @@ int pr_load(struct scsi_lu *lu, char *err, size_t errlen)
 			goto bad;
 		}
 	}
-	fclose(f);
-	lu->pr.aptpl = true;
-	lu->pr.type = (uint8_t)type;
+	if (!lineno)
+		goto bad;
+	st->type = (uint8_t)type;
 	if (type) {
 		int i = 0;
-		struct pr_reg *r = lu->pr.regs;
+		struct pr_reg *r = st->regs;
 		for (; r && i < holder; r = r->next)
 			i++;
-		lu->pr.holder = holder >= 0 ? r : NULL;
-		if (!type_all_registrants((uint8_t)type) && !lu->pr.holder)
-			lu->pr.type = 0;
+		st->holder = holder >= 0 ? r : NULL;
+		if (!type_all_registrants((uint8_t)type) && !st->holder)
+			st->type = 0;
 	}
-	update_hint(lu);
 	return 0;
 bad:
+	reg_list_free(st->regs);
+	st->regs = NULL;
+	return lineno ? lineno : 1;
+}
+
+int pr_install(struct scsi_lu *lu, const char *text, size_t len, uint64_t *ver)
+{
+	struct pr_state st = { 0 };
+	FILE *f = fmemopen((void *)text, len, "r");
+	if (!f)
+		return -ENOMEM;
+	int bad = pr_parse(f, &st, ver);
 	fclose(f);
+	if (bad)
+		return -EINVAL;
 	reg_list_free(lu->pr.regs);
-	lu->pr.regs = NULL;
-	snprintf(err, errlen, "lun \"%s\": %s line %d is not valid persistent reservation state; "
-		 "move the file away to start without reservations", lu->name, path, lineno);
-	return -1;
+	lu->pr = st;
+	update_hint(lu);
+	return 0;
+}
+
+void pr_clear_state(struct scsi_lu *lu)
+{
+	reg_list_free(lu->pr.regs);
+	memset(&lu->pr, 0, sizeof(lu->pr));
+	update_hint(lu);
+}
+
+int pr_load(struct scsi_lu *lu, char *err, size_t errlen)
+{
+	char path[4096];
+
+	if (!lu->state_dir)
+		return 0;
+	state_path(lu, path, sizeof(path), "");
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		if (errno == ENOENT)
+			return 0;
+		snprintf(err, errlen, "lun \"%s\": cannot read persistent reservations from %s: %s",
+			 lu->name, path, strerror(errno));
+		return -1;
+	}
+	struct pr_state st = { .aptpl = true };
+	uint64_t ver;
+	int bad = pr_parse(f, &st, &ver);
+	fclose(f);
+	if (bad) {
+		snprintf(err, errlen, "lun \"%s\": %s line %d is not valid persistent reservation state; "
+			 "move the file away to start without reservations", lu->name, path, bad);
+		return -1;
+	}
+	lu->pr = st;
+	update_hint(lu);
+	return 0;
 }
 
 void pr_free(struct scsi_lu *lu)
@@ -364,6 +435,11 @@ enum scsi_rc pr_in(struct scsi_cmd *cmd)
 
 	if (!b)
 		return scsi_fail(cmd, SK_HARDWARE_ERROR, ASC_INTERNAL_TARGET_FAILURE);
+	if (!pr_shared_synced(lu)) {
+		free(b);
+		cmd->status = SAM_STAT_BUSY; /* not the cluster's latest: the host asks again */
+		return SCSI_RC_DONE;
+	}
 	pthread_mutex_lock(&lu->mutex);
 	be32_put(b, lu->pr.generation);
 	switch (sa) {
@@ -422,6 +498,8 @@ enum scsi_rc pr_in(struct scsi_cmd *cmd)
 /* UA for the nexuses behind registration r. Locked. */
 static void ua_reg(struct scsi_lu *lu, const struct pr_reg *r, unsigned ua)
 {
+	if (lu->prs && pr_shared_capture(lu, ua, r->i_port, r->all_tg_pt ? NULL : r->t_port))
+		return; /* delivered once the change is the cluster's, on every gateway */
 	lu_ua_port_locked(lu, ua, r->i_port, r->all_tg_pt ? NULL : r->t_port);
 }
 
@@ -469,9 +547,6 @@ static struct pr_reg *reg_add(struct scsi_lu *lu, const struct scsi_nexus *nx, u
 	return r;
 }
 
-/* Outcome of one service action: status or sense to set. */
-enum pr_result { PR_OK, PR_CONFLICT, PR_BAD_CDB_TYPE, PR_BAD_CDB_SCOPE, PR_BAD_PARAM_KEY,
-		 PR_BAD_RELEASE, PR_NO_RESOURCES, PR_BAD_PARAM_LEN, PR_BAD_PARAM_FLAGS, PR_BAD_TID };
 
 static enum pr_result do_register(struct scsi_lu *lu, struct scsi_nexus *nx, bool ignore, uint64_t key,
 				  uint64_t sa_key, bool all_tg_pt)
@@ -674,8 +749,7 @@ enum scsi_rc pr_out(struct scsi_cmd *cmd)
 	uint8_t scope = cmd->cdb[2] >> 4;
 	uint8_t type = cmd->cdb[2] & 0x0f;
 	uint32_t plen = be32_get(cmd->cdb + 5);
-	uint8_t p[PRO_PARAM_LEN + 4 + PORT_NAME_MAX + 8];
-	enum pr_result res;
+	uint8_t p[PR_PARAM_MAX];
 
 	cmd->cdb_xfer_len = plen;
 	bool needs_type = sa == PRO_RESERVE || sa == PRO_RELEASE || sa == PRO_PREEMPT ||
@@ -697,28 +771,40 @@ enum scsi_rc pr_out(struct scsi_cmd *cmd)
 	if (sa != PRO_REGISTER && sa != PRO_REGISTER_IGNORE && sa != PRO_REGISTER_MOVE && (flags & PRO_ALL_TG_PT))
 		return scsi_fail_param(cmd, 20, 2);
 
+	if (lu->prs)
+		return pr_shared_out(cmd, sa, type, key, sa_key, flags, p, plen);
 	pthread_mutex_lock(&lu->mutex);
+	enum pr_result res = pr_apply(lu, cmd->nexus, sa, type, key, sa_key, flags, p, plen);
+	pthread_mutex_unlock(&lu->mutex);
+	pr_answer(cmd, res);
+	return SCSI_RC_DONE;
+}
+
+enum pr_result pr_apply(struct scsi_lu *lu, struct scsi_nexus *nx, uint8_t sa, uint8_t type, uint64_t key,
+			uint64_t sa_key, uint8_t flags, const uint8_t *p, uint32_t plen)
+{
+	enum pr_result res;
 	bool old_aptpl = lu->pr.aptpl;
 	switch (sa) {
 	case PRO_REGISTER:
 	case PRO_REGISTER_IGNORE:
-		res = do_register(lu, cmd->nexus, sa == PRO_REGISTER_IGNORE, key, sa_key, flags & PRO_ALL_TG_PT);
+		res = do_register(lu, nx, sa == PRO_REGISTER_IGNORE, key, sa_key, flags & PRO_ALL_TG_PT);
 		break;
 	case PRO_RESERVE:
-		res = do_reserve(lu, cmd->nexus, key, type);
+		res = do_reserve(lu, nx, key, type);
 		break;
 	case PRO_RELEASE:
-		res = do_release(lu, cmd->nexus, key, type);
+		res = do_release(lu, nx, key, type);
 		break;
 	case PRO_CLEAR:
-		res = do_clear(lu, cmd->nexus, key);
+		res = do_clear(lu, nx, key);
 		break;
 	case PRO_PREEMPT:
 	case PRO_PREEMPT_ABORT:
-		res = do_preempt(lu, cmd->nexus, key, sa_key, type);
+		res = do_preempt(lu, nx, key, sa_key, type);
 		break;
 	default:
-		res = do_register_move(lu, cmd->nexus, key, sa_key, p, plen, type);
+		res = do_register_move(lu, nx, key, sa_key, p, plen, type);
 		break;
 	}
 	if (res == PR_OK) {
@@ -736,8 +822,11 @@ enum scsi_rc pr_out(struct scsi_cmd *cmd)
 		}
 	}
 	update_hint(lu);
-	pthread_mutex_unlock(&lu->mutex);
+	return res;
+}
 
+void pr_answer(struct scsi_cmd *cmd, enum pr_result res)
+{
 	switch (res) {
 	case PR_OK:
 		break;
@@ -769,5 +858,4 @@ enum scsi_rc pr_out(struct scsi_cmd *cmd)
 		scsi_fail_param(cmd, 24, -1);
 		break;
 	}
-	return SCSI_RC_DONE;
 }

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# tests/test_rbd_pr_shared.sh - persistent reservations of an RBD image
+# exported by two gateways are one state: the sequence a Windows cluster
+# validation runs, across two gateways and two initiators.
+#
+# Gateways A (port group 1) and B (port group 2) export one image
+# (gateways = 2) on a throwaway Ceph cluster. B takes 5 s to handle each
+# change another gateway announces (TIERCACHE_TEST_SHARED_DELAY_MS), so a
+# PERSISTENT RESERVE OUT through A must wait for it. Node 1 logs in to A,
+# node 2 to B (tests/tools/pr_gw.c, libiscsi):
+#   - both register (APTPL); node 1's REGISTER through A is answered only
+#     after B took the change (>= 5 s); both gateways list both keys;
+#   - node 1 writes through A (A owns the image), reserves Write Exclusive;
+#     B reports node 1 as the holder; node 2's write through B gets
+#     RESERVATION CONFLICT and the image stays A's (a refused command
+#     never takes the image over); node 2's read through B is allowed
+#     (Write Exclusive) and reads what node 1 wrote;
+#   - kill -9 A, restart it: the same keys and holder through A;
+#   - node 2 preempts node 1 (PREEMPT AND ABORT) through B while node 1 is
+#     logged in to A: node 1 gets the unit attention REGISTRATIONS
+#     PREEMPTED on A, then RESERVATION CONFLICT; both gateways name node 2;
+#   - every gateway killed with -9 and restarted: the APTPL state is back;
+#   - node 2 registers again without APTPL: kept while B runs across a
+#     restart of A; dropped once both restart, as after a power loss.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+. "$TC_ROOT/tests/ceph/lib.sh"
+
+[ -x "$TC_BIN" ] || fail "build/tiercached is missing; run make"
+cc -std=gnu11 -O2 -Wall -Wextra -o "$T/pr_gw" "$TC_ROOT/tests/tools/pr_gw.c" -liscsi 2>"$T/cc.log" ||
+	skip "cannot build tests/tools/pr_gw.c against libiscsi: $(head -1 "$T/cc.log")"
+PR=$T/pr_gw
+CTL=$TC_ROOT/build/tierctl
+N1=iqn.2026-12.io.tiercache:node1
+N2=iqn.2026-12.io.tiercache:node2
+
+rbd_cluster_up
+rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/prs" ||
+	fail "cannot create the RBD image"
+
+IQN=iqn.2026-12.io.tiercache:prs
+declare -A PORT PID
+PORT[A]=$(tc_free_port)
+PORT[B]=$(tc_free_port)
+PID[A]=
+PID[B]=
+
+gw_cleanup() {
+	local g
+	for g in A B; do
+		if [ -n "${PID[$g]}" ] && kill -0 "${PID[$g]}" 2>/dev/null; then
+			kill -KILL "${PID[$g]}" 2>/dev/null
+			wait "${PID[$g]}" 2>/dev/null
+		fi
+	done
+	_rbd_cleanup
+}
+trap gw_cleanup EXIT
+
+gw_conf() { # NAME PORT_GROUP
+	local g=$1
+	mkdir -p "$T/$g/state"
+	cat <<CONF
+[daemon]
+state_dir = $T/$g/state
+control_socket = $T/$g/state/control.sock
+log_level = info
+workers = 2
+
+[portal]
+listen = 127.0.0.1:${PORT[$g]}
+port_group = $2
+
+[target $IQN]
+lun0 = prs
+$(rbd_conf_lun prs prs "serial = PRSHARED0001" "gateways = 2")
+CONF
+}
+gw_conf A 1 >"$T/A.conf"
+gw_conf B 2 >"$T/B.conf"
+
+gw_listening() { # NAME
+	(exec 3<>"/dev/tcp/127.0.0.1/${PORT[$1]}") 2>/dev/null && return 0
+	kill -0 "${PID[$1]}" 2>/dev/null || { tail -20 "$T/$1.log" >&2; fail "gateway $1 exited at start"; }
+	return 1
+}
+
+gw_start() { # NAME
+	if [ "$1" = B ]; then
+		TIERCACHE_TEST_SHARED_DELAY_MS=5000 "$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
+	else
+		"$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
+	fi
+	PID[$1]=$!
+	tc_wait_for 90 "gateway $1 listening" gw_listening "$1"
+}
+
+gw_kill9() {
+	kill -KILL "${PID[$1]}" 2>/dev/null
+	wait "${PID[$1]}" 2>/dev/null
+	PID[$1]=
+}
+
+url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
+expect_match() { # TEXT REGEX WHAT
+	[[ $1 =~ $2 ]] || fail "$3: expected /$2/ in '$1'"
+	pass "$3"
+}
+pr() { # GATEWAY NODE STEP... -> the client's lines
+	"$PR" "$(url "$1")" "$2" "${@:3}" 2>&1
+}
+# the step's line of a pr_gw output
+line_of() { printf '%s\n' "$1" | grep "^$2 " | head -1; }
+ms_of() { sed -n 's/.* ms=\([0-9]*\).*/\1/p' <<<"$1"; }
+
+# the ownership of gateway G from tierctl status --json: "state owner_port_group"
+status_of() {
+	"$CTL" -s "$T/$1/state/control.sock" --json status 2>/dev/null | python3 -c '
+import json, sys
+o = json.load(sys.stdin)["luns"][0].get("ownership", {})
+print(o.get("state"), o.get("owner_port_group"))'
+}
+
+gw_start A
+gw_start B
+pass "gateways A and B up (B answers announcements after 5 s)"
+
+# ------------------------------------------------------------- register
+out=$(pr A "$N1" reg:1:aptpl)
+l=$(line_of "$out" reg:1:aptpl)
+case $l in
+*" GOOD "*) ;;
+*) fail "node 1's REGISTER through A: $out" ;;
+esac
+ms=$(ms_of "$l")
+[ "${ms:-0}" -ge 4900 ] ||
+	fail "node 1's REGISTER through A was answered in ${ms} ms, before B (5 s to take it) had the change"
+pass "node 1 registered through A, answered after B took the change ($ms ms)"
+grep -q "fenced it" "$T/A.log" && fail "A fenced B for taking 5 s (the limit is 10 s)"
+
+out=$(pr B "$N2" reg:2:aptpl)
+expect_match "$(line_of "$out" reg:2:aptpl)" " GOOD " "node 2 registered through B"
+ka=$(line_of "$(pr A "$N1" keys)" keys)
+kb=$(line_of "$(pr B "$N2" keys)" keys)
+expect_match "$ka" "gen=2 1 2$" "A lists both keys ($ka)"
+expect_match "$kb" "gen=2 1 2$" "B lists both keys ($kb)"
+
+# ------------------------------------------------------------- reserve
+out=$(pr A "$N1" write:8:0x11 reserve:1:1)
+expect_match "$(line_of "$out" write:8:0x11)" " GOOD " "node 1 wrote through A"
+expect_match "$(line_of "$out" reserve:1:1)" " GOOD " "node 1 reserved (Write Exclusive) through A"
+tc_until 30 test "$(status_of A)" = "owned 1" || fail "A does not own the image: $(status_of A)"
+out=$(pr B "$N2" resv)
+expect_match "$(line_of "$out" resv)" "holder=1 type=1" "B reports node 1 as the holder"
+out=$(pr B "$N2" write:8:0x22)
+expect_match "$(line_of "$out" write:8:0x22)" " CONFLICT " "node 2's write through B: RESERVATION CONFLICT"
+sleep 2 # the lock poll runs every second: a takeover would show by now
+st=$(status_of A)
+expect_eq "$st" "owned 1" "A still owns the image: the refused write did not take it over"
+st=$(status_of B)
+expect_eq "$st" "standby 1" "B is still standby"
+out=$(pr B "$N2" read:8)
+expect_match "$(line_of "$out" read:8)" " GOOD .*first=0x11" "node 2's read through B is allowed and reads node 1's data"
+
+# ------------------------------------------------------------- A dies
+gw_kill9 A
+gw_start A
+ka=$(line_of "$(pr A "$N1" keys)" keys)
+ra=$(line_of "$(pr A "$N1" resv)" resv)
+expect_match "$ka" "gen=2 1 2$" "after kill -9 and restart, A lists the same keys ($ka)"
+expect_match "$ra" "holder=1 type=1" "and the same holder ($ra)"
+
+# ------------------------------------------------------------- preempt
+rm -f "$T/go"
+pr A "$N1" tur "wait:$T/go" write:8:0x33 resv >"$T/n1.out" &
+n1=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $n1"
+tc_until 30 grep -q "^tur GOOD" "$T/n1.out" || fail "node 1 did not log in to A: $(cat "$T/n1.out")"
+out=$(pr B "$N2" pa:2:1:1 resv)
+expect_match "$(line_of "$out" pa:2:1:1)" " GOOD " "node 2 preempted node 1 (PREEMPT AND ABORT) through B"
+expect_match "$(line_of "$out" resv)" "holder=2 type=1" "B names node 2 the holder"
+touch "$T/go"
+wait "$n1"
+out=$(cat "$T/n1.out")
+expect_match "$out" "ua 2a/05" "node 1, logged in to A, got REGISTRATIONS PREEMPTED"
+expect_match "$(line_of "$out" write:8:0x33)" " CONFLICT " "node 1's write through A: RESERVATION CONFLICT"
+expect_match "$(line_of "$out" resv)" "holder=2 type=1" "A names node 2 the holder"
+
+# ------------------------------------------------------------- APTPL
+gw_kill9 A
+gw_kill9 B
+gw_start A
+gw_start B
+ka=$(line_of "$(pr A "$N1" keys)" keys)
+rb=$(line_of "$(pr B "$N2" resv)" resv)
+expect_match "$ka" "gen=[0-9]* 2$" "every gateway restarted: A lists node 2's key only (APTPL) ($ka)"
+expect_match "$rb" "holder=2 type=1" "and B names node 2 the holder ($rb)"
+
+out=$(pr B "$N2" reg:3)
+expect_match "$(line_of "$out" reg:3)" " GOOD " "node 2 registered again without APTPL"
+gw_kill9 A
+gw_start A
+ka=$(line_of "$(pr A "$N1" keys)" keys)
+expect_match "$ka" "gen=[0-9]* 3$" "A restarted while B runs: the state without APTPL is kept ($ka)"
+gw_kill9 A
+gw_kill9 B
+gw_start A
+gw_start B
+ka=$(line_of "$(pr A "$N1" keys)" keys)
+kb=$(line_of "$(pr B "$N2" resv)" resv)
+expect_match "$ka" "gen=[0-9]*$" "every gateway restarted: no registration without APTPL is left ($ka)"
+expect_match "$kb" " none" "and no reservation ($kb)"
+grep -q "registrations made without APTPL are dropped" "$T/A.log" ||
+	fail "A's log does not say it dropped the registrations"
+pass "A says it dropped them: no other gateway ran"
+echo "all checks passed"

@@ -82,7 +82,9 @@ struct pr_shared {
 	pthread_cond_t cv;
 	struct pr_job *head, **tail;
 	bool stopping;
-	atomic_bool synced;
+	/* synced while synced_gen == stale_gen: stale() counts the changes on
+	 * their way, a read records the count it started from */
+	_Atomic uint64_t stale_gen, synced_gen;
 	/* under lu->mutex */
 	uint64_t ver;               /* of the state in lu->pr */
 	bool capturing;
@@ -146,6 +148,7 @@ static uint64_t blob_ver(const char *buf, size_t len)
 static int reload(struct pr_shared *s)
 {
 	struct scsi_lu *lu = s->lu;
+	uint64_t g0 = atomic_load(&s->stale_gen);
 	char *buf = malloc(PR_BLOB_MAX);
 	if (!buf)
 		return -ENOMEM;
@@ -169,8 +172,17 @@ static int reload(struct pr_shared *s)
 	}
 	pthread_mutex_unlock(&lu->mutex);
 	free(buf);
-	atomic_store(&s->synced, r == 0);
+	uint64_t cur = atomic_load(&s->synced_gen);
+	while (r == 0 && cur < g0 && !atomic_compare_exchange_weak(&s->synced_gen, &cur, g0))
+		;
 	return r;
+}
+
+/* Any thread, never blocks: a change is on its way (or may have been missed). */
+static void stale(void *arg)
+{
+	struct pr_shared *s = arg;
+	atomic_fetch_add(&s->stale_gen, 1);
 }
 
 /* The driver's thread: another gateway changed the state (msg), or we may have missed a change (NULL). */
@@ -347,7 +359,7 @@ enum scsi_rc pr_shared_out(struct scsi_cmd *cmd, uint8_t sa, uint8_t type, uint6
 
 bool pr_shared_synced(const struct scsi_lu *lu)
 {
-	return !lu->prs || atomic_load_explicit(&lu->prs->synced, memory_order_acquire);
+	return !lu->prs || atomic_load(&lu->prs->synced_gen) == atomic_load(&lu->prs->stale_gen);
 }
 
 int pr_shared_start(struct scsi_lu *lu, char *err, size_t errlen)
@@ -364,14 +376,15 @@ int pr_shared_start(struct scsi_lu *lu, char *err, size_t errlen)
 	s->dev = base;
 	s->ops = base->ops->owner->shared;
 	s->tail = &s->head;
-	atomic_init(&s->synced, false);
+	atomic_init(&s->stale_gen, 1); /* not synced until the first read */
+	atomic_init(&s->synced_gen, 0);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	pthread_mutex_lock(&lu->mutex);
 	pr_clear_state(lu); /* not a state file's: the cluster's, read below */
 	lu->prs = s;
 	pthread_mutex_unlock(&lu->mutex);
-	int r = s->ops->watch(base, PR_BLOB, changed, s);
+	int r = s->ops->watch(base, PR_BLOB, changed, stale, s);
 	if (r < 0) {
 		snprintf(err, errlen, "lun \"%s\": cannot watch the reservation state in the cluster: %s", lu->name,
 			 strerror(-r));

@@ -202,8 +202,11 @@ struct bdev_owner_change {
  *    announcement of another gateway (the announcer hears back when fn
  *    returns 0); fn(arg, NULL, 0) when some may have been missed (the
  *    watch was lost, or a fresh client replaced a fenced one; then before
- *    the device serves again): read the blob again. One watch per device.
- *    unwatch: fn is not called after it returns.
+ *    the device serves again): read the blob again. stale(arg) runs, on
+ *    any thread and without blocking, as soon as such a call is due (an
+ *    announcement arrived, the watch failed): the caller's copy is not
+ *    the latest from then until fn returns 0. One watch per device.
+ *    unwatch: neither is called after it returns.
  */
 struct bdev_shared_ops {
 	int (*get)(struct bdev *dev, const char *name, void *buf, size_t cap, size_t *len);
@@ -212,7 +215,7 @@ struct bdev_shared_ops {
 	int (*announce)(struct bdev *dev, const char *name, const void *msg, size_t len, unsigned timeout_ms,
 			bool fence, unsigned *others);
 	int (*watch)(struct bdev *dev, const char *name, int (*fn)(void *arg, const void *msg, size_t len),
-		     void *arg);
+		     void (*stale)(void *arg), void *arg);
 	void (*unwatch)(struct bdev *dev);
 };
 

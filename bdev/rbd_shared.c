@@ -53,6 +53,7 @@ struct rbd_shared {
 	char name[SHARED_NAME_MAX];
 	char oid[SHARED_OID_MAX];
 	int (*fn)(void *arg, const void *msg, size_t len);
+	void (*stale)(void *arg);
 	void *arg;
 	uint64_t cookie;        /* the watch on the current handles */
 	bool watching;
@@ -272,6 +273,7 @@ static void notice_push(struct rbd_shared *s, struct notice *n)
 
 static void push_reload(struct rbd_shared *s)
 {
+	s->stale(s->arg);
 	struct notice *n = calloc(1, sizeof(*n));
 	if (n) {
 		n->reload = true;
@@ -291,6 +293,8 @@ static void watch_cb(void *arg, uint64_t notify_id, uint64_t handle, uint64_t no
 	n->cookie = handle;
 	n->reload = false;
 	n->own = notifier_id == rados_get_instance_id(s->rb->cluster);
+	if (!n->own)
+		s->stale(s->arg); /* a change we have not read yet: our copy is not the latest */
 	n->len = len;
 	if (len)
 		memcpy(n->data, data, len);
@@ -354,7 +358,7 @@ static void *notice_thread(void *arg)
 }
 
 static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, const void *msg, size_t len),
-		    void *arg)
+		    void (*stale)(void *arg), void *arg)
 {
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
 	if (rb->shared)
@@ -364,6 +368,7 @@ static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, con
 		return -ENOMEM;
 	s->rb = rb;
 	s->fn = fn;
+	s->stale = stale;
 	s->arg = arg;
 	snprintf(s->name, sizeof(s->name), "%s", name);
 	s->tail = &s->head;
@@ -450,6 +455,7 @@ void rbd_shared_moved(struct rbd_bdev *rb, bool after)
 	}
 	int r = s->oid[0] ? watch_on(s) : -ENOENT;
 	pthread_mutex_unlock(&s->mu);
+	s->stale(s->arg);
 	if (r < 0)
 		log_err("%s: cannot watch %s on the fresh client (%s); changes other gateways make are not "
 			"seen until it can", rb->spec, s->oid, strerror(-r));

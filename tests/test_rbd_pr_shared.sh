@@ -21,7 +21,9 @@
 #     PREEMPTED on A, then RESERVATION CONFLICT; both gateways name node 2;
 #   - every gateway killed with -9 and restarted: the APTPL state is back;
 #   - node 2 registers again without APTPL: kept while B runs across a
-#     restart of A; dropped once both restart, as after a power loss.
+#     restart of A; dropped once both restart, as after a power loss;
+#   - B made to take 15 s: A's next change is answered once A fenced B
+#     (10 s), and B, on a fresh client, has the change.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 . "$TC_ROOT/tests/ceph/lib.sh"
@@ -85,9 +87,10 @@ gw_listening() { # NAME
 	return 1
 }
 
+B_DELAY_MS=5000
 gw_start() { # NAME
 	if [ "$1" = B ]; then
-		TIERCACHE_TEST_SHARED_DELAY_MS=5000 "$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
+		TIERCACHE_TEST_SHARED_DELAY_MS=$B_DELAY_MS "$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
 	else
 		"$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
 	fi
@@ -213,4 +216,25 @@ expect_match "$kb" " none" "and no reservation ($kb)"
 grep -q "registrations made without APTPL are dropped" "$T/A.log" ||
 	fail "A's log does not say it dropped the registrations"
 pass "A says it dropped them: no other gateway ran"
+
+# ------------------------------------------------------------- a gateway that does not answer
+# B now takes 15 s to handle a change: past the 10 s limit. A's REGISTER
+# is answered once B is fenced (blocklisted); B gets a fresh client and
+# reads the state again before it serves: it lists the new key.
+gw_kill9 B
+B_DELAY_MS=15000
+gw_start B
+out=$(pr A "$N1" reg:5)
+l=$(line_of "$out" reg:5)
+expect_match "$l" " GOOD " "node 1's REGISTER through A with B not answering"
+ms=$(ms_of "$l")
+[ "${ms:-0}" -ge 9500 ] && [ "${ms:-0}" -lt 15000 ] ||
+	fail "it was answered after ${ms} ms: not when the 10 s limit fenced B"
+grep -q "did not take a change of pr within 10000 ms; fenced it" "$T/A.log" ||
+	fail "A's log does not say it fenced B"
+pass "answered after $ms ms, once A fenced B"
+kb=$(line_of "$(pr B "$N2" keys)" keys)
+expect_match "$kb" "gen=[0-9]* 5$" "B, on a fresh client, lists the new key ($kb)"
+grep -q "fresh client" "$T/B.log" || fail "B's log does not show a fresh client"
+pass "B reconnected with a fresh client"
 echo "all checks passed"

@@ -52,31 +52,12 @@ PID[A]=
 PID[B]=
 PID[C]=
 
-gw_cleanup() {
-	local g
-	for g in A B C; do
-		if [ -n "${PID[$g]}" ] && kill -0 "${PID[$g]}" 2>/dev/null; then
-			kill -KILL "${PID[$g]}" 2>/dev/null
-			wait "${PID[$g]}" 2>/dev/null
-		fi
-	done
-	_rbd_cleanup
-}
 trap gw_cleanup EXIT
 
 gw_conf() { # NAME PORT_GROUP
 	local g=$1
-	mkdir -p "$T/$g/state"
+	gw_daemon_conf "$g" "$2"
 	cat <<CONF
-[daemon]
-state_dir = $T/$g/state
-control_socket = $T/$g/state/control.sock
-log_level = info
-workers = 2
-
-[portal]
-listen = 127.0.0.1:${PORT[$g]}
-port_group = $2
 
 [target $IQN]
 lun0 = shared
@@ -93,24 +74,6 @@ CONF
 }
 gw_conf A 1 >"$T/A.conf"
 gw_conf B 2 >"$T/B.conf"
-
-gw_listening() { # NAME
-	(exec 3<>"/dev/tcp/127.0.0.1/${PORT[$1]}") 2>/dev/null && return 0
-	kill -0 "${PID[$1]}" 2>/dev/null || { tail -20 "$T/$1.log" >&2; fail "gateway $1 exited at start"; }
-	return 1
-}
-
-gw_start() { # NAME
-	"$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
-	PID[$1]=$!
-	tc_wait_for 60 "gateway $1 listening" gw_listening "$1"
-}
-
-gw_kill9() {
-	kill -KILL "${PID[$1]}" 2>/dev/null
-	wait "${PID[$1]}" 2>/dev/null
-	PID[$1]=
-}
 
 gw_term() { # NAME: SIGTERM, must exit 0 within 60 s
 	local g=$1 rc

@@ -47,31 +47,12 @@ PORT[B]=$(tc_free_port)
 PID[A]=
 PID[B]=
 
-gw_cleanup() {
-	local g
-	for g in A B; do
-		if [ -n "${PID[$g]}" ] && kill -0 "${PID[$g]}" 2>/dev/null; then
-			kill -KILL "${PID[$g]}" 2>/dev/null
-			wait "${PID[$g]}" 2>/dev/null
-		fi
-	done
-	_rbd_cleanup
-}
 trap gw_cleanup EXIT
 
 gw_conf() { # NAME PORT_GROUP
 	local g=$1
-	mkdir -p "$T/$g/state"
+	gw_daemon_conf "$g" "$2"
 	cat <<CONF
-[daemon]
-state_dir = $T/$g/state
-control_socket = $T/$g/state/control.sock
-log_level = info
-workers = 2
-
-[portal]
-listen = 127.0.0.1:${PORT[$g]}
-port_group = $2
 
 [target $IQN]
 lun0 = prs
@@ -81,27 +62,13 @@ CONF
 gw_conf A 1 >"$T/A.conf"
 gw_conf B 2 >"$T/B.conf"
 
-gw_listening() { # NAME
-	(exec 3<>"/dev/tcp/127.0.0.1/${PORT[$1]}") 2>/dev/null && return 0
-	kill -0 "${PID[$1]}" 2>/dev/null || { tail -20 "$T/$1.log" >&2; fail "gateway $1 exited at start"; }
-	return 1
-}
-
 B_DELAY_MS=5000
-gw_start() { # NAME
+gw_up() { # NAME: B takes B_DELAY_MS to handle each change
 	if [ "$1" = B ]; then
-		TIERCACHE_TEST_SHARED_DELAY_MS=$B_DELAY_MS "$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
+		gw_start B TIERCACHE_TEST_SHARED_DELAY_MS=$B_DELAY_MS
 	else
-		"$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
+		gw_start "$1"
 	fi
-	PID[$1]=$!
-	tc_wait_for 90 "gateway $1 listening" gw_listening "$1"
-}
-
-gw_kill9() {
-	kill -KILL "${PID[$1]}" 2>/dev/null
-	wait "${PID[$1]}" 2>/dev/null
-	PID[$1]=
 }
 
 url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
@@ -124,8 +91,8 @@ o = json.load(sys.stdin)["luns"][0].get("ownership", {})
 print(o.get("state"), o.get("owner_port_group"))'
 }
 
-gw_start A
-gw_start B
+gw_up A
+gw_up B
 pass "gateways A and B up (B answers announcements after 5 s)"
 
 # ------------------------------------------------------------- register
@@ -167,7 +134,7 @@ expect_match "$(line_of "$out" read:8)" " GOOD .*first=0x11" "node 2's read thro
 
 # ------------------------------------------------------------- A dies
 gw_kill9 A
-gw_start A
+gw_up A
 ka=$(line_of "$(pr A "$N1" keys)" keys)
 ra=$(line_of "$(pr A "$N1" resv)" resv)
 expect_match "$ka" "gen=2 1 2$" "after kill -9 and restart, A lists the same keys ($ka)"
@@ -192,8 +159,8 @@ expect_match "$(line_of "$out" resv)" "holder=2 type=1" "A names node 2 the hold
 # ------------------------------------------------------------- APTPL
 gw_kill9 A
 gw_kill9 B
-gw_start A
-gw_start B
+gw_up A
+gw_up B
 ka=$(line_of "$(pr A "$N1" keys)" keys)
 rb=$(line_of "$(pr B "$N2" resv)" resv)
 expect_match "$ka" "gen=[0-9]* 2$" "every gateway restarted: A lists node 2's key only (APTPL) ($ka)"
@@ -202,13 +169,13 @@ expect_match "$rb" "holder=2 type=1" "and B names node 2 the holder ($rb)"
 out=$(pr B "$N2" reg:3)
 expect_match "$(line_of "$out" reg:3)" " GOOD " "node 2 registered again without APTPL"
 gw_kill9 A
-gw_start A
+gw_up A
 ka=$(line_of "$(pr A "$N1" keys)" keys)
 expect_match "$ka" "gen=[0-9]* 3$" "A restarted while B runs: the state without APTPL is kept ($ka)"
 gw_kill9 A
 gw_kill9 B
-gw_start A
-gw_start B
+gw_up A
+gw_up B
 ka=$(line_of "$(pr A "$N1" keys)" keys)
 kb=$(line_of "$(pr B "$N2" resv)" resv)
 expect_match "$ka" "gen=[0-9]*$" "every gateway restarted: no registration without APTPL is left ($ka)"
@@ -223,7 +190,7 @@ pass "A says it dropped them: no other gateway ran"
 # reads the state again before it serves: it lists the new key.
 gw_kill9 B
 B_DELAY_MS=15000
-gw_start B
+gw_up B
 out=$(pr A "$N1" reg:5)
 l=$(line_of "$out" reg:5)
 expect_match "$l" " GOOD " "node 1's REGISTER through A with B not answering"

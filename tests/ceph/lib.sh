@@ -10,6 +10,16 @@
 #                         rbd:$CEPH_POOL/IMAGE
 # At exit: the processes in RBD_KILL_PIDS and the daemon (if any) are
 # killed first, then the cluster stopped, then the scratch directory removed.
+#
+# Several gateways (tiercached processes on one image): the test declares
+# `declare -A PORT PID` (PORT[G] the port of gateway G, PID[G] its pid or
+# empty), writes $T/G.conf, and uses
+#   gw_daemon_conf G PORT_GROUP  -> its [daemon] and [portal] sections
+#                                   (state and control socket in $T/G/state)
+#   gw_start G [VAR=VALUE...]    starts it (with those in its environment),
+#                                logging to $T/G.log; waits until it listens
+#   gw_kill9 G                   kill -9, reaped
+#   trap gw_cleanup EXIT         every gateway killed, then _rbd_cleanup
 CEPH_DIR=
 RBD_KILL_PIDS= # helper processes of the test, killed first at exit
 
@@ -51,4 +61,48 @@ rbd_conf_lun() {
 		"$name" "$CEPH_POOL" "$image" "$CEPH_CONF"
 	local kv
 	for kv in "$@"; do echo "$kv"; done
+}
+
+gw_daemon_conf() { # NAME PORT_GROUP
+	mkdir -p "$T/$1/state"
+	cat <<CONF
+[daemon]
+state_dir = $T/$1/state
+control_socket = $T/$1/state/control.sock
+log_level = info
+workers = 2
+
+[portal]
+listen = 127.0.0.1:${PORT[$1]}
+port_group = $2
+CONF
+}
+
+gw_listening() { # NAME
+	(exec 3<>"/dev/tcp/127.0.0.1/${PORT[$1]}") 2>/dev/null && return 0
+	kill -0 "${PID[$1]}" 2>/dev/null || { tail -20 "$T/$1.log" >&2; fail "gateway $1 exited at start"; }
+	return 1
+}
+
+gw_start() { # NAME [VAR=VALUE...]
+	env "${@:2}" "$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
+	PID[$1]=$!
+	tc_wait_for 90 "gateway $1 listening" gw_listening "$1"
+}
+
+gw_kill9() { # NAME
+	kill -KILL "${PID[$1]}" 2>/dev/null
+	wait "${PID[$1]}" 2>/dev/null
+	PID[$1]=
+}
+
+gw_cleanup() {
+	local g
+	for g in "${!PID[@]}"; do
+		if [ -n "${PID[$g]}" ] && kill -0 "${PID[$g]}" 2>/dev/null; then
+			kill -KILL "${PID[$g]}" 2>/dev/null
+			wait "${PID[$g]}" 2>/dev/null
+		fi
+	done
+	_rbd_cleanup
 }

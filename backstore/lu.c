@@ -627,6 +627,27 @@ void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, cons
 			atomic_fetch_or(&nl->ua, ua);
 }
 
+bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
+		   unsigned timeout_ms)
+{
+	uint64_t end = lu_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	for (;;) {
+		unsigned n = 0;
+		pthread_mutex_lock(&lu->mutex);
+		for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
+			if (nl->nx != skip && !strcmp(nl->nx->i_port, i_port) &&
+			    (!t_port || !strcmp(nl->nx->t_port, t_port)))
+				n += atomic_load_explicit(&nl->inflight, memory_order_acquire);
+		pthread_mutex_unlock(&lu->mutex);
+		if (!n)
+			return true;
+		if (lu_now_ns() > end)
+			return false;
+		struct timespec ts = { 0, 1000000 };
+		nanosleep(&ts, NULL);
+	}
+}
+
 static uint16_t ua_asc(unsigned bit)
 {
 	switch (bit) {

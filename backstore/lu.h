@@ -322,6 +322,9 @@ struct nexus_lu {
 	struct scsi_lu *lu;
 	uint64_t lun;
 	atomic_uint ua;
+	/* commands of this nexus on a LU several gateways export, from submit
+	 * to completion: PREEMPT AND ABORT waits for a preempted one's */
+	atomic_uint inflight;
 	struct nexus_lu *next_in_lu; /* lu->attached list, under lu->mutex */
 	bool prevent;                /* PREVENT ALLOW MEDIUM REMOVAL state */
 	/* lu_mode_state() as this nexus last knew it: a pending MODE
@@ -492,6 +495,10 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 		lu_overdue_back(cmd->lu);
 	if (held)
 		lu_stats_count(held, cmd);
+	if (__builtin_expect(cmd->held_nl != NULL, 0)) {
+		atomic_fetch_sub_explicit(&cmd->held_nl->inflight, 1, memory_order_release);
+		cmd->held_nl = NULL;
+	}
 	cmd->done(cmd);
 	if (held)
 		lu_inflight_add(held, -1);
@@ -526,6 +533,14 @@ void lu_ua_all_locked(struct scsi_lu *lu, unsigned ua, const struct scsi_nexus *
 unsigned lu_mode_state(const struct scsi_lu *lu);
 /* Establish ua on the nexuses whose initiator port is i_port. Locked. */
 void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port);
+/*
+ * Wait until no command of the nexuses of i_port (and t_port, NULL: any)
+ * on lu is in flight, except those of skip, for up to timeout_ms: true
+ * when none is. Counted only on a LU several gateways export. Not on a
+ * worker: it sleeps.
+ */
+bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
+		   unsigned timeout_ms);
 
 /* Take (and clear) the highest-priority pending UA of nl: its ASC, or 0.
  * Lock-free; any thread. */

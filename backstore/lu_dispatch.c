@@ -404,8 +404,14 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	nl = scsi_cmd_nlu(cmd);
 	cmd->lu = nl ? nl->lu : NULL;
 	cmd->held_lu = cmd->lu;
-	if (cmd->lu)
+	cmd->held_nl = NULL;
+	if (cmd->lu) {
 		lu_inflight_add(cmd->lu, +1);
+		if (__builtin_expect(cmd->lu->prs != NULL, 0)) {
+			cmd->held_nl = nl;
+			atomic_fetch_add_explicit(&nl->inflight, 1, memory_order_relaxed);
+		}
+	}
 #ifdef TC_DEBUG
 	cmd->bs_once = SCSI_ONCE_LIVE;
 #endif

@@ -38,8 +38,13 @@
  * that starts asks the others (an announcement nobody is fenced for) and,
  * when none answers, drops such a state, as a power loss would.
  *
- * Not kept alike: SPC-2 RESERVE / RELEASE (one gateway's, as before), and
- * PREEMPT AND ABORT's abort of the preempted nexuses' commands.
+ * PREEMPT AND ABORT: every gateway, this one before it announces and the
+ * others before they acknowledge, waits until no command of a preempted
+ * nexus is in flight there (up to PR_DRAIN_MS; they are let finish, not
+ * aborted), so none lands after the host has its GOOD; those that come
+ * later meet the new state and are refused.
+ *
+ * Not kept alike: SPC-2 RESERVE / RELEASE (one gateway's, as before).
  */
 #include "backstore/pr_int.h"
 
@@ -58,6 +63,7 @@
 #define PR_HELLO_MS 10000u
 #define PR_CAS_TRIES 50
 #define PR_EV_MAX 16384
+#define PR_DRAIN_MS 30000u
 
 struct pr_job {
 	struct pr_job *next;
@@ -144,6 +150,35 @@ static uint64_t blob_ver(const char *buf, size_t len)
 	return v;
 }
 
+/* PREEMPT AND ABORT (the announcement's "drain" line): wait for the
+ * commands in flight here of each nexus it preempted. Not locked. */
+static void drain(struct scsi_lu *lu, const char *ev, size_t len, const struct scsi_nexus *skip)
+{
+	char line[2 * PORT_NAME_MAX + 32];
+	size_t at = 0;
+	while (at < len) {
+		size_t n = 0;
+		while (at + n < len && ev[at + n] != '\n')
+			n++;
+		if (n < sizeof(line)) {
+			memcpy(line, ev + at, n);
+			line[n] = 0;
+			unsigned ua;
+			char ip[PORT_NAME_MAX], tp[PORT_NAME_MAX];
+			if (sscanf(line, "ua %u %255s %255s", &ua, ip, tp) == 3 && ua == UA_REGISTRATIONS_PREEMPTED &&
+			    !lu_drain_port(lu, ip, strcmp(tp, "*") ? tp : NULL, skip, PR_DRAIN_MS))
+				log_warn("lun \"%s\": commands of %s preempted with abort still run after %u s", lu->name,
+					 ip, PR_DRAIN_MS / 1000);
+		}
+		at += n + 1;
+	}
+}
+
+static bool wants_drain(const char *ev, size_t len)
+{
+	return len >= 6 && !memcmp(ev, "drain\n", 6);
+}
+
 /* Read the blob and install it (empty when there is none). 0 or -errno. Any thread but a worker. */
 static int reload(struct pr_shared *s)
 {
@@ -199,6 +234,8 @@ static int changed(void *arg, const void *msg, size_t len)
 		pthread_mutex_lock(&s->lu->mutex);
 		deliver(s->lu, msg, len);
 		pthread_mutex_unlock(&s->lu->mutex);
+		if (wants_drain(msg, len))
+			drain(s->lu, msg, len, NULL);
 	}
 	return 0;
 }
@@ -250,6 +287,8 @@ static void job_run(struct pr_shared *s, struct pr_job *j)
 		s->evlen = 0;
 		s->ev_lost = false;
 		s->ev[0] = 0;
+		if (j->sa == 5) /* PREEMPT AND ABORT: every gateway waits for the preempted */
+			s->evlen = (size_t)snprintf(s->ev, sizeof(s->ev), "drain\n");
 		j->res = pr_apply(lu, j->cmd->nexus, j->sa, j->type, j->key, j->sa_key, j->flags, j->p, j->plen);
 		s->capturing = false;
 		char *nu = pr_encode(lu, ver + 1, true, &newlen);
@@ -292,6 +331,8 @@ static void job_run(struct pr_shared *s, struct pr_job *j)
 				 "raised", lu->name);
 		pthread_mutex_unlock(&lu->mutex);
 		free(nu);
+		if (msg && wants_drain(msg, msglen))
+			drain(lu, msg, msglen, j->cmd->nexus);
 		unsigned others = 0;
 		r = s->ops->announce(s->dev, PR_BLOB, msg ? msg : "", msglen, PR_ANNOUNCE_MS, true, &others);
 		free(msg);

@@ -190,6 +190,7 @@ struct scsi_cmd {
 	/* --- backstore private, untouched by front ends --- */
 	struct scsi_lu *lu;
 	struct scsi_lu *held_lu;  /* counted in lu->inflight until completion */
+	struct nexus_lu *held_nl; /* counted in its inflight until completion (a shared LU's) */
 	uint32_t bs_once;         /* debug builds: in flight or completed (lu.h) */
 	struct range_lock *wlock; /* its place in the write interlock, while it has one */
 	bool overdue;             /* answered by the front end already (scsi_cmd_overdue) */

@@ -16,9 +16,11 @@
 #     never takes the image over); node 2's read through B is allowed
 #     (Write Exclusive) and reads what node 1 wrote;
 #   - kill -9 A, restart it: the same keys and holder through A;
-#   - node 2 preempts node 1 (PREEMPT AND ABORT) through B while node 1 is
-#     logged in to A: node 1 gets the unit attention REGISTRATIONS
-#     PREEMPTED on A, then RESERVATION CONFLICT; both gateways name node 2;
+#   - node 2 preempts node 1 (PREEMPT AND ABORT) through B while node 1 has
+#     a write in flight on A (A's cache leg takes 3 s a request): the
+#     preemption is answered only after that write is done; node 1 then gets the unit
+#     attention REGISTRATIONS PREEMPTED on A, then RESERVATION CONFLICT;
+#     both gateways name node 2;
 #   - every gateway killed with -9 and restarted: the APTPL state is back;
 #   - node 2 registers again without APTPL: kept while B runs across a
 #     restart of A; dropped once both restart, as after a power loss;
@@ -56,7 +58,16 @@ gw_conf() { # NAME PORT_GROUP
 
 [target $IQN]
 lun0 = prs
-$(rbd_conf_lun prs prs "serial = PRSHARED0001" "gateways = 2")
+$(rbd_conf_lun prs prs "serial = PRSHARED0001" "gateways = 2" "cache = nvme")
+
+[cache nvme]
+legs = $T/$g/leg0 $T/$g/leg1
+size = 64M
+extent = 64K
+mode = write-through
+admit_hits = 1
+seq_cutoff = 0
+fault_injection = yes
 CONF
 }
 gw_conf A 1 >"$T/A.conf"
@@ -119,7 +130,8 @@ expect_match "$kb" "gen=2 1 2$" "B lists both keys ($kb)"
 out=$(pr A "$N1" write:8:0x11 reserve:1:1)
 expect_match "$(line_of "$out" write:8:0x11)" " GOOD " "node 1 wrote through A"
 expect_match "$(line_of "$out" reserve:1:1)" " GOOD " "node 1 reserved (Write Exclusive) through A"
-tc_until 30 test "$(status_of A)" = "owned 1" || fail "A does not own the image: $(status_of A)"
+a_owns() { [ "$(status_of A)" = "owned 1" ]; }
+tc_until 30 a_owns || fail "A does not own the image: $(status_of A)"
 out=$(pr B "$N2" resv)
 expect_match "$(line_of "$out" resv)" "holder=1 type=1" "B reports node 1 as the holder"
 out=$(pr B "$N2" write:8:0x22)
@@ -141,13 +153,38 @@ expect_match "$ka" "gen=2 1 2$" "after kill -9 and restart, A lists the same key
 expect_match "$ra" "holder=1 type=1" "and the same holder ($ra)"
 
 # ------------------------------------------------------------- preempt
+# Node 1 has a write in flight on A (A's cache leg takes 3 s for each
+# request) when node 2 preempts it with abort through B: the PREEMPT AND
+# ABORT is answered only once that write is done, and node 1's next write
+# meets the new state.
+ctl_a() { "$CTL" -s "$T/A/state/control.sock" "$@"; }
+inflight_a() { ctl_a --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["luns"][0]["io"]["in_flight"])'; }
+# node 1's reads through A take the image back to A and cache the extent,
+# so that the write goes to A's legs (write-through)
+out=$(pr A "$N1" read:16 read:16)
+expect_match "$(line_of "$out" read:16)" " GOOD " "node 1 reads through A (A owns the image again, the extent cached)"
+sleep 1
+ctl_a leg fault nvme "$T/A/leg0" delay 3000000 >/dev/null || fail "cannot slow A's cache leg"
 rm -f "$T/go"
-pr A "$N1" tur "wait:$T/go" write:8:0x33 resv >"$T/n1.out" &
+pr A "$N1" write:16:0x44 "wait:$T/go" write:8:0x33 resv >"$T/n1.out" &
 n1=$!
 RBD_KILL_PIDS="$RBD_KILL_PIDS $n1"
-tc_until 30 grep -q "^tur GOOD" "$T/n1.out" || fail "node 1 did not log in to A: $(cat "$T/n1.out")"
-out=$(pr B "$N2" pa:2:1:1 resv)
-expect_match "$(line_of "$out" pa:2:1:1)" " GOOD " "node 2 preempted node 1 (PREEMPT AND ABORT) through B"
+a_busy() { [ "$(inflight_a)" -ge 1 ]; }
+tc_until 30 a_busy || fail "node 1's write is not in flight on A: $(cat "$T/n1.out")"
+pass "node 1's write is in flight on A"
+pr B "$N2" pa:2:1:1 resv >"$T/n2.out" &
+n2=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $n2"
+tc_until 60 grep -q "^pa:2:1:1 " "$T/n2.out" || fail "the PREEMPT AND ABORT was not answered: $(cat "$T/n2.out")"
+inf=$(inflight_a)
+expect_eq "$inf" 0 "when the PREEMPT AND ABORT is answered, nothing of node 1 is in flight on A any more"
+out=$(cat "$T/n2.out")
+l=$(line_of "$out" pa:2:1:1)
+expect_match "$l" " GOOD " "the PREEMPT AND ABORT is GOOD ($l)"
+[ "$(ms_of "$l")" -ge 500 ] || fail "it was answered in $(ms_of "$l") ms: it did not wait for node 1's write"
+ctl_a leg fault nvme "$T/A/leg0" ok >/dev/null || fail "cannot restore A's cache leg"
+tc_until 30 grep -q "^write:16:0x44 " "$T/n1.out" || fail "node 1's write never finished"
+expect_match "$(line_of "$(cat "$T/n1.out")" write:16:0x44)" " GOOD " "node 1's write finished GOOD"
 expect_match "$(line_of "$out" resv)" "holder=2 type=1" "B names node 2 the holder"
 touch "$T/go"
 wait "$n1"

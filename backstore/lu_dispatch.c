@@ -358,7 +358,7 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 	 */
 	if (__builtin_expect(lu->prs != NULL, 0) && (d->flags & (CMDF_READS | CMDF_WRITES)) &&
 	    !pr_shared_synced(lu))
-		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE); /* no takeover */
+		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_TRANSITION); /* retried; no takeover */
 	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
 		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
 		return SCSI_RC_DONE;
@@ -407,7 +407,9 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->held_nl = NULL;
 	if (cmd->lu) {
 		lu_inflight_add(cmd->lu, +1);
-		if (__builtin_expect(cmd->lu->prs != NULL, 0)) {
+		/* a PERSISTENT RESERVE OUT is not waited for: it may queue behind
+		 * the very PREEMPT AND ABORT that waits (pr_shared.c) */
+		if (__builtin_expect(cmd->lu->prs != NULL, 0) && cmd->cdb[0] != 0x5f) {
 			cmd->held_nl = nl;
 			atomic_fetch_add_explicit(&nl->inflight, 1, memory_order_relaxed);
 		}

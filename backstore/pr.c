@@ -81,7 +81,9 @@ static bool type_exclusive_access(uint8_t t)
 /* Locked. */
 static void update_hint(struct scsi_lu *lu)
 {
-	atomic_store_explicit(&lu->resv_held, lu->pr.type != 0 || lu->spc2_holder != NULL,
+	/* a change being tried on a shared LU keeps it set: see pr_shared.c */
+	atomic_store_explicit(&lu->resv_held,
+			      lu->pr.type != 0 || lu->spc2_holder != NULL || (lu->prs && pr_shared_trying(lu)),
 			      memory_order_release);
 }
 

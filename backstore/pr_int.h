@@ -32,6 +32,8 @@ void pr_answer(struct scsi_cmd *cmd, enum pr_result res);
 /* While a change is being made on a shared LU: keep the unit attention
  * for every gateway (true), or deliver it here now (false). Locked. */
 bool pr_shared_capture(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port);
+/* A change is being tried on lu->pr (not the cluster's yet). Locked. */
+bool pr_shared_trying(const struct scsi_lu *lu);
 /* A PERSISTENT RESERVE OUT on a shared LU: made in the cluster, answered later. */
 enum scsi_rc pr_shared_out(struct scsi_cmd *cmd, uint8_t sa, uint8_t type, uint64_t key, uint64_t sa_key,
 			   uint8_t flags, const uint8_t *p, uint32_t plen);

@@ -60,10 +60,10 @@
 #define PR_HDR_LEN 32               /* "tiercache-pr 1 %016llx\n" */
 #define PR_BLOB_MAX (1u << 20)
 #define PR_ANNOUNCE_MS 10000u
-#define PR_HELLO_MS 10000u
+#define PR_HELLO_MS 3000u
 #define PR_CAS_TRIES 50
 #define PR_EV_MAX 16384
-#define PR_DRAIN_MS 30000u
+#define PR_DRAIN_MS 8000u           /* within PR_ANNOUNCE_MS: past it a gateway is fenced anyway */
 
 struct pr_job {
 	struct pr_job *next;
@@ -94,10 +94,16 @@ struct pr_shared {
 	/* under lu->mutex */
 	uint64_t ver;               /* of the state in lu->pr */
 	bool capturing;
+	bool owed;                  /* PR thread: a change of ours is in the cluster, not yet announced */
 	char ev[PR_EV_MAX];         /* "ua ASC I_PORT T_PORT|*" lines */
 	size_t evlen;
 	bool ev_lost;
 };
+
+bool pr_shared_trying(const struct scsi_lu *lu)
+{
+	return lu->prs->capturing;
+}
 
 bool pr_shared_capture(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port)
 {
@@ -152,10 +158,11 @@ static uint64_t blob_ver(const char *buf, size_t len)
 
 /* PREEMPT AND ABORT (the announcement's "drain" line): wait for the
  * commands in flight here of each nexus it preempted. Not locked. */
-static void drain(struct scsi_lu *lu, const char *ev, size_t len, const struct scsi_nexus *skip)
+static bool drain(struct scsi_lu *lu, const char *ev, size_t len, const struct scsi_nexus *skip)
 {
 	char line[2 * PORT_NAME_MAX + 32];
 	size_t at = 0;
+	bool all = true;
 	while (at < len) {
 		size_t n = 0;
 		while (at + n < len && ev[at + n] != '\n')
@@ -166,17 +173,20 @@ static void drain(struct scsi_lu *lu, const char *ev, size_t len, const struct s
 			unsigned ua;
 			char ip[PORT_NAME_MAX], tp[PORT_NAME_MAX];
 			if (sscanf(line, "ua %u %255s %255s", &ua, ip, tp) == 3 && ua == UA_REGISTRATIONS_PREEMPTED &&
-			    !lu_drain_port(lu, ip, strcmp(tp, "*") ? tp : NULL, skip, PR_DRAIN_MS))
+			    !lu_drain_port(lu, ip, strcmp(tp, "*") ? tp : NULL, skip, PR_DRAIN_MS)) {
 				log_warn("lun \"%s\": commands of %s preempted with abort still run after %u s", lu->name,
 					 ip, PR_DRAIN_MS / 1000);
+				all = false;
+			}
 		}
 		at += n + 1;
 	}
+	return all;
 }
 
 static bool wants_drain(const char *ev, size_t len)
 {
-	return len >= 6 && !memcmp(ev, "drain\n", 6);
+	return len >= 13 && !memcmp(ev, "change\ndrain\n", 13);
 }
 
 /* Read the blob and install it (empty when there is none). 0 or -errno. Any thread but a worker. */
@@ -191,8 +201,8 @@ static int reload(struct pr_shared *s)
 	int r = s->ops->get(s->dev, PR_BLOB, buf, PR_BLOB_MAX, &len);
 	pthread_mutex_lock(&lu->mutex);
 	if (r == -ENOENT) {
-		pr_clear_state(lu);
-		s->ver = 0;
+		if (s->ver == 0) /* else read before our first blob was there: keep it */
+			pr_clear_state(lu);
 		r = 0;
 	} else if (r == 0 && blob_ver(buf, len) < s->ver) {
 		/* older than the copy (a change of ours got in between): keep ours */
@@ -234,8 +244,8 @@ static int changed(void *arg, const void *msg, size_t len)
 		pthread_mutex_lock(&s->lu->mutex);
 		deliver(s->lu, msg, len);
 		pthread_mutex_unlock(&s->lu->mutex);
-		if (wants_drain(msg, len))
-			drain(s->lu, msg, len, NULL);
+		if (wants_drain(msg, len) && !drain(s->lu, msg, len, NULL))
+			return -ETIMEDOUT; /* unanswered: the announcer fences us, which stops those commands too */
 	}
 	return 0;
 }
@@ -252,12 +262,27 @@ static void job_complete(void *arg)
 	scsi_cmd_complete(cmd);
 }
 
+/* The LU's PR thread: a change of ours went to the cluster but not to
+ * every gateway: tell them (or fence them) now. 0 once done. */
+static int announce_owed(struct pr_shared *s)
+{
+	unsigned others = 0;
+	int r = s->ops->announce(s->dev, PR_BLOB, "change\n", 7, PR_ANNOUNCE_MS, true, &others);
+	if (r == 0)
+		s->owed = false;
+	return r;
+}
+
 /* The LU's PR thread: steps 1-5 at the top of the file. */
 static void job_run(struct pr_shared *s, struct pr_job *j)
 {
 	struct scsi_lu *lu = s->lu;
 	char *cur = malloc(PR_BLOB_MAX);
 	j->busy = true;
+	if (cur && s->owed && announce_owed(s) < 0) {
+		free(cur);
+		cur = NULL; /* a change of ours is still untold: BUSY until it is */
+	}
 	for (int tries = 0; cur && tries < PR_CAS_TRIES; tries++) {
 		size_t len = 0;
 		int r = s->ops->get(s->dev, PR_BLOB, cur, PR_BLOB_MAX, &len);
@@ -269,7 +294,7 @@ static void job_run(struct pr_shared *s, struct pr_job *j)
 		bool exists = r == 0;
 		uint64_t ver = 0;
 		pthread_mutex_lock(&lu->mutex);
-		if (exists && blob_ver(cur, len) < s->ver) {
+		if (exists ? blob_ver(cur, len) < s->ver : s->ver != 0) {
 			pthread_mutex_unlock(&lu->mutex);
 			continue; /* read before a newer one we installed: read again */
 		}
@@ -283,29 +308,45 @@ static void job_run(struct pr_shared *s, struct pr_job *j)
 		s->ver = ver;
 		size_t oldlen = 0, newlen = 0;
 		char *old = pr_encode(lu, ver, true, &oldlen);
+		if (!old) {
+			pthread_mutex_unlock(&lu->mutex);
+			break;
+		}
+		/*
+		 * Tried on lu->pr itself, then put back: meanwhile the hint
+		 * stays set (update_hint), so a worker takes the slow path and
+		 * waits for the mutex, and finds the cluster's state again.
+		 */
 		s->capturing = true;
 		s->evlen = 0;
 		s->ev_lost = false;
 		s->ev[0] = 0;
-		if (j->sa == 5) /* PREEMPT AND ABORT: every gateway waits for the preempted */
-			s->evlen = (size_t)snprintf(s->ev, sizeof(s->ev), "drain\n");
+		s->evlen = (size_t)snprintf(s->ev, sizeof(s->ev), "change\n%s",
+					    j->sa == 5 ? "drain\n" : ""); /* PREEMPT AND ABORT: all wait */
+		atomic_store(&lu->resv_held, true);
 		j->res = pr_apply(lu, j->cmd->nexus, j->sa, j->type, j->key, j->sa_key, j->flags, j->p, j->plen);
-		s->capturing = false;
 		char *nu = pr_encode(lu, ver + 1, true, &newlen);
-		bool ok = old && nu;
-		bool change = ok && j->res == PR_OK &&
+		s->capturing = false;
+		bool change = nu && j->res == PR_OK &&
 			      (oldlen != newlen || memcmp(old + PR_HDR_LEN, nu + PR_HDR_LEN, oldlen - PR_HDR_LEN));
 		uint64_t v2;
-		if (old)
-			pr_install(lu, old, oldlen, &v2); /* the cluster's, until ours is */
+		if (pr_install(lu, old, oldlen, &v2) < 0) /* the cluster's, until ours is */
+			stale(s);
 		pthread_mutex_unlock(&lu->mutex);
 		free(old);
-		if (!ok || !change) {
+		if (!nu || !change) {
 			free(nu);
-			j->busy = !ok;
+			j->busy = !nu;
 			break;
 		}
 		r = s->ops->cas(s->dev, PR_BLOB, exists ? cur : NULL, exists ? PR_HDR_LEN : 0, nu, newlen);
+		if (r < 0 && r != -ECANCELED) {
+			/* it may have been applied all the same: look */
+			size_t l2 = 0;
+			if (s->ops->get(s->dev, PR_BLOB, cur, PR_BLOB_MAX, &l2) == 0 && l2 == newlen &&
+			    !memcmp(cur, nu, newlen))
+				r = 0;
+		}
 		if (r == -ECANCELED) {
 			free(nu);
 			continue; /* another gateway changed it first: again on its state */
@@ -319,8 +360,12 @@ static void job_run(struct pr_shared *s, struct pr_job *j)
 		char *msg = malloc(s->evlen + 1);
 		size_t msglen = 0;
 		pthread_mutex_lock(&lu->mutex);
-		if (pr_install(lu, nu, newlen, &v2) == 0)
-			s->ver = v2;
+		if (ver + 1 >= s->ver) { /* not if a newer one came meanwhile (reload) */
+			if (pr_install(lu, nu, newlen, &v2) == 0)
+				s->ver = v2;
+			else
+				stale(s);
+		}
 		deliver(lu, s->ev, s->evlen);
 		if (msg) {
 			memcpy(msg, s->ev, s->evlen);
@@ -331,16 +376,21 @@ static void job_run(struct pr_shared *s, struct pr_job *j)
 				 "raised", lu->name);
 		pthread_mutex_unlock(&lu->mutex);
 		free(nu);
+		if (!pr_shared_synced(lu))
+			reload(s);
 		if (msg && wants_drain(msg, msglen))
 			drain(lu, msg, msglen, j->cmd->nexus);
 		unsigned others = 0;
-		r = s->ops->announce(s->dev, PR_BLOB, msg ? msg : "", msglen, PR_ANNOUNCE_MS, true, &others);
+		s->owed = true;
+		r = s->ops->announce(s->dev, PR_BLOB, msg ? msg : "change\n", msg ? msglen : 7, PR_ANNOUNCE_MS, true,
+				     &others);
 		free(msg);
 		if (r < 0) {
 			log_err("lun \"%s\": a gateway could be neither told of a reservation change nor fenced (%s); "
-				"answering BUSY", lu->name, strerror(-r));
+				"answering BUSY until it can", lu->name, strerror(-r));
 			break;
 		}
+		s->owed = false;
 		j->busy = false;
 		break;
 	}
@@ -432,9 +482,10 @@ int pr_shared_start(struct scsi_lu *lu, char *err, size_t errlen)
 		goto fail;
 	}
 	unsigned others = 0;
-	r = s->ops->announce(base, PR_BLOB, "", 0, PR_HELLO_MS, false, &others);
-	if (r < 0 && r != -ENOENT)
-		log_warn("lun \"%s\": cannot ask the other gateways whether they run (%s)", lu->name, strerror(-r));
+	int hello = s->ops->announce(base, PR_BLOB, "", 0, PR_HELLO_MS, false, &others);
+	if (hello < 0 && hello != -ETIMEDOUT)
+		log_warn("lun \"%s\": cannot ask the other gateways whether they run (%s)", lu->name,
+			 strerror(-hello));
 	r = reload(s);
 	if (r < 0) {
 		snprintf(err, errlen, "lun \"%s\": cannot read the reservation state from the cluster: %s", lu->name,
@@ -442,7 +493,12 @@ int pr_shared_start(struct scsi_lu *lu, char *err, size_t errlen)
 		goto fail;
 	}
 	pthread_mutex_lock(&lu->mutex);
-	bool drop = !others && !lu->pr.aptpl && (lu->pr.regs || lu->pr.type);
+	/* only when the ping was sent and no gateway but us answered it; a
+	 * gateway alive answers a ping at once, whatever it is busy with (the
+	 * driver does, without our handler); watches that do not answer are
+	 * those of gateways gone (the cluster drops them after ~30 s) */
+	bool drop = (hello == 0 || hello == -ETIMEDOUT) && !others && !lu->pr.aptpl &&
+		    (lu->pr.regs || lu->pr.type);
 	size_t emptylen = 0, curlen = 0;
 	char *cur = drop ? pr_encode(lu, s->ver, true, &curlen) : NULL;
 	char *empty = NULL;

@@ -197,7 +197,8 @@ struct bdev_owner_change {
  *    With fence, a gateway that has not by then is fenced (cut off from
  *    the device, as a takeover does) before this returns. *others: how
  *    many answered. 0, or -errno when one could be neither heard nor
- *    fenced (or, without fence, did not answer: -ETIMEDOUT).
+ *    fenced (or, without fence, did not answer: -ETIMEDOUT). An empty
+ *    msg is a ping: every gateway alive answers it at once, without fn.
  *  - watch: fn(arg, msg, len) runs on a thread of the driver's for each
  *    announcement of another gateway (the announcer hears back when fn
  *    returns 0); fn(arg, NULL, 0) when some may have been missed (the

@@ -43,6 +43,7 @@ struct notice {
 	struct notice *next;
 	uint64_t notify_id, cookie;
 	bool reload;            /* not a notify: read everything again */
+	bool rewatch;           /* and watch again first: the watch failed */
 	bool own;               /* our own announcement: acknowledged, nothing to do */
 	size_t len;
 	char data[];
@@ -56,6 +57,7 @@ struct rbd_shared {
 	void (*stale)(void *arg);
 	void *arg;
 	uint64_t cookie;        /* the watch on the current handles */
+	_Atomic uint64_t me;    /* our client's instance id (the watch's) */
 	bool watching;
 	rados_ioctx_t watch_io; /* the ioctx the watch is on */
 	pthread_t thr;
@@ -87,19 +89,16 @@ static int sh_get(struct bdev *dev, const char *name, void *buf, size_t cap, siz
 		return -EAGAIN;
 	int r = oid_of(rb, name, oid, sizeof(oid));
 	if (r == 0) {
-		uint64_t size = 0;
-		time_t mt;
-		r = rados_stat(rb->ioctx, oid, &size, &mt);
-		if (r == 0 && size == 0)
+		/* one read, never a stat and then a read: a blob replaced in
+		 * between would be read cut at the old length */
+		r = rados_read(rb->ioctx, oid, buf, cap, 0);
+		if (r == 0)
 			r = -ENOENT; /* the members' omap made it; no blob yet */
-		if (r == 0 && size > cap)
+		else if ((size_t)r >= cap && r > 0)
 			r = -EFBIG;
-		if (r == 0) {
-			r = rados_read(rb->ioctx, oid, buf, size ? size : 1, 0);
-			if (r >= 0) {
-				*len = (size_t)r;
-				r = 0;
-			}
+		if (r > 0) {
+			*len = (size_t)r;
+			r = 0;
 		}
 	}
 	rbd_handles_exit(rb);
@@ -131,7 +130,7 @@ static int sh_cas(struct bdev *dev, const char *name, const void *cmp, size_t cm
 			r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
 			rados_release_write_op(op);
 			/* a mismatch fails the op with -MAX_ERRNO - offset */
-			if (r <= -4095 || (r < 0 && cmp_rval < 0) || (cmp_len && r == -ENOENT))
+			if (r <= -4095 || cmp_rval <= -4095 || (cmp_len && r == -ENOENT))
 				r = -ECANCELED;
 		}
 	}
@@ -237,6 +236,10 @@ static int sh_announce(struct bdev *dev, const char *name, const void *msg, size
 			int fenced = 0;
 			for (size_t i = 0; i < nt && fence; i++) {
 				char addr[256];
+				if (tos[i].notifier_id == me) {
+					fenced++; /* our own watch: nothing to fence */
+					continue;
+				}
 				int e = member_addr(rb, oid, tos[i].notifier_id, addr, sizeof(addr));
 				if (e == 0)
 					e = rados_blocklist_add(rb->cluster, addr, 0);
@@ -250,6 +253,8 @@ static int sh_announce(struct bdev *dev, const char *name, const void *msg, size
 					 "fenced it", rb->spec, tos[i].notifier_id, addr, name, timeout_ms);
 				fenced++;
 			}
+			if (fenced && fenced == (int)nt)
+				rados_wait_for_latest_osdmap(rb->cluster); /* the blocklist is in force before we answer */
 			if (r == -ETIMEDOUT && fenced == (int)nt)
 				r = 0;
 			rados_free_notify_response(acks, na, tos);
@@ -271,12 +276,13 @@ static void notice_push(struct rbd_shared *s, struct notice *n)
 	pthread_mutex_unlock(&s->mu);
 }
 
-static void push_reload(struct rbd_shared *s)
+static void push_reload(struct rbd_shared *s, bool rewatch)
 {
 	s->stale(s->arg);
 	struct notice *n = calloc(1, sizeof(*n));
 	if (n) {
 		n->reload = true;
+		n->rewatch = rewatch;
 		notice_push(s, n);
 	}
 }
@@ -286,15 +292,21 @@ static void watch_cb(void *arg, uint64_t notify_id, uint64_t handle, uint64_t no
 		     size_t len)
 {
 	struct rbd_shared *s = arg;
+	if (notifier_id == atomic_load(&s->me) || !len) {
+		/* our own: acknowledged at once, never queued behind others'
+		 * (a late answer would have us fence ourselves); a ping too */
+		rados_notify_ack(s->watch_io, s->oid, notify_id, handle, NULL, 0);
+		return;
+	}
+	s->stale(s->arg); /* a change we have not read yet: our copy is not the latest */
 	struct notice *n = malloc(sizeof(*n) + len);
 	if (!n)
 		return; /* unanswered: the announcer fences us, and we read it all again then */
 	n->notify_id = notify_id;
 	n->cookie = handle;
 	n->reload = false;
-	n->own = notifier_id == rados_get_instance_id(s->rb->cluster);
-	if (!n->own)
-		s->stale(s->arg); /* a change we have not read yet: our copy is not the latest */
+	n->rewatch = false;
+	n->own = false;
 	n->len = len;
 	if (len)
 		memcpy(n->data, data, len);
@@ -304,8 +316,9 @@ static void watch_cb(void *arg, uint64_t notify_id, uint64_t handle, uint64_t no
 static void watch_err(void *arg, uint64_t cookie, int err)
 {
 	struct rbd_shared *s = arg;
-	log_warn("%s: the watch on %s failed (%s); reading it again", s->rb->spec, s->oid, strerror(-err));
-	push_reload(s);
+	log_warn("%s: the watch on %s failed (%s); watching and reading it again", s->rb->spec, s->oid,
+		 strerror(-err));
+	push_reload(s, true);
 }
 
 /* Watch the object on the current handles (they are ours: the lock thread's, or before I/O). */
@@ -315,11 +328,11 @@ static int watch_on(struct rbd_shared *s)
 	int r = member_add(rb, s->oid);
 	if (r < 0)
 		return r;
+	atomic_store(&s->me, rados_get_instance_id(rb->cluster));
+	s->watch_io = rb->ioctx;
 	r = rados_watch2(rb->ioctx, s->oid, &s->cookie, watch_cb, watch_err, s);
-	if (r == 0) {
+	if (r == 0)
 		s->watching = true;
-		s->watch_io = rb->ioctx;
-	}
 	return r;
 }
 
@@ -340,7 +353,29 @@ static void *notice_thread(void *arg)
 			s->tail = &s->head;
 		pthread_mutex_unlock(&s->mu);
 		if (n->reload) {
-			s->fn(s->arg, NULL, 0);
+			int r = 0;
+			if (n->rewatch) {
+				/* a failed watch stays failed: drop it and watch again,
+				 * and until that works the copy stays stale */
+				r = -EAGAIN;
+				pthread_mutex_lock(&s->mu);
+				if (rbd_handles_enter(s->rb)) {
+					if (s->watching)
+						rados_unwatch2(s->watch_io, s->cookie);
+					s->watching = false;
+					r = watch_on(s);
+					rbd_handles_exit(s->rb);
+				}
+				pthread_mutex_unlock(&s->mu);
+			}
+			if (r == 0) {
+				s->fn(s->arg, NULL, 0);
+			} else {
+				log_warn("%s: cannot watch %s again (%s); retrying in 1 s", s->rb->spec, s->oid,
+					 strerror(-r));
+				sleep(1);
+				push_reload(s, true);
+			}
 		} else {
 			if (s->delay_ms && !n->own)
 				usleep(s->delay_ms * 1000u);

@@ -146,6 +146,7 @@ int main(int argc, char **argv)
 	iscsi_set_session_type(c, ISCSI_SESSION_NORMAL);
 	iscsi_set_header_digest(c, ISCSI_HEADER_DIGEST_NONE);
 	iscsi_set_isid_random(c, name_hash(argv[2]) & 0xffffff, 0);
+	iscsi_set_noautoreconnect(c, 1); /* a gateway gone ends the client, never a reconnect loop */
 	iscsi_set_timeout(c, 90);
 	int lun = u->lun;
 	if (iscsi_full_connect_sync(c, u->portal, u->lun) != 0) {

@@ -141,13 +141,15 @@ static void sb_finish(struct cache_set *cs)
 	cs->sb.inflight = NULL;
 	cs->sb.kick_inflight = false;
 	cs->sb.busy = false;
-	if (!res) {
-		uint32_t newly = cs->sb.built_failed & ~atomic_load(&cs->mirror.persisted);
-		mirror_persisted(&cs->mirror, cs->sb.built_failed);
-		if (newly)
-			log_warn("cache %s: degraded; leg failure recorded in the surviving leg's superblock",
-				 cs->name);
-	}
+	/*
+	 * Always: with no leg left to take it (res != 0) every leg has
+	 * failed, and the writes the mirror holds must be let go all the same
+	 * (must_wait is false then; mirror_persisted looks at them again).
+	 */
+	uint32_t newly = res ? 0 : cs->sb.built_failed & ~atomic_load(&cs->mirror.persisted);
+	mirror_persisted(&cs->mirror, res ? 0 : cs->sb.built_failed);
+	if (newly)
+		log_warn("cache %s: degraded; leg failure recorded in the surviving leg's superblock", cs->name);
 	while (list) {
 		struct sb_job *j = list;
 		list = j->next; /* j may be gone once its callback returns */

@@ -237,6 +237,29 @@ int main(void)
 	cache_set_shutdown(ps);
 	cache_set_close(ps);
 
+	/*
+	 * The same, but the last leg fails too, on the very superblock write
+	 * that records the first failure: no leg takes it, and the write the
+	 * mirror holds for it must still be let go (every leg is gone: nothing
+	 * is left to wait for).
+	 */
+	struct mem_bdev *q[2];
+	for (int i = 0; i < 2; i++)
+		q[i] = mem_new(40 + i, LEG_SIZE, NULL);
+	struct bdev *qlegs[2] = { &q[0]->dev, &q[1]->dev };
+	pcfg.name = "lastleg";
+	struct cache_set *qs = cache_set_open_devs(&pcfg, qlegs, err, sizeof(err));
+	REQUIRE(qs, "open lastleg: %s", err);
+	atomic_store(&q[0]->fail_after, atomic_load(&q[0]->ops) + 1); /* the write, then nothing */
+	atomic_store(&q[1]->fail_after, 0);
+	e = run_late(3, &qs->mirror.dev, BDEV_WRITE, 1u << 20, w, 0, 0, &nested);
+	REQUIRE(e != -ETIMEDOUT, "lastleg: the write held for the failure record never completed, though no leg "
+		"was left to record it on");
+	CHECK(mirror_all_failed(&qs->mirror), "lastleg: both legs failed (mask %u)", atomic_load(&qs->mirror.failed));
+	CHECK(e == 0 || e == -EIO, "lastleg: the held write completed (err %d)", e);
+	cache_set_shutdown(qs);
+	cache_set_close(qs);
+
 	/* write-back writes on worker 3 with every malloc there refused, past many checkpoints */
 	struct cache_set_cfg kcfg = cfg;
 	kcfg.name = "ckpt";

@@ -121,8 +121,12 @@ bool pr_shared_capture(struct scsi_lu *lu, unsigned ua, const char *i_port, cons
 	return true;
 }
 
-/* Raise the unit attentions of an announcement for this gateway's nexuses. Locked. */
-static void deliver(struct scsi_lu *lu, const char *ev, size_t len)
+/*
+ * Each "ua ASC I_PORT T_PORT|*" line of an announcement: fn(ctx, ua,
+ * i_port, t_port or NULL). Other lines ("change", "drain") are skipped.
+ */
+static void each_ua(const char *ev, size_t len, void (*fn)(void *ctx, unsigned ua, const char *ip, const char *tp),
+		    void *ctx)
 {
 	char line[2 * PORT_NAME_MAX + 32];
 	size_t at = 0;
@@ -136,10 +140,21 @@ static void deliver(struct scsi_lu *lu, const char *ev, size_t len)
 			unsigned ua;
 			char ip[PORT_NAME_MAX], tp[PORT_NAME_MAX];
 			if (sscanf(line, "ua %u %255s %255s", &ua, ip, tp) == 3)
-				lu_ua_port_locked(lu, ua, ip, strcmp(tp, "*") ? tp : NULL);
+				fn(ctx, ua, ip, strcmp(tp, "*") ? tp : NULL);
 		}
 		at += n + 1;
 	}
+}
+
+static void deliver_one(void *ctx, unsigned ua, const char *ip, const char *tp)
+{
+	lu_ua_port_locked(ctx, ua, ip, tp);
+}
+
+/* Raise the unit attentions of an announcement for this gateway's nexuses. Locked. */
+static void deliver(struct scsi_lu *lu, const char *ev, size_t len)
+{
+	each_ua(ev, len, deliver_one, lu);
 }
 
 /* The version on a blob's first line (0 when it has none). */
@@ -156,32 +171,29 @@ static uint64_t blob_ver(const char *buf, size_t len)
 	return v;
 }
 
+struct drain_ctx {
+	struct scsi_lu *lu;
+	const struct scsi_nexus *skip;
+	bool all;
+};
+
+static void drain_one(void *ctx, unsigned ua, const char *ip, const char *tp)
+{
+	struct drain_ctx *d = ctx;
+	if (ua != UA_REGISTRATIONS_PREEMPTED || lu_drain_port(d->lu, ip, tp, d->skip, PR_DRAIN_MS))
+		return;
+	log_warn("lun \"%s\": commands of %s preempted with abort still run after %u s", d->lu->name, ip,
+		 PR_DRAIN_MS / 1000);
+	d->all = false;
+}
+
 /* PREEMPT AND ABORT (the announcement's "drain" line): wait for the
  * commands in flight here of each nexus it preempted. Not locked. */
 static bool drain(struct scsi_lu *lu, const char *ev, size_t len, const struct scsi_nexus *skip)
 {
-	char line[2 * PORT_NAME_MAX + 32];
-	size_t at = 0;
-	bool all = true;
-	while (at < len) {
-		size_t n = 0;
-		while (at + n < len && ev[at + n] != '\n')
-			n++;
-		if (n < sizeof(line)) {
-			memcpy(line, ev + at, n);
-			line[n] = 0;
-			unsigned ua;
-			char ip[PORT_NAME_MAX], tp[PORT_NAME_MAX];
-			if (sscanf(line, "ua %u %255s %255s", &ua, ip, tp) == 3 && ua == UA_REGISTRATIONS_PREEMPTED &&
-			    !lu_drain_port(lu, ip, strcmp(tp, "*") ? tp : NULL, skip, PR_DRAIN_MS)) {
-				log_warn("lun \"%s\": commands of %s preempted with abort still run after %u s", lu->name,
-					 ip, PR_DRAIN_MS / 1000);
-				all = false;
-			}
-		}
-		at += n + 1;
-	}
-	return all;
+	struct drain_ctx d = { .lu = lu, .skip = skip, .all = true };
+	each_ua(ev, len, drain_one, &d);
+	return d.all;
 }
 
 static bool wants_drain(const char *ev, size_t len)

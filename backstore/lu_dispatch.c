@@ -409,7 +409,7 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 		lu_inflight_add(cmd->lu, +1);
 		/* a PERSISTENT RESERVE OUT is not waited for: it may queue behind
 		 * the very PREEMPT AND ABORT that waits (pr_shared.c) */
-		if (__builtin_expect(cmd->lu->prs != NULL, 0) && cmd->cdb[0] != 0x5f) {
+		if (__builtin_expect(cmd->lu->prs != NULL, 0) && cmd->cdb[0] != OP_PR_OUT) {
 			cmd->held_nl = nl;
 			atomic_fetch_add_explicit(&nl->inflight, 1, memory_order_relaxed);
 		}

@@ -81,27 +81,36 @@ static int oid_of(struct rbd_bdev *rb, const char *name, char *oid, size_t cap)
 	return 0;
 }
 
+/* Enter the handles and name the blob's object: 0 (leave with rbd_handles_exit), or -errno, not entered. */
+static int blob_enter(struct rbd_bdev *rb, const char *name, char oid[SHARED_OID_MAX])
+{
+	if (!rbd_handles_enter(rb))
+		return -EAGAIN;
+	int r = oid_of(rb, name, oid, SHARED_OID_MAX);
+	if (r < 0)
+		rbd_handles_exit(rb);
+	return r;
+}
+
 static int sh_get(struct bdev *dev, const char *name, void *buf, size_t cap, size_t *len)
 {
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
 	char oid[SHARED_OID_MAX];
-	if (!rbd_handles_enter(rb))
-		return -EAGAIN;
-	int r = oid_of(rb, name, oid, sizeof(oid));
-	if (r == 0) {
-		/* one read, never a stat and then a read: a blob replaced in
-		 * between would be read cut at the old length */
-		r = rados_read(rb->ioctx, oid, buf, cap, 0);
-		if (r == 0)
-			r = -ENOENT; /* the members' omap made it; no blob yet */
-		else if ((size_t)r >= cap && r > 0)
-			r = -EFBIG;
-		if (r > 0) {
-			*len = (size_t)r;
-			r = 0;
-		}
-	}
+	int r = blob_enter(rb, name, oid);
+	if (r < 0)
+		return r;
+	/* one read, never a stat and then a read: a blob replaced in between
+	 * would be read cut at the old length */
+	r = rados_read(rb->ioctx, oid, buf, cap, 0);
 	rbd_handles_exit(rb);
+	if (r == 0)
+		return -ENOENT; /* the members' omap made it; no blob yet */
+	if (r > 0 && (size_t)r >= cap)
+		return -EFBIG;
+	if (r > 0) {
+		*len = (size_t)r;
+		r = 0;
+	}
 	return r;
 }
 
@@ -110,31 +119,28 @@ static int sh_cas(struct bdev *dev, const char *name, const void *cmp, size_t cm
 {
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
 	char oid[SHARED_OID_MAX];
-	if (!rbd_handles_enter(rb))
-		return -EAGAIN;
-	int r = oid_of(rb, name, oid, sizeof(oid));
-	if (r == 0) {
-		rados_write_op_t op = rados_create_write_op();
-		int cmp_rval = 0;
-		if (!op) {
-			r = -ENOMEM;
-		} else {
-			/* "none yet": an empty object (the members' omap may have
-			 * made it) reads as zeros, a blob starts with a byte that
-			 * is not */
-			static const char zero[1];
-			if (!cmp_len)
-				rados_write_op_create(op, LIBRADOS_CREATE_IDEMPOTENT, NULL);
-			rados_write_op_cmpext(op, cmp_len ? cmp : zero, cmp_len ? cmp_len : 1, 0, &cmp_rval);
-			rados_write_op_write_full(op, buf, len);
-			r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
-			rados_release_write_op(op);
-			/* a mismatch fails the op with -MAX_ERRNO - offset */
-			if (r <= -4095 || cmp_rval <= -4095 || (cmp_len && r == -ENOENT))
-				r = -ECANCELED;
-		}
+	rados_write_op_t op = rados_create_write_op();
+	if (!op)
+		return -ENOMEM;
+	int r = blob_enter(rb, name, oid);
+	if (r < 0) {
+		rados_release_write_op(op);
+		return r;
 	}
+	/* "none yet": an empty object (the members' omap may have made it)
+	 * reads as zeros, a blob starts with a byte that is not */
+	static const char zero[1];
+	int cmp_rval = 0;
+	if (!cmp_len)
+		rados_write_op_create(op, LIBRADOS_CREATE_IDEMPOTENT, NULL);
+	rados_write_op_cmpext(op, cmp_len ? cmp : zero, cmp_len ? cmp_len : 1, 0, &cmp_rval);
+	rados_write_op_write_full(op, buf, len);
+	r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
 	rbd_handles_exit(rb);
+	rados_release_write_op(op);
+	/* a mismatch fails the op with -MAX_ERRNO - offset */
+	if (r <= -4095 || cmp_rval <= -4095 || (cmp_len && r == -ENOENT))
+		r = -ECANCELED;
 	return r;
 }
 
@@ -214,13 +220,12 @@ static int sh_announce(struct bdev *dev, const char *name, const void *msg, size
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
 	char oid[SHARED_OID_MAX];
 	*others = 0;
-	if (!rbd_handles_enter(rb))
-		return -EAGAIN;
-	int r = oid_of(rb, name, oid, sizeof(oid));
+	int r = blob_enter(rb, name, oid);
+	if (r < 0)
+		return r;
 	char *reply = NULL;
 	size_t reply_len = 0;
-	if (r == 0)
-		r = rados_notify2(rb->ioctx, oid, msg, (int)len, timeout_ms, &reply, &reply_len);
+	r = rados_notify2(rb->ioctx, oid, msg, (int)len, timeout_ms, &reply, &reply_len);
 	if ((r == 0 || r == -ETIMEDOUT) && reply) {
 		struct notify_ack_t *acks = NULL;
 		struct notify_timeout_t *tos = NULL;

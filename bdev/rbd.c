@@ -158,6 +158,7 @@ static void rbd_teardown(struct rbd_bdev *rb)
 	}
 	pthread_cond_destroy(&rb->poll_cond);
 	pthread_mutex_destroy(&rb->poll_lock);
+	pthread_mutex_destroy(&rb->shared_lock);
 	free(rb);
 }
 
@@ -287,6 +288,7 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 		return NULL;
 	}
 	pthread_mutex_init(&rb->poll_lock, NULL);
+	pthread_mutex_init(&rb->shared_lock, NULL);
 	pthread_cond_init(&rb->poll_cond, NULL);
 	memcpy(rb->pool, spec, (size_t)(slash - spec));
 	snprintf(rb->image_name, sizeof(rb->image_name), "%s", slash + 1);

@@ -87,7 +87,10 @@ struct rbd_bdev {
 
 	/* rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;
-	/* rbd_shared.c's watch of a shared blob; NULL without */
+	/* rbd_shared.c's watch of a shared blob; NULL without. shared_lock
+	 * guards the pointer: the lock thread's reopen moves the watch under
+	 * it while a closing LU may be taking the watch down */
+	pthread_mutex_t shared_lock;
 	struct rbd_shared *shared;
 };
 

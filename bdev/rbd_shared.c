@@ -401,7 +401,10 @@ static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, con
 		    void (*stale)(void *arg), void *arg)
 {
 	struct rbd_bdev *rb = rbd_bdev_of(dev);
-	if (rb->shared)
+	pthread_mutex_lock(&rb->shared_lock);
+	bool taken = rb->shared != NULL;
+	pthread_mutex_unlock(&rb->shared_lock);
+	if (taken)
 		return -EBUSY;
 	struct rbd_shared *s = calloc(1, sizeof(*s));
 	if (!s)
@@ -424,8 +427,10 @@ static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, con
 	}
 	/* published first, then watched inside the handles under s->mu: a
 	 * reopen meanwhile waits for us, then moves the watch (rbd_shared_moved) */
+	pthread_mutex_lock(&rb->shared_lock);
 	pthread_mutex_lock(&s->mu);
 	rb->shared = s;
+	pthread_mutex_unlock(&rb->shared_lock);
 	int r = -EAGAIN;
 	if (rbd_handles_enter(rb)) {
 		r = oid_of(rb, name, s->oid, sizeof(s->oid));
@@ -447,7 +452,12 @@ static void sh_unwatch(struct bdev *dev)
 
 void rbd_shared_stop(struct rbd_bdev *rb)
 {
+	/* taken off first: a reopen moving the watch finishes before we go on,
+	 * and one that comes later finds nothing to move */
+	pthread_mutex_lock(&rb->shared_lock);
 	struct rbd_shared *s = rb->shared;
+	rb->shared = NULL;
+	pthread_mutex_unlock(&rb->shared_lock);
 	if (!s)
 		return;
 	/* not under s->mu: a callback in flight takes it to queue its notice,
@@ -470,7 +480,6 @@ void rbd_shared_stop(struct rbd_bdev *rb)
 	}
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
-	rb->shared = NULL;
 	free(s);
 }
 
@@ -482,15 +491,21 @@ void rbd_shared_stop(struct rbd_bdev *rb)
  */
 void rbd_shared_moved(struct rbd_bdev *rb, bool after)
 {
+	/* held throughout: rbd_shared_stop waits for us before it frees s (the
+	 * owner's fn and arg go with it) */
+	pthread_mutex_lock(&rb->shared_lock);
 	struct rbd_shared *s = rb->shared;
-	if (!s)
+	if (!s) {
+		pthread_mutex_unlock(&rb->shared_lock);
 		return;
+	}
 	pthread_mutex_lock(&s->mu);
 	if (!after) {
 		if (s->watching)
 			rados_unwatch2(s->watch_io, s->cookie); /* fenced: fails fast, the watch is gone anyway */
 		s->watching = false;
 		pthread_mutex_unlock(&s->mu);
+		pthread_mutex_unlock(&rb->shared_lock);
 		return;
 	}
 	int r = s->oid[0] ? watch_on(s) : -ENOENT;
@@ -500,6 +515,7 @@ void rbd_shared_moved(struct rbd_bdev *rb, bool after)
 		log_err("%s: cannot watch %s on the fresh client (%s); changes other gateways make are not "
 			"seen until it can", rb->spec, s->oid, strerror(-r));
 	s->fn(s->arg, NULL, 0);
+	pthread_mutex_unlock(&rb->shared_lock);
 }
 
 const struct bdev_shared_ops rbd_shared_ops = {

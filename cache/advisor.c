@@ -368,6 +368,13 @@ int advisor_add(struct advisor *a, uint32_t bid)
 {
 	if (bid >= ADVISOR_MAX_LUNS)
 		return -EINVAL;
+	int have = 0;
+	pthread_mutex_lock(&a->lock);
+	for (int i = 0; i < ADVISOR_MAX_LUNS; i++)
+		have += a->lun[i] && i != (int)bid;
+	pthread_mutex_unlock(&a->lock);
+	if (have >= ADVISOR_MAX_CURVES)
+		return -ENOSPC;
 	struct group *g = malloc(sizeof(*g));
 	if (!g || group_init(g, a, 1 + bid) < 0) {
 		free(g);

@@ -34,7 +34,8 @@
 #include <stdint.h>
 
 #define ADVISOR_SIZES 6
-#define ADVISOR_MAX_LUNS 16          /* backing ids below this (CACHE_MAX_BACKINGS) */
+#define ADVISOR_MAX_LUNS 256         /* backing ids below this (CACHE_MAX_BACKINGS) */
+#define ADVISOR_MAX_CURVES 16        /* LUNs with a curve of their own at once (memory: see above) */
 #define ADVISOR_SAMPLE_SLOTS 4096u   /* default slots of a copy at 1x */
 
 /* 0.25, 0.5, 1, 2, 4, 8: the sizes, as multiples of today's */
@@ -52,9 +53,9 @@ struct advisor;
 struct advisor *advisor_new(const struct advisor_cfg *cfg);
 void advisor_free(struct advisor *a);
 
-/* Main or control thread: start (-ENOMEM) or end the curve of one LUN
- * (backing id bid) in a private cache. Accesses of a LUN not added still
- * count for the set. */
+/* Main or control thread: start (-ENOMEM; -ENOSPC when ADVISOR_MAX_CURVES
+ * LUNs have one) or end the curve of one LUN (backing id bid) in a private
+ * cache. Accesses of a LUN not added still count for the set. */
 int advisor_add(struct advisor *a, uint32_t bid);
 void advisor_drop(struct advisor *a, uint32_t bid);
 

@@ -30,7 +30,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 	int bid = -1, freeb = -1;
 	pthread_mutex_lock(&cs->sb.lock);
 	for (int i = 0; i < CACHE_MAX_BACKINGS; i++) {
-		struct cache_backing_disk *b = &cs->backing[i];
+		struct cache_btab_disk *b = &cs->backing[i];
 		if (!b->lun[0]) {
 			if (freeb < 0)
 				freeb = i;
@@ -42,9 +42,10 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 		if (le64_get(b->size) != backing->size || le64_get(b->ino) != ino || le64_get(b->fsdev) != fsdev) {
 			pthread_mutex_unlock(&cs->sb.lock);
 			cache_errf(err, errlen, "cache %s: lun %s: the backing store %s is not the one this cache holds "
-				"data for (%.128s, %llu bytes%s); put the original store back, or if the data in "
-				"the cache must be discarded, delete the legs to start with an empty cache",
-			     cs->name, lun, backing_path, b->path, (unsigned long long)le64_get(b->size),
+				"data for (that was %s of %llu bytes%s); put the original store back, or if the data "
+				"in the cache must be discarded, delete the legs to start with an empty cache",
+			     cs->name, lun, backing_path, (le32_get(b->flags) & BTAB_F_BLOCKDEV) ? "a block device" : "a file",
+			     (unsigned long long)le64_get(b->size),
 			     le64_get(b->ino) ? ", another inode" : "");
 			return NULL;
 		}
@@ -59,15 +60,14 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 			return NULL;
 		}
 		bid = freeb;
-		struct cache_backing_disk *b = &cs->backing[bid];
+		struct cache_btab_disk *b = &cs->backing[bid];
 		memset(b, 0, sizeof(*b));
-		snprintf(b->lun, sizeof(b->lun), "%s", lun);
-		snprintf(b->path, sizeof(b->path), "%s", backing_path);
+		strncpy(b->lun, lun, sizeof(b->lun)); /* NUL-padded; a 64-character name fills it */
 		b->size = le64_of(backing->size);
 		b->ino = le64_of(ino);
 		b->fsdev = le64_of(fsdev);
-		b->bid = le32_of((uint32_t)bid);
-		b->is_blockdev = le32_of(blk);
+		b->flags = le32_of(blk ? BTAB_F_BLOCKDEV : 0);
+		cs->btab_changed = true;
 		added = true;
 	}
 	pthread_mutex_unlock(&cs->sb.lock);
@@ -90,11 +90,87 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 		cache_errf(err, errlen, "out of memory");
 		return NULL;
 	}
-	if (cs->advisor && advisor_add(cs->advisor, (uint32_t)bid) < 0)
+	int ar = cs->advisor ? advisor_add(cs->advisor, (uint32_t)bid) : 0;
+	if (ar == -ENOSPC)
+		log_info("cache %s: lun %s has no curve of its own in the sizing advisor (%d LUNs of the set have "
+			 "one); its accesses count for the set's", cs->name, lun, ADVISOR_MAX_CURVES);
+	else if (ar < 0)
 		log_warn("cache %s: no memory for lun %s's own curve in the sizing advisor", cs->name, lun);
 	atomic_store(&cs->vols[bid], v);
 	log_info("cache %s: lun %s attached (%s)", cs->name, lun, cache_mode_name(mode));
 	return (struct bdev *)v;
+}
+
+/* ---- forgetting LUNs that are gone ---------------------------------------------------- */
+
+struct prune_call {
+	struct sync_call c;
+	uint32_t bid;
+	int res;
+	bool busy;
+};
+
+static void purged(void *arg)
+{
+	struct prune_call *p = arg;
+	cache_sync_done(&p->c, 0);
+}
+
+/* Worker 0. */
+static void prune_fn(void *arg)
+{
+	struct prune_call *p = arg;
+	p->res = cache_purge_bid(p->c.cs, p->bid, &p->busy, purged, p);
+	if (p->res <= 0)
+		cache_sync_done(&p->c, p->res); /* else purged() says when the slots are free */
+}
+
+int cache_set_prune(struct cache_set *cs)
+{
+	int freed = 0;
+	for (uint32_t bid = 0; bid < CACHE_MAX_BACKINGS; bid++) {
+		char lun[65];
+		pthread_mutex_lock(&cs->sb.lock);
+		snprintf(lun, sizeof(lun), "%.64s", cs->backing[bid].lun);
+		pthread_mutex_unlock(&cs->sb.lock);
+		if (!lun[0] || cache_vol_of(cs, bid))
+			continue;
+		struct prune_call p = { .c = { .cs = cs }, .bid = bid };
+		int r = cache_sync_run(prune_fn, &p.c);
+		if (r == -EBUSY) {
+			log_warn("cache %s: lun %s is not configured but has dirty data in the cache; it is kept for "
+				 "it (configure the LUN again to destage it)", cs->name, lun);
+			continue;
+		}
+		if (r < 0 || p.busy) {
+			log_info("cache %s: lun %s is not configured; its cached data is busy, so its entry is "
+				 "freed later", cs->name, lun);
+			continue;
+		}
+		/* its slots' FREE records are durable: no recovery gives them back to a LUN that takes the id */
+		pthread_mutex_lock(&cs->sb.lock);
+		if (!cache_vol_of(cs, bid) && !strncmp(cs->backing[bid].lun, lun, sizeof(cs->backing[bid].lun))) {
+			memset(&cs->backing[bid], 0, sizeof(cs->backing[bid]));
+			cs->btab_changed = true;
+			freed++;
+		}
+		pthread_mutex_unlock(&cs->sb.lock);
+		log_info("cache %s: lun %s is not configured and holds no dirty data: its entry is freed "
+			 "(%d clean extent(s) dropped)", cs->name, lun, p.res);
+	}
+	if (!freed)
+		return 0;
+	struct sync_call c = { .cs = cs };
+	pthread_mutex_init(&c.lock, NULL);
+	pthread_cond_init(&c.cond, NULL);
+	cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
+	pthread_mutex_lock(&c.lock);
+	while (!c.done)
+		pthread_cond_wait(&c.cond, &c.lock);
+	pthread_mutex_unlock(&c.lock);
+	pthread_mutex_destroy(&c.lock);
+	pthread_cond_destroy(&c.cond);
+	return c.err ? c.err : freed;
 }
 
 /* Any thread: is any slot of an attached LUN dirty? (dirty data of a LUN

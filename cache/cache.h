@@ -121,6 +121,16 @@ int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, siz
  */
 int cache_leg_format(const char *path, uint32_t *version, char *err, size_t errlen);
 
+/*
+ * Forget the LUNs the set holds an entry for that are not attached now
+ * (removed from the configuration): one whose data in the set is all
+ * clean loses it and its entry, which a new LUN may take (the set holds
+ * CACHE_MAX_BACKINGS); one with dirty data keeps both, and is named in a
+ * warning. Call once every configured LUN is attached. Main thread, may
+ * block. How many were freed, or -errno.
+ */
+int cache_set_prune(struct cache_set *cs);
+
 /* Destage every dirty extent and wait (timeout_ms 0 = forever). 0 or -errno. Main thread. */
 int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);
 /* Change a volume's mode; leaving write-back flushes first. Main thread. */

@@ -511,6 +511,12 @@ struct set_sb {
 	struct cache_sb_disk *buf[CACHE_MAX_LEGS];
 	struct bdev_req req[CACHE_MAX_LEGS];
 	struct iovec iov[CACHE_MAX_LEGS];
+	/* the backing table, when the generation in flight carries a new one:
+	 * written on each leg before that leg's superblock (tab_req) */
+	struct cache_btab_disk *tab;    /* CACHE_BTAB_BYTES, aligned */
+	struct bdev_req tab_req[CACHE_MAX_LEGS];
+	struct iovec tab_iov[CACHE_MAX_LEGS];
+	uint32_t tab_fail;              /* legs whose table write failed: no superblock for them */
 };
 
 /* Checkpoints (ckpt.c). */
@@ -563,7 +569,7 @@ struct cache_set {
 	char *name;
 	struct cache_set_cfg cfg;
 	struct cache_layout lay;
-	uint32_t version;             /* of the on-disk format: 3, or 2 (no block log) */
+	uint32_t version;             /* of the on-disk format: 4 (lay.dlog_pages: with a block log) */
 	uint8_t uuid[16];
 	uint8_t leg_uuid[CACHE_MAX_LEGS][16]; /* the member at each index (superblock member_uuid) */
 	struct mirror mirror;
@@ -584,7 +590,14 @@ struct cache_set {
 	struct advisor *advisor;      /* the sizing advisor's copies (NULL: out of memory at open) */
 	_Atomic(struct cache_trace *) trace; /* tierctl trace: NULL when none runs (trace.c) */
 	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id: cache_vol_of */
-	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
+	/*
+	 * The backing table (attach.c), under sb.lock: by backing id. A
+	 * change sets btab_changed; the next superblock generation writes the
+	 * table into copy 1 - btab_copy first and names it (sb.c).
+	 */
+	struct cache_btab_disk backing[CACHE_MAX_BACKINGS];
+	uint32_t btab_copy, btab_crc;   /* what the newest superblock names */
+	bool btab_changed;
 	struct set_alloc alloc;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
@@ -716,6 +729,7 @@ void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t of
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing);
 /* Drop a slot that never became valid (a cancelled fill). Worker thread. */
 void cache_drop_slot(struct cache_set *cs, uint32_t s);
+int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, void (*done)(void *arg), void *arg);
 /* Evict clean slots when the free list runs low; reclaim retired slots. Worker. */
 void cache_reclaim(struct cache_set *cs);
 /* Ask for a checkpoint (journal filling up). Any thread. */

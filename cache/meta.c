@@ -104,7 +104,7 @@ int meta_sb_check(const struct cache_sb_disk *sb, const char **why)
 		return -1;
 	}
 	uint32_t v = le32_get(sb->version);
-	if (v != CACHE_VERSION && v != CACHE_VERSION_V2 && v != CACHE_VERSION_V1) {
+	if (v != CACHE_VERSION && v != CACHE_VERSION_V3 && v != CACHE_VERSION_V2 && v != CACHE_VERSION_V1) {
 		*why = v > CACHE_VERSION ? "the set was written by a newer tiercached (superblock version "
 					   "unknown here); run that version, or flush and detach the cache with it"
 					 : "superblock version unknown to this tiercached";
@@ -118,6 +118,19 @@ int meta_sb_check(const struct cache_sb_disk *sb, const char **why)
 		return -1;
 	}
 	return 0;
+}
+
+uint32_t meta_layout_version(const struct cache_sb_disk *sb)
+{
+	uint32_t v = le32_get(sb->version);
+	if (v >= CACHE_VERSION)
+		return le32_get(sb->dlog_rings) ? CACHE_VERSION_V3 : CACHE_VERSION_V2;
+	return v;
+}
+
+uint32_t meta_btab_crc(const struct cache_btab_disk *tab)
+{
+	return meta_crc(tab, CACHE_BTAB_BYTES);
 }
 
 void meta_slot_seal(void *rec, uint32_t rec_size)

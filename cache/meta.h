@@ -13,7 +13,11 @@
  *                                           one leaves the other intact
  *   8 KiB    write-intent bitmap (4 KiB, version 2): a bit per region of
  *            slots that may be in doubt after a crash (intent.c)
- *   12 KiB   ... padding to 64 KiB
+ *   12 KiB   backing table copy 0 (24 KiB, version 4): the LUNs whose data
+ *            the set holds, CACHE_MAX_BACKINGS entries
+ *   36 KiB   backing table copy 1; the superblock names the copy that is
+ *            current and its checksum (attach.c)
+ *   60 KiB   ... padding to 64 KiB
  *   table    one slot record per slot, rec_size bytes (a power of two),
  *            grouped in 4 KiB pages: the checkpointed extent map
  *   journal  CACHE_NJOURNALS rings of jblocks 4 KiB blocks: metadata
@@ -53,22 +57,35 @@
  * data moved: a version 2 set keeps its version and its layout, and runs
  * without the block log; re-creating it gets one).
  */
-#define CACHE_VERSION 3
+/*
+ * Version 4 moves the table of backing stores out of the superblock (16
+ * entries there) into two copies of its own in the padding before the
+ * table (CACHE_MAX_BACKINGS entries); the rest of the layout is the one
+ * the set had (with the block log, or without it for a set made before
+ * version 3: dlog_rings says which). Every older set is upgraded when it
+ * is opened: the table is written first, then a version 4 superblock.
+ */
+#define CACHE_VERSION 4
+#define CACHE_VERSION_V3 3
 #define CACHE_VERSION_V2 2
 #define CACHE_VERSION_V1 1
 #define CACHE_SECTOR 512u          /* metadata granularity: one valid/dirty bit each */
 #define CACHE_PAGE 4096u
 #define CACHE_NJOURNALS 16
 #define CACHE_DLOG_RINGS 4
-#define CACHE_MAX_BACKINGS 16
+#define CACHE_LEGACY_BACKINGS 16 /* the table inside the superblock, versions 1 to 3 */
+#define CACHE_MAX_BACKINGS 256
 #define CACHE_MAX_LEGS 2
 #define CACHE_TABLE_OFF (64u << 10)
 #define CACHE_WI_OFF (8u << 10)
 #define CACHE_WI_BITS (CACHE_PAGE * 8)
 #define CACHE_WI_MIN_REGION (16u << 20) /* bytes of slots per bit, at least */
+#define CACHE_BTAB_OFF (12u << 10)
 
 /*
- * Identity of a backing store attached to the set. We keep the LUN name,
+ * Identity of a backing store attached to the set (versions 1 to 3, in the
+ * superblock; version 4 keeps the same facts, but the path, in
+ * struct cache_btab_disk). We keep the LUN name,
  * the store's size and, for regular files, the inode number and the
  * filesystem's device number. Why not a header written into the store:
  * the store is the LUN's data, every byte belongs to the initiator. Why
@@ -87,6 +104,28 @@ struct cache_backing_disk {
 	le32 is_blockdev;
 };
 _Static_assert(sizeof(struct cache_backing_disk) == 224, "backing identity is 224 bytes");
+
+/*
+ * Version 4: one entry of the backing table; its index is the backing id
+ * in extent keys. The table is CACHE_BTAB_BYTES, written whole into the
+ * copy the newest superblock does not name, FUA, before the superblock
+ * that names it: a torn table write leaves the named copy whole. The
+ * path is not kept (it was for messages only): the LUN name, size and
+ * inode say which store it was.
+ */
+#define BTAB_F_BLOCKDEV 1u
+struct cache_btab_disk {
+	char lun[64];        /* NUL-padded LUN name; empty = unused entry */
+	le64 size;
+	le64 ino;            /* 0 for a block device */
+	le64 fsdev;
+	le32 flags;          /* BTAB_F_* */
+	le32 reserved;
+};
+_Static_assert(sizeof(struct cache_btab_disk) == 96, "backing table entry is 96 bytes");
+#define CACHE_BTAB_BYTES (CACHE_MAX_BACKINGS * 96u)
+_Static_assert(CACHE_BTAB_BYTES % 4096 == 0, "a table copy is whole pages");
+_Static_assert(CACHE_BTAB_OFF + 2 * CACHE_BTAB_BYTES <= CACHE_TABLE_OFF, "both copies fit before the slot table");
 
 struct cache_sb_disk {
 	le64 magic;
@@ -111,7 +150,7 @@ struct cache_sb_disk {
 	le64 ckpt_seq;       /* records with seq < ckpt_seq are in the table */
 	le64 jtail[CACHE_NJOURNALS]; /* first journal block (absolute) to replay */
 	char set_name[64];
-	struct cache_backing_disk backing[CACHE_MAX_BACKINGS];
+	struct cache_backing_disk legacy_backing[CACHE_LEGACY_BACKINGS]; /* versions 1-3; zero in 4 */
 	/*
 	 * Which device each leg index is: this leg's own identity, and the
 	 * identities of every member as the writer knew them. A leg whose own
@@ -127,8 +166,11 @@ struct cache_sb_disk {
 	le64 dlog_off;
 	le32 dlog_rings;     /* CACHE_DLOG_RINGS */
 	le32 dlog_pages;     /* per ring */
+	/* version 4: the backing table copy that is current, and its crc32c */
+	le32 btab_copy;      /* 0 or 1 */
+	le32 btab_crc;
 	uint8_t pad[4096 - 8 - 4 - 4 - 16 - 8 - 4 * 8 - 8 * 4 - 4 - 4 - 8 - 8 * CACHE_NJOURNALS - 64 -
-		    224 * CACHE_MAX_BACKINGS - 16 - 16 * CACHE_MAX_LEGS - 16];
+		    224 * CACHE_LEGACY_BACKINGS - 16 - 16 * CACHE_MAX_LEGS - 16 - 8];
 };
 _Static_assert(sizeof(struct cache_sb_disk) == 4096, "superblock is one 4 KiB block");
 
@@ -236,8 +278,19 @@ void meta_sb_seal(struct cache_sb_disk *sb);
  */
 void meta_rebuild_mark(struct cache_sb_disk *page, const uint8_t set_uuid[16]);
 bool meta_rebuild_marked(const struct cache_sb_disk *page, uint8_t set_uuid[16]);
-/* 0 if magic, version (1, 2 or 3) and checksum are right; otherwise -1 and a reason. */
+/* 0 if magic, version (1 to 4) and checksum are right; otherwise -1 and a reason. */
 int meta_sb_check(const struct cache_sb_disk *sb, const char **why);
+
+/*
+ * The layout version of a superblock's set: 3 with the block log, 2 or 1
+ * without (a version 4 set has the layout it was upgraded from: its
+ * dlog_rings says whether that had the block log). For meta_layout.
+ */
+uint32_t meta_layout_version(const struct cache_sb_disk *sb);
+/* crc32c of a backing table copy (CACHE_BTAB_BYTES). */
+uint32_t meta_btab_crc(const struct cache_btab_disk *tab);
+/* Offset on the leg of backing table copy k (0 or 1). */
+static inline uint64_t meta_btab_off(uint32_t k) { return CACHE_BTAB_OFF + (uint64_t)(k & 1) * CACHE_BTAB_BYTES; }
 
 void meta_slot_seal(void *rec, uint32_t rec_size);
 bool meta_slot_ok(const void *rec, uint32_t rec_size);

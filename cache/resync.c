@@ -146,6 +146,12 @@ static void resync_finish(void *arg)
 		return;
 	}
 	atomic_store(&rs->cs->sb.include, 1u << rs->leg);
+	/* the copy may have raced a table write on the source (and table
+	 * writes skip a leg being rebuilt): this generation writes the table
+	 * again, to both legs, before the superblock that names it */
+	pthread_mutex_lock(&rs->cs->sb.lock);
+	rs->cs->btab_changed = true;
+	pthread_mutex_unlock(&rs->cs->sb.lock);
 	cache_sb_write(rs->cs, &rs->sbj, resync_own_sb_done, rs);
 }
 

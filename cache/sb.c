@@ -110,7 +110,8 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		sb->jtail[j] = le64_of(cs->jtail[j]);
 	snprintf(sb->set_name, sizeof(sb->set_name), "%s", cs->name);
-	memcpy(sb->backing, cs->backing, sizeof(cs->backing));
+	sb->btab_copy = le32_of(cs->btab_copy);
+	sb->btab_crc = le32_of(cs->btab_crc);
 	memcpy(sb->leg_uuid, cs->leg_uuid[leg], 16);
 	memcpy(sb->member_uuid, cs->leg_uuid, sizeof(sb->member_uuid));
 	if (cs->alone_index >= 0) {
@@ -174,6 +175,21 @@ static void sb_leg_done(struct bdev_req *req, int err)
 	sb_finish(cs);
 }
 
+/*
+ * Worker 0: a leg's copy of the new backing table is on disk (or not: then
+ * the leg gets no superblock naming it, and has failed).
+ */
+static void sb_tab_done(struct bdev_req *req, int err)
+{
+	struct cache_set *cs = req->priv;
+	int leg = (int)(req - cs->sb.tab_req);
+	if (err) {
+		sb_leg_done(&cs->sb.req[leg], err);
+		return;
+	}
+	bdev_submit(cs->legs[leg], &cs->sb.req[leg]);
+}
+
 /* Worker 0. No leg to write to: the jobs fail with -EIO (sbreq[] was not issued: no leg erred). */
 static void sb_fail_async(void *arg)
 {
@@ -193,6 +209,19 @@ static void sb_issue(struct cache_set *cs)
 	cs->sb.kick = false;
 	pthread_mutex_lock(&cs->sb.lock);
 	uint64_t gen = ++cs->sb.gen;
+	/*
+	 * A changed backing table goes into the copy the newest superblock
+	 * does not name, and this generation names it: until its superblock
+	 * is whole on a leg, that leg's newest whole superblock still names
+	 * the copy left untouched.
+	 */
+	bool tab = cs->btab_changed;
+	if (tab) {
+		memcpy(cs->sb.tab, cs->backing, CACHE_BTAB_BYTES);
+		cs->btab_copy ^= 1;
+		cs->btab_crc = meta_btab_crc(cs->sb.tab);
+		cs->btab_changed = false;
+	}
 	cs->sb.built_failed = atomic_load(&cs->mirror.failed); /* build_sb records it, or more */
 	uint32_t failed = cs->sb.built_failed |
 			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb.include));
@@ -225,7 +254,23 @@ static void sb_issue(struct cache_set *cs)
 			.done = sb_leg_done,
 			.priv = cs,
 		};
-		bdev_submit(cs->legs[i], &cs->sb.req[i]);
+		if (!tab) {
+			bdev_submit(cs->legs[i], &cs->sb.req[i]);
+			continue;
+		}
+		cs->sb.tab_iov[i].iov_base = cs->sb.tab;
+		cs->sb.tab_iov[i].iov_len = CACHE_BTAB_BYTES;
+		cs->sb.tab_req[i] = (struct bdev_req){
+			.op = BDEV_WRITE,
+			.flags = BDEV_F_FUA,
+			.offset = meta_btab_off(cs->btab_copy),
+			.len = CACHE_BTAB_BYTES,
+			.iov = &cs->sb.tab_iov[i],
+			.iovcnt = 1,
+			.done = sb_tab_done,
+			.priv = cs,
+		};
+		bdev_submit(cs->legs[i], &cs->sb.tab_req[i]);
 	}
 }
 

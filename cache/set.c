@@ -105,6 +105,8 @@ static int alloc_memory(struct cache_set *cs)
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)
 		if (!(cs->sb.buf[i] = buf_get(CACHE_PAGE)))
 			return -ENOMEM;
+	if (!(cs->sb.tab = buf_get(CACHE_BTAB_BYTES)))
+		return -ENOMEM;
 	for (int j = 0; j < CACHE_NJOURNALS; j++) {
 		struct journal *jr = &cs->journals[j];
 		jr->cs = cs;
@@ -145,6 +147,8 @@ static int format_set(struct cache_set *cs, char *err, size_t errlen)
 		}
 	}
 	buf_put(buf, chunk);
+	cs->btab_copy = 1;
+	cs->btab_changed = true; /* the first superblock writes the empty table into copy 0 */
 	cs->ck.seq = 1;
 	atomic_store(&cs->next_seq, 1);
 	for (uint32_t s = 0; s < cs->lay.nslots; s++)
@@ -468,8 +472,8 @@ static int adopt_layout(struct cache_set *cs, const struct cache_set_cfg *cfg, s
 		.journal_off = le64_get(sc->nsb->journal_off),
 		.data_off = le64_get(sc->nsb->data_off),
 	};
-	uint32_t version = le32_get(sc->nsb->version);
-	if (version >= CACHE_VERSION) {
+	uint32_t version = meta_layout_version(sc->nsb);
+	if (version >= CACHE_VERSION_V3) {
 		lay.dlog_off = le64_get(sc->nsb->dlog_off);
 		lay.dlog_pages = le32_get(sc->nsb->dlog_pages);
 	}
@@ -492,7 +496,7 @@ static int adopt_layout(struct cache_set *cs, const struct cache_set_cfg *cfg, s
 	    want.nslots != lay.nslots || want.jblocks != lay.jblocks || want.table_off != lay.table_off ||
 	    want.journal_off != lay.journal_off || want.data_off != lay.data_off ||
 	    want.dlog_off != lay.dlog_off || want.dlog_pages != lay.dlog_pages ||
-	    (version >= CACHE_VERSION && le32_get(sc->nsb->dlog_rings) != CACHE_DLOG_RINGS)) {
+	    (version >= CACHE_VERSION_V3 && le32_get(sc->nsb->dlog_rings) != CACHE_DLOG_RINGS)) {
 		cache_errf(err, errlen, "cache %s: the superblock of %s describes a layout tiercached never writes "
 			"(%u slots of %u bytes, %u journal blocks per ring, table at %llu, journal at %llu, "
 			"data at %llu for %llu-byte legs); the set cannot be trusted: restore the leg from "
@@ -503,14 +507,106 @@ static int adopt_layout(struct cache_set *cs, const struct cache_set_cfg *cfg, s
 		return -1;
 	}
 	cs->lay = lay;
-	/* a version 1 set gains the write-intent page (version 2); a version 2 set keeps its layout */
-	cs->version = version == CACHE_VERSION_V1 ? CACHE_VERSION_V2 : version;
+	/*
+	 * Every set is version 4 from its first superblock of this run on: a
+	 * version 1 set gains the write-intent page, an older set the backing
+	 * table of its own (adopt_btab); neither gains a block log (which
+	 * would move the data): lay.dlog_pages says whether there is one.
+	 */
+	cs->version = CACHE_VERSION;
 	cs->sb.gen = le64_get(sc->nsb->gen);
 	cs->ck.seq = le64_get(sc->nsb->ckpt_seq);
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		cs->jtail[j] = le64_get(sc->nsb->jtail[j]);
-	memcpy(cs->backing, sc->nsb->backing, sizeof(cs->backing));
 	return 0;
+}
+
+/*
+ * The backing table. A version 4 set's is the copy its superblock names,
+ * read from the leg recovery reads (or else the other leg, or the copy
+ * that leg's own newest superblock names; then it is written again, so
+ * both legs hold it). An older set's is in its superblock: taken from
+ * there, and written out by the first superblock of this run (the
+ * upgrade: the table lands before the version 4 superblock that names it,
+ * so a crash in between leaves the old superblock, whole).
+ */
+static int adopt_btab(struct cache_set *cs, const struct cache_set_cfg *cfg, struct set_scan *sc, int leg,
+		      char *err, size_t errlen)
+{
+	const struct cache_sb_disk *nsb = sc->nsb;
+	uint32_t version = le32_get(nsb->version);
+	if (version < CACHE_VERSION) {
+		int n = 0;
+		for (int i = 0; i < CACHE_LEGACY_BACKINGS; i++) {
+			const struct cache_backing_disk *o = &nsb->legacy_backing[i];
+			struct cache_btab_disk *b = &cs->backing[i];
+			if (!o->lun[0])
+				continue;
+			if (le32_get(o->bid) != (uint32_t)i) {
+				cache_errf(err, errlen, "cache %s: the superblock's table of LUNs is inconsistent "
+					"(entry %d says backing id %u); the set cannot be trusted", cfg->name, i,
+				     le32_get(o->bid));
+				return -1;
+			}
+			memcpy(b->lun, o->lun, sizeof(b->lun));
+			b->size = o->size;
+			b->ino = o->ino;
+			b->fsdev = o->fsdev;
+			b->flags = le32_of(le32_get(o->is_blockdev) ? BTAB_F_BLOCKDEV : 0);
+			n++;
+		}
+		cs->btab_copy = 1; /* the upgrade writes copy 0 */
+		cs->btab_changed = true;
+		log_info("cache %s: on-disk format version %u, upgraded to %u now (a table of up to %d LUNs "
+			 "instead of %d; %d in use); a tiercached older than this one cannot open the set "
+			 "any more", cfg->name, version, CACHE_VERSION, CACHE_MAX_BACKINGS, CACHE_LEGACY_BACKINGS, n);
+		return 0;
+	}
+	struct {
+		int leg;
+		const struct cache_sb_disk *sb;
+	} cand[4];
+	int n = 0;
+	for (int k = 0; k < 2; k++) {
+		int i = k ? 1 - leg : leg;
+		if (i >= 0 && i < cfg->nlegs && (cfg->nlegs == 1 || !(sc->failed & (1u << i))))
+			cand[n++].leg = i, cand[n - 1].sb = nsb;
+	}
+	for (int k = 0; k < 2; k++) {
+		int i = k ? 1 - leg : leg;
+		if (i < 0 || i >= cfg->nlegs || (cfg->nlegs == 2 && (sc->failed & (1u << i))))
+			continue;
+		int c = cfg->nlegs == 1 ? 0 : (sc->swap ? 1 - i : i); /* its config index */
+		const struct cache_sb_disk *own = sc->have[c] >= 0 ? sc->sbs[c][sc->have[c]] : NULL;
+		if (own && own != nsb && le32_get(own->version) >= CACHE_VERSION)
+			cand[n++].leg = i, cand[n - 1].sb = own;
+	}
+	struct cache_btab_disk *buf = buf_get(CACHE_BTAB_BYTES);
+	if (!buf) {
+		cache_errf(err, errlen, "cache %s: out of memory", cfg->name);
+		return -1;
+	}
+	for (int k = 0; k < n; k++) {
+		uint32_t copy = le32_get(cand[k].sb->btab_copy), crc = le32_get(cand[k].sb->btab_crc);
+		if (copy > 1 || cache_sync_io(cs->legs[cand[k].leg], BDEV_READ, meta_btab_off(copy), buf,
+					      CACHE_BTAB_BYTES, 0) < 0 || meta_btab_crc(buf) != crc)
+			continue;
+		memcpy(cs->backing, buf, CACHE_BTAB_BYTES);
+		buf_put(buf, CACHE_BTAB_BYTES);
+		cs->btab_copy = copy;
+		cs->btab_crc = crc;
+		if (k) {
+			cs->btab_changed = true; /* both legs get it again */
+			log_warn("cache %s: the table of LUNs was read from %s (the newest superblock's copy was "
+				 "not whole); it is written again", cfg->name, cs->legs[cand[k].leg]->name);
+		}
+		return 0;
+	}
+	buf_put(buf, CACHE_BTAB_BYTES);
+	cache_errf(err, errlen, "cache %s: no leg holds a whole copy of the set's table of LUNs (checksum "
+		"mismatch); the set cannot be trusted: restore a leg from a copy, or delete both legs to start "
+		"with an empty cache (dirty data in it will be lost)", cfg->name);
+	return -1;
 }
 
 /* The legs the set must not read, and a leg listed alone. */
@@ -626,7 +722,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		int leg = sc->best;
 		if (sc->failed & (1u << leg))
 			leg = 1 - leg;
-		if (cache_recover_set(cs, leg, err, errlen) < 0)
+		if (adopt_btab(cs, cfg, sc, leg, err, errlen) < 0 || cache_recover_set(cs, leg, err, errlen) < 0)
 			goto out;
 		if (unclean &&
 		    intent_recover(cs, leg, le32_get(sc->nsb->version) == CACHE_VERSION_V1, err, errlen) < 0)
@@ -772,6 +868,8 @@ void cache_set_close(struct cache_set *cs)
 	for (int i = 0; i < CACHE_MAX_LEGS; i++)
 		if (cs->sb.buf[i])
 			buf_put(cs->sb.buf[i], CACHE_PAGE);
+	if (cs->sb.tab)
+		buf_put(cs->sb.tab, CACHE_BTAB_BYTES);
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		if (cs->journals[j].buf) {
 			buf_put(cs->journals[j].buf, CACHE_PAGE);

@@ -112,6 +112,11 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	st->block_log_writes = atomic_load(&cs->st.dlog_records);
 	st->block_log_waits = atomic_load(&cs->st.dlog_waits);
 	st->version = cs->version;
+	st->block_log = cs->lay.dlog_pages ? 1 : 0;
+	pthread_mutex_lock(&cs->sb.lock);
+	for (int i = 0; i < CACHE_MAX_BACKINGS; i++)
+		st->luns_known += cs->backing[i].lun[0] != 0;
+	pthread_mutex_unlock(&cs->sb.lock);
 	pthread_mutex_lock(&cs->lost.lock);
 	for (int i = 0; i < cs->lost.n; i++) {
 		memcpy(st->lost[i].lun, cs->lost.r[i].lun, sizeof(st->lost[i].lun));

@@ -22,6 +22,8 @@ struct evict_batch {
 	uint32_t n;             /* slots, all counted in alloc.nfreeing until released */
 	uint32_t *slots;
 	struct jwait *jw;
+	void (*done)(void *arg); /* cache_purge_bid's: the slots are free */
+	void *done_arg;
 };
 
 static void batch_release(struct evict_batch *b)
@@ -38,6 +40,8 @@ static void batch_release(struct evict_batch *b)
 	}
 	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) - b->n);
 	pthread_mutex_unlock(&cs->alloc.lock);
+	if (b->done)
+		b->done(b->done_arg);
 	free(b);
 	atomic_fetch_sub(&cs->bg_inflight, 1);
 }
@@ -289,4 +293,93 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 	b->slots[0] = s;
 	atomic_store(&b->refs, 1);
 	call_rcu(&b->rcu, batch_graced);
+}
+
+/*
+ * Worker thread. Free every slot of backing id bid, whose LUN is not
+ * attached (so no host request and no fill reaches them): like an
+ * eviction, each leaves the map at once and its FREE record is journaled;
+ * done(arg) runs once every record is durable and a grace period passed.
+ * Returns how many slots that is (0: none, and done is not called), or
+ * -EBUSY with nothing done when one of them is dirty (the LUN's data,
+ * which only the LUN's own store can take). *busy: a slot of bid could
+ * not be taken now (the others go all the same; ask again later).
+ */
+int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, void (*done)(void *arg), void *arg)
+{
+	*busy = false;
+	uint32_t n = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint64_t key = atomic_load(&cs->slots[s].key);
+		uint32_t bits = atomic_load(&cs->slots[s].bits);
+		if (key == CACHE_KEY_NONE || key_bid(key) != bid || (bits & SB_STATE_MASK) == SB_FREE)
+			continue;
+		if (bits & (SB_DIRTY | SB_DESTAGING))
+			return -EBUSY;
+		n++;
+	}
+	if (!n)
+		return 0;
+	struct evict_batch *b = batch_new(cs, n);
+	uint64_t *keys = b ? malloc(n * sizeof(*keys)) : NULL;
+	if (!keys) {
+		if (b) {
+			free(b);
+			atomic_fetch_sub(&cs->bg_inflight, 1);
+		}
+		*busy = true;
+		return 0;
+	}
+	pthread_mutex_lock(&cs->alloc.lock);
+	for (uint32_t s = 0; s < cs->lay.nslots && b->n < n; s++) {
+		struct slot *sl = &cs->slots[s];
+		uint64_t key = atomic_load(&sl->key);
+		if (key == CACHE_KEY_NONE || key_bid(key) != bid)
+			continue;
+		slot_lock(sl);
+		uint32_t bits = atomic_load(&sl->bits);
+		bool ok = (bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_DIRTY | SB_DESTAGING));
+		if (ok) {
+			atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+			atomic_fetch_or(&sl->bits, SB_RETIRED);
+			if (atomic_load(&sl->users)) { /* Dekker with pin_lookup: users after state */
+				atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+				atomic_fetch_or(&sl->bits, SB_READY);
+				ok = false;
+			}
+		}
+		slot_unlock(sl);
+		if (!ok) {
+			*busy |= (bits & SB_STATE_MASK) != SB_FREE;
+			continue;
+		}
+		map_remove(&cs->map, key, s);
+		policy_remove(cs->policy, s);
+		keys[b->n] = key;
+		b->slots[b->n++] = s;
+	}
+	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) + b->n);
+	pthread_mutex_unlock(&cs->alloc.lock);
+	uint32_t got = b->n;
+	if (!got) {
+		free(keys);
+		free(b);
+		atomic_fetch_sub(&cs->bg_inflight, 1);
+		return 0;
+	}
+	b->done = done;
+	b->done_arg = arg;
+	atomic_store(&b->refs, (int)got + 1);
+	for (uint32_t i = 0; i < got; i++) {
+		struct jwait *w = batch_jw(b, n, i);
+		struct slot *sl = &cs->slots[b->slots[i]];
+		w->done = batch_recorded;
+		slot_lock(sl);
+		cache_record_locked(cs, b->slots[i], keys[i], JOP_FREE, 0, cs->lay.bpe, w);
+		slot_unlock(sl);
+		journal_append(cs, w);
+	}
+	free(keys);
+	call_rcu(&b->rcu, batch_graced);
+	return (int)got;
 }

@@ -561,6 +561,8 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "block_log_writes", st->block_log_writes },
 		{ "block_log_waits", st->block_log_waits },
 		{ "format_version", st->version },
+		{ "block_log", st->block_log },
+		{ "luns_known", st->luns_known },
 	};
 	json_object_object_add(o, "hit_ratio", json_object_new_double(st->hit_ratio));
 	for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)

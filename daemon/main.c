@@ -144,6 +144,13 @@ static int open_luns(struct daemon *d)
 	for (int i = 0; i < cfg->nluns; i++)
 		if (daemon_open_lun(cfg, &cfg->luns[i], d->sets, d->serials[i], &d->lus[i], &d->vols[i]) < 0)
 			return -1;
+	/* every configured LUN is attached: the sets forget the LUNs removed
+	 * from the configuration whose data in them is all clean */
+	for (int i = 0; i < cfg->ncaches; i++) {
+		int r = d->sets[i] ? cache_set_prune(d->sets[i]) : 0;
+		if (r < 0)
+			log_warn("[cache %s]: cannot record the LUNs it forgot: %s", cfg->caches[i].name, strerror(-r));
+	}
 	return 0;
 }
 

@@ -13,8 +13,10 @@ records since the last checkpoint are replayed in seq order, each ring
 from its jtail up to the first block whose position, set uuid or checksum
 is wrong; then the data, slot i at data_off + i * extent_size. Extent key
 = (backing id << 40) | extent index; backing ids are in the superblock's
-backing table by LUN name. Superblock versions 1, 2 and 3 are read (version
-2 adds a write-intent bitmap in the padding before the table: ignored;
+backing table by LUN name: in the superblock in versions 1 to 3, in two
+copies of its own at 12 and 36 KiB in version 4 (the superblock names the
+current copy and its CRC). Superblock versions 1 to 4 are read (version 2
+adds a write-intent bitmap in the padding before the table: ignored;
 version 3 a block log between the journal and the data, which the daemon's
 recovery writes back in place: read a leg after the daemon has opened it).
 
@@ -41,9 +43,14 @@ import sys
 SECTOR = 512
 PAGE = 4096
 MAGIC = 0x3145484341434354
-VERSIONS = (1, 2, 3)
+VERSIONS = (1, 2, 3, 4)
 NJOURNALS = 16
-MAX_BACKINGS = 16
+MAX_BACKINGS = 16          # the table inside the superblock (versions 1-3)
+BTAB_OFF = 12 * 1024       # version 4: the table's own copies
+BTAB_ENTRIES = 256
+BTAB_ENTRY = 96
+BTAB_BYTES = BTAB_ENTRIES * BTAB_ENTRY
+SB_BTAB_OFF = 3960         # btab_copy, btab_crc
 KEY_NONE = (1 << 64) - 1
 JBLOCK_MAGIC = 0x4B4C424A
 JBLOCK_RECS = 127
@@ -103,6 +110,9 @@ def parse_sb(buf):
     f["jtail"] = list(struct.unpack_from("<%dQ" % NJOURNALS, buf, SB_JTAIL_OFF))
     f["set_name"] = buf[SB_NAME_OFF:SB_NAME_OFF + 64].split(b"\0")[0].decode(errors="replace")
     f["backing"] = {}
+    if f["version"] >= 4:
+        f["btab_copy"], f["btab_crc"] = struct.unpack_from("<II", buf, SB_BTAB_OFF)
+        return f, None  # the table is in its own pages: Leg reads it
     for i in range(MAX_BACKINGS):
         o = SB_BACKING_OFF + i * BACKING_SIZE
         lun = buf[o:o + 64].split(b"\0")[0].decode(errors="replace")
@@ -146,6 +156,8 @@ class Leg:
         if best is None:
             raise LegError("%s: no valid superblock (%s)" % (path, "; ".join(whys)))
         self.sb = sb = best
+        if sb["version"] >= 4:
+            self._load_btab()
         self.ext = sb["extent_size"]
         self.bpe = self.ext // SECTOR
         self.all = (1 << self.bpe) - 1
@@ -158,6 +170,23 @@ class Leg:
         self._build_map()
 
     # -- recovery --------------------------------------------------------------------------
+
+    def _load_btab(self):
+        """Version 4: the table copy the superblock names; its CRC must match."""
+        copy = self.sb["btab_copy"]
+        if copy > 1:
+            raise LegError("%s: the superblock names table copy %d" % (self.path, copy))
+        self.f.seek(BTAB_OFF + copy * BTAB_BYTES)
+        tab = self.f.read(BTAB_BYTES)
+        if len(tab) < BTAB_BYTES or crc32c(tab) != self.sb["btab_crc"]:
+            raise LegError("%s: table copy %d does not match its checksum" % (self.path, copy))
+        for i in range(BTAB_ENTRIES):
+            o = i * BTAB_ENTRY
+            lun = tab[o:o + 64].split(b"\0")[0].decode(errors="replace")
+            if not lun:
+                continue
+            size, ino, fsdev, flags = struct.unpack_from("<QQQI", tab, o + 64)
+            self.sb["backing"][lun] = {"bid": i, "size": size, "ino": ino, "path": ""}
 
     def _apply(self, sl, op, first, count):
         """One change of a slot's blocks, as cache/map.c slot_apply does it."""

@@ -120,9 +120,11 @@ static void purged(void *arg)
 static void prune_fn(void *arg)
 {
 	struct prune_call *p = arg;
-	p->res = cache_purge_bid(p->c.cs, p->bid, &p->busy, purged, p);
-	if (p->res <= 0)
-		cache_sync_done(&p->c, p->res); /* else purged() says when the slots are free */
+	/* p->busy and p->res are set before purged() can run; p is not
+	 * touched after that unless it never will */
+	int r = cache_purge_bid(p->c.cs, p->bid, &p->busy, &p->res, purged, p);
+	if (r <= 0)
+		cache_sync_done(&p->c, r); /* else purged() says when the slots are free */
 }
 
 int cache_set_prune(struct cache_set *cs)
@@ -135,16 +137,21 @@ int cache_set_prune(struct cache_set *cs)
 		pthread_mutex_unlock(&cs->sb.lock);
 		if (!lun[0] || cache_vol_of(cs, bid))
 			continue;
-		struct prune_call p = { .c = { .cs = cs }, .bid = bid };
-		int r = cache_sync_run(prune_fn, &p.c);
+		struct prune_call p;
+		int r, dropped = 0;
+		do { /* a chunk of its slots at a time, until none is left */
+			p = (struct prune_call){ .c = { .cs = cs }, .bid = bid };
+			r = cache_sync_run(prune_fn, &p.c);
+			dropped += r == 0 ? p.res : 0;
+		} while (r == 0 && !p.busy && p.res > 0);
 		if (r == -EBUSY) {
 			log_warn("cache %s: lun %s is not configured but has dirty data in the cache; it is kept for "
 				 "it (configure the LUN again to destage it)", cs->name, lun);
 			continue;
 		}
 		if (r < 0 || p.busy) {
-			log_info("cache %s: lun %s is not configured; its cached data is busy, so its entry is "
-				 "freed later", cs->name, lun);
+			log_info("cache %s: lun %s is not configured; its cached data is busy (or there was no "
+				 "memory to free it), so its entry is kept until a later start", cs->name, lun);
 			continue;
 		}
 		/* its slots' FREE records are durable: no recovery gives them back to a LUN that takes the id */
@@ -156,7 +163,7 @@ int cache_set_prune(struct cache_set *cs)
 		}
 		pthread_mutex_unlock(&cs->sb.lock);
 		log_info("cache %s: lun %s is not configured and holds no dirty data: its entry is freed "
-			 "(%d clean extent(s) dropped)", cs->name, lun, p.res);
+			 "(%d clean extent(s) dropped)", cs->name, lun, dropped);
 	}
 	if (!freed)
 		return 0;

@@ -516,7 +516,6 @@ struct set_sb {
 	struct cache_btab_disk *tab;    /* CACHE_BTAB_BYTES, aligned */
 	struct bdev_req tab_req[CACHE_MAX_LEGS];
 	struct iovec tab_iov[CACHE_MAX_LEGS];
-	uint32_t tab_fail;              /* legs whose table write failed: no superblock for them */
 };
 
 /* Checkpoints (ckpt.c). */
@@ -593,11 +592,15 @@ struct cache_set {
 	/*
 	 * The backing table (attach.c), under sb.lock: by backing id. A
 	 * change sets btab_changed; the next superblock generation writes the
-	 * table into copy 1 - btab_copy first and names it (sb.c).
+	 * table into copy 1 - btab_leg[i] of each leg it writes first, and
+	 * names it there (sb.c). Per leg: after a crash one leg's newest
+	 * superblock may name the other copy than the other leg's.
 	 */
 	struct cache_btab_disk backing[CACHE_MAX_BACKINGS];
-	uint32_t btab_copy, btab_crc;   /* what the newest superblock names */
+	uint32_t btab_leg[CACHE_MAX_LEGS]; /* the copy leg i's newest superblock names */
+	uint32_t btab_crc;              /* the table's checksum (every leg's named copy) */
 	bool btab_changed;
+	bool upgraded;                  /* opened as version 1-3: both superblock copies get version 4 */
 	struct set_alloc alloc;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
@@ -729,7 +732,8 @@ void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t of
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing);
 /* Drop a slot that never became valid (a cancelled fill). Worker thread. */
 void cache_drop_slot(struct cache_set *cs, uint32_t s);
-int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, void (*done)(void *arg), void *arg);
+int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, void (*done)(void *arg),
+		    void *arg);
 /* Evict clean slots when the free list runs low; reclaim retired slots. Worker. */
 void cache_reclaim(struct cache_set *cs);
 /* Ask for a checkpoint (journal filling up). Any thread. */

@@ -150,6 +150,7 @@ static void resync_finish(void *arg)
 	 * writes skip a leg being rebuilt): this generation writes the table
 	 * again, to both legs, before the superblock that names it */
 	pthread_mutex_lock(&rs->cs->sb.lock);
+	rs->cs->btab_leg[rs->leg] = rs->cs->btab_leg[rs->src]; /* what the copy brought: the other one is free */
 	rs->cs->btab_changed = true;
 	pthread_mutex_unlock(&rs->cs->sb.lock);
 	cache_sb_write(rs->cs, &rs->sbj, resync_own_sb_done, rs);

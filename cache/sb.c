@@ -110,7 +110,7 @@ static void build_sb(struct cache_set *cs, int leg, uint64_t gen, struct cache_s
 	for (int j = 0; j < CACHE_NJOURNALS; j++)
 		sb->jtail[j] = le64_of(cs->jtail[j]);
 	snprintf(sb->set_name, sizeof(sb->set_name), "%s", cs->name);
-	sb->btab_copy = le32_of(cs->btab_copy);
+	sb->btab_copy = le32_of(cs->btab_leg[leg]);
 	sb->btab_crc = le32_of(cs->btab_crc);
 	memcpy(sb->leg_uuid, cs->leg_uuid[leg], 16);
 	memcpy(sb->member_uuid, cs->leg_uuid, sizeof(sb->member_uuid));
@@ -209,22 +209,26 @@ static void sb_issue(struct cache_set *cs)
 	cs->sb.kick = false;
 	pthread_mutex_lock(&cs->sb.lock);
 	uint64_t gen = ++cs->sb.gen;
+	cs->sb.built_failed = atomic_load(&cs->mirror.failed); /* build_sb records it, or more */
+	uint32_t failed = cs->sb.built_failed |
+			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb.include));
 	/*
-	 * A changed backing table goes into the copy the newest superblock
-	 * does not name, and this generation names it: until its superblock
-	 * is whole on a leg, that leg's newest whole superblock still names
-	 * the copy left untouched.
+	 * A changed backing table goes, on each leg this generation reaches,
+	 * into the copy that leg's newest superblock does not name, and the
+	 * generation names it there: until its superblock is whole on a leg,
+	 * that leg's newest whole superblock still names the copy left
+	 * untouched. (Per leg: after a crash the legs' newest superblocks may
+	 * name different copies.)
 	 */
 	bool tab = cs->btab_changed;
 	if (tab) {
 		memcpy(cs->sb.tab, cs->backing, CACHE_BTAB_BYTES);
-		cs->btab_copy ^= 1;
 		cs->btab_crc = meta_btab_crc(cs->sb.tab);
 		cs->btab_changed = false;
+		for (int i = 0; i < cs->mirror.nlegs; i++)
+			if (!(failed & (1u << i)))
+				cs->btab_leg[i] ^= 1;
 	}
-	cs->sb.built_failed = atomic_load(&cs->mirror.failed); /* build_sb records it, or more */
-	uint32_t failed = cs->sb.built_failed |
-			  (atomic_load(&cs->mirror.resyncing) & ~atomic_load(&cs->sb.include));
 	int n = 0;
 	for (int i = 0; i < cs->mirror.nlegs; i++) {
 		if (failed & (1u << i))
@@ -263,7 +267,7 @@ static void sb_issue(struct cache_set *cs)
 		cs->sb.tab_req[i] = (struct bdev_req){
 			.op = BDEV_WRITE,
 			.flags = BDEV_F_FUA,
-			.offset = meta_btab_off(cs->btab_copy),
+			.offset = meta_btab_off(cs->btab_leg[i]),
 			.len = CACHE_BTAB_BYTES,
 			.iov = &cs->sb.tab_iov[i],
 			.iovcnt = 1,

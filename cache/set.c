@@ -147,7 +147,7 @@ static int format_set(struct cache_set *cs, char *err, size_t errlen)
 		}
 	}
 	buf_put(buf, chunk);
-	cs->btab_copy = 1;
+	cs->btab_leg[0] = cs->btab_leg[1] = 1;
 	cs->btab_changed = true; /* the first superblock writes the empty table into copy 0 */
 	cs->ck.seq = 1;
 	atomic_store(&cs->next_seq, 1);
@@ -521,11 +521,19 @@ static int adopt_layout(struct cache_set *cs, const struct cache_set_cfg *cfg, s
 	return 0;
 }
 
+/* Leg i (mirror index) may be read for the table: in the set and not failed. */
+static bool leg_readable(const struct cache_set *cs, const struct cache_set_cfg *cfg, const struct set_scan *sc, int i)
+{
+	if (i < 0 || i >= cfg->nlegs || !cs->legs[i])
+		return false;
+	return cfg->nlegs == 1 || !(sc->failed & (1u << i));
+}
+
 /*
- * The backing table. A version 4 set's is the copy its superblock names,
- * read from the leg recovery reads (or else the other leg, or the copy
- * that leg's own newest superblock names; then it is written again, so
- * both legs hold it). An older set's is in its superblock: taken from
+ * The backing table. A version 4 set's is the one whose checksum its
+ * newest superblock records, read from a whole copy on either leg; a leg
+ * whose own superblock names a copy that is not it gets it again. An older
+ * set's is in its superblock: taken from
  * there, and written out by the first superblock of this run (the
  * upgrade: the table lands before the version 4 superblock that names it,
  * so a crash in between leaves the old superblock, whole).
@@ -555,58 +563,68 @@ static int adopt_btab(struct cache_set *cs, const struct cache_set_cfg *cfg, str
 			b->flags = le32_of(le32_get(o->is_blockdev) ? BTAB_F_BLOCKDEV : 0);
 			n++;
 		}
-		cs->btab_copy = 1; /* the upgrade writes copy 0 */
+		cs->btab_leg[0] = cs->btab_leg[1] = 1; /* the upgrade writes copy 0 */
 		cs->btab_changed = true;
+		cs->upgraded = true;
 		log_info("cache %s: on-disk format version %u, upgraded to %u now (a table of up to %d LUNs "
 			 "instead of %d; %d in use); a tiercached older than this one cannot open the set "
 			 "any more", cfg->name, version, CACHE_VERSION, CACHE_MAX_BACKINGS, CACHE_LEGACY_BACKINGS, n);
 		return 0;
 	}
-	struct {
-		int leg;
-		const struct cache_sb_disk *sb;
-	} cand[4];
-	int n = 0;
-	for (int k = 0; k < 2; k++) {
-		int i = k ? 1 - leg : leg;
-		if (i >= 0 && i < cfg->nlegs && (cfg->nlegs == 1 || !(sc->failed & (1u << i))))
-			cand[n++].leg = i, cand[n - 1].sb = nsb;
-	}
-	for (int k = 0; k < 2; k++) {
-		int i = k ? 1 - leg : leg;
-		if (i < 0 || i >= cfg->nlegs || (cfg->nlegs == 2 && (sc->failed & (1u << i))))
-			continue;
-		int c = cfg->nlegs == 1 ? 0 : (sc->swap ? 1 - i : i); /* its config index */
-		const struct cache_sb_disk *own = sc->have[c] >= 0 ? sc->sbs[c][sc->have[c]] : NULL;
-		if (own && own != nsb && le32_get(own->version) >= CACHE_VERSION)
-			cand[n++].leg = i, cand[n - 1].sb = own;
-	}
+	/*
+	 * The table is the one whose checksum the newest superblock records,
+	 * wherever a whole copy of it is: on the leg recovery reads or the
+	 * other, in either place (a leg whose write of it was cut may hold
+	 * it in neither, or only an older one). Never an older table: the
+	 * journal may name a backing id only the newest one gives.
+	 */
+	uint32_t want = le32_get(nsb->btab_crc);
 	struct cache_btab_disk *buf = buf_get(CACHE_BTAB_BYTES);
 	if (!buf) {
 		cache_errf(err, errlen, "cache %s: out of memory", cfg->name);
 		return -1;
 	}
-	for (int k = 0; k < n; k++) {
-		uint32_t copy = le32_get(cand[k].sb->btab_copy), crc = le32_get(cand[k].sb->btab_crc);
-		if (copy > 1 || cache_sync_io(cs->legs[cand[k].leg], BDEV_READ, meta_btab_off(copy), buf,
-					      CACHE_BTAB_BYTES, 0) < 0 || meta_btab_crc(buf) != crc)
+	bool found = false;
+	for (int k = 0; k < 4 && !found; k++) {
+		int i = k < 2 ? leg : 1 - leg;
+		uint32_t copy = (le32_get(nsb->btab_copy) ^ (uint32_t)k) & 1;
+		if (!leg_readable(cs, cfg, sc, i) ||
+		    cache_sync_io(cs->legs[i], BDEV_READ, meta_btab_off(copy), buf, CACHE_BTAB_BYTES, 0) < 0 ||
+		    meta_btab_crc(buf) != want)
 			continue;
 		memcpy(cs->backing, buf, CACHE_BTAB_BYTES);
+		found = true;
+	}
+	if (!found) {
 		buf_put(buf, CACHE_BTAB_BYTES);
-		cs->btab_copy = copy;
-		cs->btab_crc = crc;
-		if (k) {
-			cs->btab_changed = true; /* both legs get it again */
-			log_warn("cache %s: the table of LUNs was read from %s (the newest superblock's copy was "
-				 "not whole); it is written again", cfg->name, cs->legs[cand[k].leg]->name);
+		cache_errf(err, errlen, "cache %s: no leg holds a whole copy of the set's table of LUNs (checksum "
+			"mismatch); the set cannot be trusted: restore a leg from a copy, or delete both legs to "
+			"start with an empty cache (dirty data in it will be lost)", cfg->name);
+		return -1;
+	}
+	cs->btab_crc = want;
+	/*
+	 * The copy each leg's own newest superblock names is where the next
+	 * table does not go; a leg whose named copy is not this table (its
+	 * write was cut, or it is a generation behind) gets it again from the
+	 * first superblock of this run, into its other copy.
+	 */
+	for (int i = 0; i < cfg->nlegs && i < CACHE_MAX_LEGS; i++) {
+		int c = cfg->nlegs == 1 ? 0 : (sc->swap ? 1 - i : i); /* its config index */
+		const struct cache_sb_disk *own = sc->have[c] >= 0 ? sc->sbs[c][sc->have[c]] : NULL;
+		bool v4 = own && le32_get(own->version) >= CACHE_VERSION;
+		cs->btab_leg[i] = v4 ? le32_get(own->btab_copy) & 1 : 1;
+		if (!leg_readable(cs, cfg, sc, i))
+			continue;
+		if (!v4 || cache_sync_io(cs->legs[i], BDEV_READ, meta_btab_off(cs->btab_leg[i]), buf,
+					 CACHE_BTAB_BYTES, 0) < 0 || meta_btab_crc(buf) != want) {
+			cs->btab_changed = true;
+			log_warn("cache %s: leg %s does not hold the newest table of LUNs where its superblock says "
+				 "(a write of it was cut); it is written again", cfg->name, cs->legs[i]->name);
 		}
-		return 0;
 	}
 	buf_put(buf, CACHE_BTAB_BYTES);
-	cache_errf(err, errlen, "cache %s: no leg holds a whole copy of the set's table of LUNs (checksum "
-		"mismatch); the set cannot be trusted: restore a leg from a copy, or delete both legs to start "
-		"with an empty cache (dirty data in it will be lost)", cfg->name);
-	return -1;
+	return 0;
 }
 
 /* The legs the set must not read, and a leg listed alone. */
@@ -742,16 +760,23 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 		cache_errf(err, errlen, "cache %s: out of memory", cfg->name);
 		goto out;
 	}
-	/* the first superblock of this run: not clean until shutdown says so */
+	/*
+	 * The first superblock of this run: not clean until shutdown says so.
+	 * An upgraded set gets two, one in each copy, so no older superblock
+	 * is left for an older tiercached to open the set by.
+	 */
 	struct sync_call c = { .cs = cs };
 	cs->clean_flag = false;
-	cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
 	pthread_mutex_init(&c.lock, NULL);
 	pthread_cond_init(&c.cond, NULL);
-	pthread_mutex_lock(&c.lock);
-	while (!c.done)
-		pthread_cond_wait(&c.cond, &c.lock);
-	pthread_mutex_unlock(&c.lock);
+	for (int k = 0; k < (cs->upgraded ? 2 : 1) && !c.err; k++) {
+		c.done = false;
+		cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
+		pthread_mutex_lock(&c.lock);
+		while (!c.done)
+			pthread_cond_wait(&c.cond, &c.lock);
+		pthread_mutex_unlock(&c.lock);
+	}
 	if (c.err) {
 		cache_errf(err, errlen, "cache %s: cannot write the superblock: %s", cfg->name, strerror(-c.err));
 		goto out;

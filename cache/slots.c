@@ -295,19 +295,26 @@ void cache_drop_slot(struct cache_set *cs, uint32_t s)
 	call_rcu(&b->rcu, batch_graced);
 }
 
+#define PURGE_CHUNK 4096u
+
 /*
- * Worker thread. Free every slot of backing id bid, whose LUN is not
- * attached (so no host request and no fill reaches them): like an
+ * Worker thread. Free the slots of backing id bid, PURGE_CHUNK at a time
+ * (the caller asks again for the rest), whose LUN is not attached (so no
+ * host request and no fill reaches them): like an
  * eviction, each leaves the map at once and its FREE record is journaled;
  * done(arg) runs once every record is durable and a grace period passed.
  * Returns how many slots that is (0: none, and done is not called), or
  * -EBUSY with nothing done when one of them is dirty (the LUN's data,
  * which only the LUN's own store can take). *busy: a slot of bid could
- * not be taken now (the others go all the same; ask again later).
+ * not be taken now (the others go all the same; ask again later). *busy
+ * and *count (what it returns) are set before done can run: done may
+ * run before this returns.
  */
-int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, void (*done)(void *arg), void *arg)
+int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, void (*done)(void *arg),
+		    void *arg)
 {
 	*busy = false;
+	*count = 0;
 	uint32_t n = 0;
 	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
 		uint64_t key = atomic_load(&cs->slots[s].key);
@@ -320,6 +327,8 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, void (*done)
 	}
 	if (!n)
 		return 0;
+	if (n > PURGE_CHUNK)
+		n = PURGE_CHUNK; /* the caller asks again for the rest: bounded memory */
 	struct evict_batch *b = batch_new(cs, n);
 	uint64_t *keys = b ? malloc(n * sizeof(*keys)) : NULL;
 	if (!keys) {
@@ -369,6 +378,7 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, void (*done)
 	}
 	b->done = done;
 	b->done_arg = arg;
+	*count = (int)got;
 	atomic_store(&b->refs, (int)got + 1);
 	for (uint32_t i = 0; i < got; i++) {
 		struct jwait *w = batch_jw(b, n, i);

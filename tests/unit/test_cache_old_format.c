@@ -167,6 +167,9 @@ static const struct cache_sb_disk *newest_sb(const uint8_t *leg)
  * both; block 0 of lun0 reads 1 or 100. Leaves the set open in *csp with
  * the volumes in vol[2] (lun0, lun1).
  */
+static uint8_t *zdatas[4]; /* the new LUNs' stores, freed by v3_close */
+static int nz;
+
 static void v3_check(struct mem_bdev **d, bool lun0_first, const char *what, struct cache_set **csp,
 		     struct bdev **vol)
 {
@@ -177,6 +180,18 @@ static void v3_check(struct mem_bdev **d, bool lun0_first, const char *what, str
 	struct cache_set *cs = cache_set_open_devs(&c3, legs, err, sizeof(err));
 	REQUIRE(cs, "%s: the set does not open: %s", what, err);
 	REQUIRE(cs->lay.dlog_pages, "%s: the version 3 set lost its block log", what);
+	/* a new LUN first: it takes the lowest free backing id, so had the table been lost it would take
+	 * lun1's (0) and read lun1's dirty data */
+	uint8_t *zdata = calloc(1, BACK_SIZE);
+	struct mem_bdev *zd = mem_borrow(20, BACK_SIZE, zdata);
+	struct bdev *zv = cache_vol_open(cs, "zz", &zd->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
+	REQUIRE(zv, "%s: a new LUN does not attach: %s", what, err);
+	uint8_t *zb = buf_get(LUN1_BLOCKS * BLK);
+	REQUIRE(tio_sync(zv, BDEV_READ, 0, zb, LUN1_BLOCKS * BLK, 0) == 0, "%s: read the new LUN", what);
+	for (uint64_t b = 0; b < LUN1_BLOCKS; b++)
+		REQUIRE(seq_of(zb + b * BLK, b * 8) == 0, "%s: a new LUN's block %llu reads seq %llu, not its zeros",
+			what, (unsigned long long)b, (unsigned long long)seq_of(zb + b * BLK, b * 8));
+	buf_put(zb, LUN1_BLOCKS * BLK);
 	for (int k = 0; k < 2; k++) {
 		int l = lun0_first ? k : 1 - k;
 		vol[l] = cache_vol_open(cs, l ? "lun1" : "lun0", &d[l ? 3 : 0]->dev, NULL, CACHE_WRITE_BACK, err,
@@ -199,6 +214,8 @@ static void v3_check(struct mem_bdev **d, bool lun0_first, const char *what, str
 			(unsigned long long)(1001 + b));
 	buf_put(buf, 64 * BLK);
 	*csp = cs;
+	vol[2] = zv;
+	zdatas[nz++] = zdata;
 }
 
 static void v3_close(struct cache_set *cs, struct bdev **vol)
@@ -206,7 +223,10 @@ static void v3_close(struct cache_set *cs, struct bdev **vol)
 	cache_set_shutdown(cs);
 	bdev_close(vol[0]);
 	bdev_close(vol[1]);
+	bdev_close(vol[2]);
 	cache_set_close(cs);
+	while (nz)
+		free(zdatas[--nz]);
 }
 
 static void v3_upgrade(void)
@@ -223,16 +243,21 @@ static void v3_upgrade(void)
 	for (int i = 0; i < 4; i++)
 		d[i] = mem_borrow(i, v3_sizes[i], m.img[i]);
 	struct cache_set *cs;
-	struct bdev *vol[2];
+	struct bdev *vol[3];
 	v3_check(d, true, "version 3 upgraded", &cs, vol);
 	for (int l = 1; l <= 2; l++) {
 		const struct cache_sb_disk *sb = newest_sb(m.img[l]);
 		REQUIRE(sb && le32_get(sb->version) == CACHE_VERSION && le32_get(sb->dlog_rings) == CACHE_DLOG_RINGS,
 			"leg %d's newest superblock is not version %d with the block log", l - 1, CACHE_VERSION);
+		for (int k = 0; k < 2; k++) /* both copies: nothing left for an older tiercached to open by */
+			REQUIRE(le32_get(((const struct cache_sb_disk *)(m.img[l] + k * 4096))->version) == CACHE_VERSION,
+				"leg %d's superblock copy %d is still version %u", l - 1, k,
+				le32_get(((const struct cache_sb_disk *)(m.img[l] + k * 4096))->version));
 		const struct cache_btab_disk *t = (const void *)(m.img[l] + meta_btab_off(le32_get(sb->btab_copy)));
 		REQUIRE(meta_btab_crc(t) == le32_get(sb->btab_crc), "leg %d: the table the superblock names is not whole",
 			l - 1);
-		REQUIRE(!strcmp(t[0].lun, "lun1") && !strcmp(t[1].lun, "lun0") && !t[2].lun[0],
+		REQUIRE(!strcmp(t[0].lun, "lun1") && !strcmp(t[1].lun, "lun0") && !strcmp(t[2].lun, "zz") &&
+				!t[3].lun[0],
 			"leg %d: the table holds %s, %s, %s", l - 1, t[0].lun, t[1].lun, t[2].lun);
 	}
 	REQUIRE(cache_set_flush(cs, 20000) == 0, "flush");
@@ -262,11 +287,14 @@ static void v3_upgrade(void)
 		bdev_close(mv[i]);
 	bdev_close(vol[0]);
 	bdev_close(vol[1]);
+	bdev_close(vol[2]);
 	cache_set_close(cs);
+	while (nz)
+		free(zdatas[--nz]);
 	for (int i = 0; i < 4; i++)
 		free(m.img[i]);
 	printf("ok: version 3 set upgraded to %d: both LUNs' acknowledged data by name, the table in its own "
-	       "pages, 22 LUNs attach after a reopen, a wrong store refused\n", CACHE_VERSION);
+	       "pages, 23 LUNs attach after a reopen, a wrong store refused\n", CACHE_VERSION);
 }
 
 /* Device id's image as a power cut before log entry cut leaves it; with torn, entry cut itself reached
@@ -301,6 +329,11 @@ static void v3_upgrade_cut(void)
 	g_log.on = false;
 	size_t n = g_log.n;
 	pthread_mutex_unlock(&g_log.lock);
+	for (int l = 1; l <= 2; l++)
+		for (int k = 0; k < 2; k++) /* both copies: nothing left for an older tiercached to open by */
+			REQUIRE(le32_get(((const struct cache_sb_disk *)(d[l]->data + k * 4096))->version) == CACHE_VERSION,
+				"after the open, leg %d's superblock copy %d is still version %u", l - 1, k,
+				le32_get(((const struct cache_sb_disk *)(d[l]->data + k * 4096))->version));
 	cache_set_shutdown(cs);
 	cache_set_close(cs);
 	size_t tab_writes = 0;
@@ -324,7 +357,7 @@ static void v3_upgrade_cut(void)
 			char what[96];
 			snprintf(what, sizeof(what), "upgrade cut at write %zu of %zu%s", cut, n, torn ? " (torn)" : "");
 			as_v4 += newest_sb(leg[0]) && le32_get(newest_sb(leg[0])->version) == CACHE_VERSION;
-			struct bdev *vol[2];
+			struct bdev *vol[3];
 			v3_check(e, cut % 2, what, &cs, vol);
 			v3_close(cs, vol); /* closes all four devices */
 			cuts++;

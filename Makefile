@@ -117,6 +117,7 @@ bench: all
 	@bash tests/bench/caw_heartbeat.sh
 	@bash tests/bench/flush_foreground.sh
 	@bash tests/bench/callgrind_cmd.sh
+	@bash tests/bench/scale_luns.sh
 	@bash tests/bench/device.sh
 
 # The cache path against fio on the same leg files (issue 13's table).

@@ -414,7 +414,7 @@ static int64_t vol_lba_status(struct bdev *dev, uint64_t offset, bool *mapped)
 }
 
 /* The backing store changed size (an RBD image resized): the volume
- * follows, the superblock's record of the backing store takes the new
+ * follows, the set's table of LUNs takes the new
  * size (else the next start would take it for another store), then the
  * volume tells its own listener (the LU). Driver's thread. */
 static void vol_backing_resized(void *arg, uint64_t size)
@@ -424,6 +424,7 @@ static void vol_backing_resized(void *arg, uint64_t size)
 	__atomic_store_n(&v->dev.size, size, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&cs->sb.lock);
 	cs->backing[v->bid].size = le64_of(size);
+	cs->btab_changed = true; /* the table is written with the next superblock */
 	pthread_mutex_unlock(&cs->sb.lock);
 	cache_sb_kick(cs); /* a leg that fails it says so itself */
 	if (v->on_resize)

@@ -106,6 +106,8 @@ static void *rbd_poller(void *arg)
 		pthread_mutex_unlock(&rb->poll_lock);
 		if (atomic_load(&rb->stopping))
 			break;
+		if (rbd_test_stalled(rb))
+			continue; /* tests: as if the probe hung */
 		if (!rbd_handles_enter(rb))
 			continue; /* being replaced: the swap kicks us again */
 		rbd_check_size(rb);
@@ -289,6 +291,7 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	}
 	pthread_mutex_init(&rb->poll_lock, NULL);
 	pthread_mutex_init(&rb->shared_lock, NULL);
+	rb->test_stall = getenv("TIERCACHE_TEST_CLUSTER_STALL");
 	pthread_cond_init(&rb->poll_cond, NULL);
 	memcpy(rb->pool, spec, (size_t)(slash - spec));
 	snprintf(rb->image_name, sizeof(rb->image_name), "%s", slash + 1);

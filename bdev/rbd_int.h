@@ -39,6 +39,7 @@
 #include <rados/librados.h>
 #include <rbd/librbd.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #define RBD_NAME_MAX 256
 
@@ -92,7 +93,17 @@ struct rbd_bdev {
 	 * it while a closing LU may be taking the watch down */
 	pthread_mutex_t shared_lock;
 	struct rbd_shared *shared;
+	/* tests (TIERCACHE_TEST_CLUSTER_STALL): while this file exists, the
+	 * lock thread's polls and the poller's probes hang, as they do when
+	 * the gateway is cut off from the cluster; NULL otherwise */
+	const char *test_stall;
 };
+
+/* Tests: the cluster calls that find out about a fence hang for now. */
+static inline bool rbd_test_stalled(const struct rbd_bdev *rb)
+{
+	return rb->test_stall && access(rb->test_stall, F_OK) == 0;
+}
 
 /* Enter the handles (false: they are being replaced, do not touch them). */
 static inline bool rbd_handles_enter(struct rbd_bdev *rb)

@@ -21,11 +21,19 @@
  * The stale window of a gateway whose lock was broken while it lived: its
  * writes and cache misses fail as soon as the OSDs have the blocklist
  * (librbd's break waits for the new OSD map before the new owner writes,
- * so no old write lands after a new one); reads that hit its NVMe cache do
- * not touch the cluster and are served until the next poll notices, at
- * most RBD_LOCK_POLL_MS plus one cluster round trip (bounded by the op
- * timeout) later. Hosts send I/O to one gateway at a time (the optimized
- * group), so this matters only to a host still using the old path.
+ * so no old write lands after a new one). Reads that hit its NVMe cache do
+ * not touch the cluster, so ownership is a lease: the owner serves media
+ * commands only until RBD_LEASE_MS after it sent the last poll that found
+ * it still the holder (state() says TRANSITION after that: NOT READY,
+ * retried), and a gateway that broke another's lock waits
+ * RBD_TAKEOVER_WAIT_MS after the break before it serves. Every poll the
+ * old owner sent after the break failed, so its lease ran out before the
+ * new owner's first write: a host still on the old path (or one the old
+ * gateway is cut off from the cluster for, its polls hanging) never reads
+ * there what the new owner has overwritten. The cost: a takeover of a
+ * held lock takes RBD_TAKEOVER_WAIT_MS longer, and an owner whose polls
+ * stall for RBD_LEASE_MS (the cluster that slow) answers NOT READY until
+ * one gets through.
  *
  * A fenced gateway recovers by itself. When the lock thread finds its
  * client blocklisted (a call returns -ESHUTDOWN, librados' EBLOCKLISTED; or
@@ -62,6 +70,8 @@
 #include <unistd.h>
 
 #define RBD_LOCK_POLL_MS 1000
+#define RBD_LEASE_MS 3000          /* from the send of a poll that found us the holder */
+#define RBD_TAKEOVER_WAIT_MS 3500  /* after breaking another's lock: its lease runs out */
 #define RBD_RECONNECT_MIN_MS 1000
 #define RBD_RECONNECT_MAX_MS 30000
 #define RBD_OWNER_KEY "tiercache.owner"
@@ -90,6 +100,8 @@ struct rbd_lock {
 	_Atomic uint64_t gen;
 	_Atomic uint32_t owner_group;
 	_Atomic uint64_t owner_gen;  /* generation in the key as last read */
+	_Atomic uint64_t lease_until; /* now_ms() until which OWNED may serve (see the top) */
+	uint64_t next_poll_ms;      /* lock thread: when the next poll is due */
 };
 
 static struct rbd_lock *lock_of(struct bdev *dev)
@@ -197,6 +209,8 @@ static void take_failed(struct rbd_lock *lk, int r)
 		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
 }
 
+static int holder_is_us(struct rbd_bdev *rb);
+
 /*
  * Take the lock (lock thread, or main thread at the first listen of a
  * single-gateway LUN; op_mu held). The state reads TRANSITION throughout.
@@ -205,6 +219,7 @@ static void take_lock(struct rbd_lock *lk)
 {
 	struct rbd_bdev *rb = lk->rb;
 	int owner = 0;
+	uint64_t broke_at = 0;
 	int r = rbd_is_exclusive_lock_owner(rb->image, &owner);
 
 	atomic_store(&lk->state, BDEV_OWNER_TRANSITION);
@@ -225,6 +240,8 @@ static void take_lock(struct rbd_lock *lk)
 			int b = rbd_lock_break(rb->image, mode, owners[0]);
 			if (b < 0 && b != -ENOENT)
 				log_warn("%s: breaking the lock of %s failed: %s", rb->spec, owners[0], strerror(-b));
+			else if (b == 0)
+				broke_at = now_ms();
 			rbd_lock_get_owners_cleanup(owners, n);
 		} else if (r < 0 && r != -ENOENT) {
 			log_warn("%s: cannot list the lock's owners: %s", rb->spec, strerror(-r));
@@ -237,6 +254,25 @@ static void take_lock(struct rbd_lock *lk)
 			return;
 		}
 	}
+
+	if (broke_at) {
+		/* the old holder may still serve reads from its cache until its lease runs out */
+		uint64_t until = broke_at + RBD_TAKEOVER_WAIT_MS;
+		log_info("%s: waiting %llu ms for the old holder's lease to run out before serving", rb->spec,
+			 (unsigned long long)(until > now_ms() ? until - now_ms() : 0));
+		while (now_ms() < until)
+			usleep(20000);
+	}
+	/* our own lease starts with a look that finds us the holder, sent now */
+	uint64_t sent = now_ms();
+	int h = holder_is_us(rb);
+	if (h != 1) {
+		log_err("%s: the image's lock is not ours right after taking it (%s)", rb->spec,
+			h < 0 ? strerror(-h) : "another gateway holds it");
+		take_failed(lk, h < 0 ? h : -EBUSY);
+		return;
+	}
+	atomic_store(&lk->lease_until, sent + RBD_LEASE_MS);
 
 	/* held: bump the generation in the image */
 	uint64_t prev_gen;
@@ -313,8 +349,17 @@ static void poll_once(struct rbd_lock *lk)
 	struct rbd_bdev *rb = lk->rb;
 	enum bdev_owner_state st = (enum bdev_owner_state)atomic_load(&lk->state);
 
+	while (rbd_test_stalled(rb)) { /* tests: a poll that hangs */
+		pthread_mutex_lock(&lk->mu);
+		bool stop = lk->stopping;
+		pthread_mutex_unlock(&lk->mu);
+		if (stop)
+			return;
+		usleep(50000);
+	}
 	if (st == BDEV_OWNER_OWNED) {
 		int owner = 0;
+		uint64_t sent = now_ms();
 		int r = rbd_is_exclusive_lock_owner(rb->image, &owner);
 		if (r == 0 && owner) {
 			int h = holder_is_us(rb);
@@ -322,7 +367,9 @@ static void poll_once(struct rbd_lock *lk)
 				owner = 0;
 			else if (h == -ESHUTDOWN)
 				r = h;
-			/* other errors (a slow cluster): the data path's state decides */
+			else if (h == 1)
+				atomic_store(&lk->lease_until, sent + RBD_LEASE_MS);
+			/* other errors (a slow cluster): the data path's state decides, and the lease runs down */
 		}
 		if (r < 0 || !owner || atomic_load(&rb->conn) == BDEV_RBD_LOST) {
 			log_err("%s: this gateway lost the image's lock (%s); serving stops here",
@@ -437,6 +484,20 @@ static void *lock_thread(void *arg)
 			continue;
 		}
 		uint64_t wait_ms = RBD_LOCK_POLL_MS;
+		if (!lk->reconnecting && !lk->want_acquire) {
+			/* polls by the clock, not by wakeups: the lease is renewed on time */
+			uint64_t now = now_ms();
+			if (now >= lk->next_poll_ms) {
+				lk->next_poll_ms = now + RBD_LOCK_POLL_MS;
+				pthread_mutex_unlock(&lk->mu);
+				pthread_mutex_lock(&lk->op_mu);
+				poll_once(lk);
+				pthread_mutex_unlock(&lk->op_mu);
+				pthread_mutex_lock(&lk->mu);
+				continue;
+			}
+			wait_ms = lk->next_poll_ms - now;
+		}
 		if (lk->reconnecting) {
 			uint64_t now = now_ms();
 			if (now >= lk->next_try_ms) {
@@ -455,14 +516,7 @@ static void *lock_thread(void *arg)
 		ts.tv_nsec += (long)wait_ms * 1000000L;
 		ts.tv_sec += ts.tv_nsec / 1000000000L;
 		ts.tv_nsec %= 1000000000L;
-		if (pthread_cond_timedwait(&lk->cv, &lk->mu, &ts) == ETIMEDOUT && !lk->stopping &&
-		    !lk->want_acquire && !lk->reconnecting) {
-			pthread_mutex_unlock(&lk->mu);
-			pthread_mutex_lock(&lk->op_mu);
-			poll_once(lk);
-			pthread_mutex_unlock(&lk->op_mu);
-			pthread_mutex_lock(&lk->mu);
-		}
+		pthread_cond_timedwait(&lk->cv, &lk->mu, &ts);
 	}
 	pthread_mutex_unlock(&lk->mu);
 	return NULL;
@@ -474,6 +528,14 @@ static enum bdev_owner_state rbd_owner_state(struct bdev *dev, uint64_t *gen)
 {
 	struct rbd_lock *lk = lock_of(dev);
 	enum bdev_owner_state st = (enum bdev_owner_state)atomic_load_explicit(&lk->state, memory_order_acquire);
+	if (st == BDEV_OWNER_OWNED) {
+		/* the lease (see the top): a coarse clock, a few ms early at worst */
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+		uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + 10;
+		if (now >= atomic_load_explicit(&lk->lease_until, memory_order_relaxed))
+			return BDEV_OWNER_TRANSITION;
+	}
 	if (gen && st == BDEV_OWNER_OWNED)
 		*gen = atomic_load_explicit(&lk->gen, memory_order_relaxed);
 	return st;

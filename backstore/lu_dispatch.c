@@ -356,8 +356,8 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 	 * With the reservations kept by several gateways, only on a copy known
 	 * to be the cluster's latest.
 	 */
-	if (__builtin_expect(lu->prs != NULL, 0) && (d->flags & (CMDF_READS | CMDF_WRITES)) &&
-	    !pr_shared_synced(lu))
+	if (__builtin_expect(lu->prs != NULL, 0) &&
+	    ((d->flags & (CMDF_READS | CMDF_WRITES)) || !(d->flags & CMDF_PR_ALLOWED)) && !pr_shared_synced(lu))
 		return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_TRANSITION); /* retried; no takeover */
 	if (atomic_load_explicit(&lu->resv_held, memory_order_acquire) && pr_conflicts(cmd, d)) {
 		cmd->status = SAM_STAT_RESERVATION_CONFLICT;

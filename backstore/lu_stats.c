@@ -135,6 +135,7 @@ void scsi_lu_stats(const struct scsi_lu *lu, struct scsi_lu_stats *out)
 #undef SUM
 	}
 	out->inflight = scsi_lu_inflight((struct scsi_lu *)lu);
+	out->resv_synced = lu->prs ? (pr_shared_synced(lu) ? 1 : 0) : -1;
 }
 
 const char *scsi_io_kind_name(enum scsi_io_kind k)

@@ -614,6 +614,11 @@ enum scsi_rc odx_write_using_token(struct scsi_cmd *cmd)
 			scsi_fail(cmd, SK_ILLEGAL_REQUEST, why);
 			goto fail;
 		}
+		if (j->src->prs && !pr_shared_synced(j->src)) {
+			/* its reservations are checked only on a copy known to be the latest */
+			scsi_fail(cmd, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
+			goto fail;
+		}
 		if (pr_conflicts_lu(j->src, cmd->nexus, &odx_read_access)) {
 			cmd->status = SAM_STAT_RESERVATION_CONFLICT;
 			goto fail;

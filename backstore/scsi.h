@@ -393,6 +393,8 @@ struct scsi_lu_stats {
 	uint64_t lat[SCSI_IO_KINDS][SCSI_OUTCOMES][SCSI_LAT_BUCKETS]; /* per bucket, not cumulative */
 	uint64_t lat_sum_ns[SCSI_IO_KINDS][SCSI_OUTCOMES];
 	uint64_t inflight;
+	int resv_synced;                    /* reservations kept in the cluster: 1 this copy is the latest, 0 it
+					     * may not be (media commands wait); -1 kept here alone */
 };
 const char *scsi_io_kind_name(enum scsi_io_kind k);  /* "read", "write", "other" */
 const char *scsi_outcome_name(enum scsi_outcome o);  /* "hit", ..., "backing", "none" */

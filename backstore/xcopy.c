@@ -302,6 +302,13 @@ static void xc_next_segment(struct xcopy_io *io)
 		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
 		return;
 	}
+	/* a copy's other LU is checked against its reservations only on a copy
+	 * of them known to be the cluster's latest (as lu_dispatch.c does for
+	 * the LU the command came to) */
+	if ((io->src->prs && !pr_shared_synced(io->src)) || (io->dst->prs && !pr_shared_synced(io->dst))) {
+		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
+		return;
+	}
 	if (pr_conflicts_lu(io->src, io->cmd->nexus, &xc_read_access) ||
 	    pr_conflicts_lu(io->dst, io->cmd->nexus, &xc_write_access)) {
 		io->cmd->status = SAM_STAT_RESERVATION_CONFLICT;

@@ -122,6 +122,8 @@ static int ctl_status(struct json_object *req, struct json_object *resp, void *a
 				json_object_object_add(io, k ? "write_latency_buckets" : "read_latency_buckets", h);
 			}
 			json_object_object_add(o, "io", io);
+			if (ls.resv_synced >= 0)
+				json_object_object_add(o, "reservations_synced", json_object_new_boolean(ls.resv_synced));
 		}
 		struct scsi_lu_space sp;
 		if (lu && scsi_lu_space(lu, &sp)) {

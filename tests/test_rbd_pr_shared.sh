@@ -127,7 +127,24 @@ expect_match "$ka" "gen=2 1 2$" "A lists both keys ($ka)"
 expect_match "$kb" "gen=2 1 2$" "B lists both keys ($kb)"
 
 # ------------------------------------------------------------- reserve
-out=$(pr A "$N1" write:8:0x11 reserve:1:1)
+# While B takes the reservation (5 s), B's copy may be stale: a command
+# the reservation refuses (START STOP UNIT: of the write kind, no media
+# access) waits there (NOT READY, retried) and then meets the reservation,
+# instead of passing on the stale copy.
+synced_of() {
+	"$CTL" -s "$T/$1/state/control.sock" --json status 2>/dev/null |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["luns"][0].get("reservations_synced"))'
+}
+pr A "$N1" write:8:0x11 reserve:1:1 >"$T/n1r.out" 2>&1 &
+n1r=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $n1r"
+b_stale() { [ "$(synced_of B)" = False ]; }
+tc_until 30 b_stale || fail "B's copy never turned stale while node 1 reserved through A"
+out=$(pr B "$N2" ssu)
+expect_match "$(line_of "$out" ssu)" " CONFLICT " \
+	"node 2's START STOP UNIT through B while B's copy was stale: RESERVATION CONFLICT, not passed on the old copy"
+wait "$n1r"
+out=$(cat "$T/n1r.out")
 expect_match "$(line_of "$out" write:8:0x11)" " GOOD " "node 1 wrote through A"
 expect_match "$(line_of "$out" reserve:1:1)" " GOOD " "node 1 reserved (Write Exclusive) through A"
 a_owns() { [ "$(status_of A)" = "owned 1" ]; }

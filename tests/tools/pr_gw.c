@@ -13,6 +13,8 @@
  *     write:LBA:BYTE          WRITE(10) of one 512-byte block of BYTE
  *     read:LBA                READ(10) of one block: "read LBA GOOD first=0xNN"
  *     tur                     TEST UNIT READY
+ *     ssu                     START STOP UNIT (START=1): no data, but a
+ *                             reservation of the write kind refuses it
  *     wait:PATH               wait (up to 120 s) until PATH exists, still logged in
  * Each step prints "STEP RESULT ms=T": GOOD, CONFLICT (RESERVATION
  * CONFLICT), BUSY, or CHECK:K/ASC/ASCQ. A UNIT ATTENTION is printed as
@@ -216,6 +218,9 @@ int main(int argc, char **argv)
 			continue;
 		} else if (!strcmp(f[0], "tur")) {
 			unsigned char cdb[6] = { 0 };
+			t = run(c, lun, name, cdb, 6, SCSI_XFER_NONE, 0, NULL, &transport);
+		} else if (!strcmp(f[0], "ssu")) {
+			unsigned char cdb[6] = { 0x1b, 0, 0, 0, 0x01, 0 };
 			t = run(c, lun, name, cdb, 6, SCSI_XFER_NONE, 0, NULL, &transport);
 		} else {
 			fprintf(stderr, "pr_gw: unknown step %s\n", argv[i]);

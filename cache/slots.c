@@ -82,6 +82,24 @@ static struct jwait *batch_jw(struct evict_batch *b, uint32_t cap, uint32_t i)
 	return (struct jwait *)(e + sizeof(void *));
 }
 
+/* The batch's FREE records (keys[i] for b->slots[i]) journaled, and its grace period asked for: each
+ * slot is free once both are done. cap: the batch's capacity (batch_new). */
+static void batch_record(struct evict_batch *b, uint32_t cap, const uint64_t *keys)
+{
+	struct cache_set *cs = b->cs;
+	atomic_store(&b->refs, (int)b->n + 1);
+	for (uint32_t i = 0; i < b->n; i++) {
+		struct jwait *w = batch_jw(b, cap, i);
+		struct slot *sl = &cs->slots[b->slots[i]];
+		w->done = batch_recorded;
+		slot_lock(sl);
+		cache_record_locked(cs, b->slots[i], keys[i], JOP_FREE, 0, cs->lay.bpe, w);
+		slot_unlock(sl);
+		journal_append(cs, w);
+	}
+	call_rcu(&b->rcu, batch_graced);
+}
+
 static bool evictable(uint32_t s, void *arg)
 {
 	struct cache_set *cs = arg;
@@ -154,17 +172,7 @@ void cache_reclaim(struct cache_set *cs)
 		return;
 	}
 	atomic_fetch_add(&cs->st.evictions, b->n);
-	atomic_store(&b->refs, (int)b->n + 1);
-	for (uint32_t i = 0; i < b->n; i++) {
-		struct jwait *w = batch_jw(b, cap, i);
-		struct slot *sl = &cs->slots[b->slots[i]];
-		w->done = batch_recorded;
-		slot_lock(sl);
-		cache_record_locked(cs, b->slots[i], keys[i], JOP_FREE, 0, cs->lay.bpe, w);
-		slot_unlock(sl);
-		journal_append(cs, w);
-	}
-	call_rcu(&b->rcu, batch_graced);
+	batch_record(b, cap, keys);
 }
 
 static void maybe_reclaim(struct cache_set *cs)
@@ -379,17 +387,7 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, 
 	b->done = done;
 	b->done_arg = arg;
 	*count = (int)got;
-	atomic_store(&b->refs, (int)got + 1);
-	for (uint32_t i = 0; i < got; i++) {
-		struct jwait *w = batch_jw(b, n, i);
-		struct slot *sl = &cs->slots[b->slots[i]];
-		w->done = batch_recorded;
-		slot_lock(sl);
-		cache_record_locked(cs, b->slots[i], keys[i], JOP_FREE, 0, cs->lay.bpe, w);
-		slot_unlock(sl);
-		journal_append(cs, w);
-	}
+	batch_record(b, n, keys);
 	free(keys);
-	call_rcu(&b->rcu, batch_graced);
 	return (int)got;
 }

@@ -219,7 +219,7 @@ static void take_lock(struct rbd_lock *lk)
 {
 	struct rbd_bdev *rb = lk->rb;
 	int owner = 0;
-	uint64_t broke_at = 0;
+	bool held_before = false; /* someone else held the lock, or we could not tell */
 	int r = rbd_is_exclusive_lock_owner(rb->image, &owner);
 
 	atomic_store(&lk->state, BDEV_OWNER_TRANSITION);
@@ -235,15 +235,17 @@ static void take_lock(struct rbd_lock *lk)
 		r = rbd_lock_get_owners(rb->image, &mode, owners, &n);
 		if (r == 0 && n > 0) {
 			/* The holder is taken to be gone: a host sends I/O here only
-			 * after its path to the owner failed. Breaking blocklists it. */
+			 * after its path to the owner failed. Breaking blocklists it.
+			 * (Whether our break or a third gateway's got it, it was
+			 * held: the wait below is due either way.) */
+			held_before = true;
 			log_warn("%s: breaking the lock of %s (blocklisting it) to take over", rb->spec, owners[0]);
 			int b = rbd_lock_break(rb->image, mode, owners[0]);
 			if (b < 0 && b != -ENOENT)
 				log_warn("%s: breaking the lock of %s failed: %s", rb->spec, owners[0], strerror(-b));
-			else if (b == 0)
-				broke_at = now_ms();
 			rbd_lock_get_owners_cleanup(owners, n);
 		} else if (r < 0 && r != -ENOENT) {
+			held_before = true; /* cannot tell: as if held */
 			log_warn("%s: cannot list the lock's owners: %s", rb->spec, strerror(-r));
 		}
 		r = rbd_lock_acquire(rb->image, RBD_LOCK_MODE_EXCLUSIVE);
@@ -255,24 +257,25 @@ static void take_lock(struct rbd_lock *lk)
 		}
 	}
 
-	if (broke_at) {
-		/* the old holder may still serve reads from its cache until its lease runs out */
-		uint64_t until = broke_at + RBD_TAKEOVER_WAIT_MS;
-		log_info("%s: waiting %llu ms for the old holder's lease to run out before serving", rb->spec,
-			 (unsigned long long)(until > now_ms() ? until - now_ms() : 0));
-		while (now_ms() < until)
+	if (held_before) {
+		/* the old holder may still serve reads from its cache until its
+		 * lease runs out: counted from now, when the lock is ours (the
+		 * break, ours or another's, came before) */
+		uint64_t until = now_ms() + RBD_TAKEOVER_WAIT_MS;
+		log_info("%s: waiting %u ms for the old holder's lease to run out before serving", rb->spec,
+			 RBD_TAKEOVER_WAIT_MS);
+		while (now_ms() < until) {
+			pthread_mutex_lock(&lk->mu);
+			bool stop = lk->stopping;
+			pthread_mutex_unlock(&lk->mu);
+			if (stop) {
+				rbd_lock_release(rb->image);
+				set_state(lk, BDEV_OWNER_STANDBY, false);
+				return;
+			}
 			usleep(20000);
+		}
 	}
-	/* our own lease starts with a look that finds us the holder, sent now */
-	uint64_t sent = now_ms();
-	int h = holder_is_us(rb);
-	if (h != 1) {
-		log_err("%s: the image's lock is not ours right after taking it (%s)", rb->spec,
-			h < 0 ? strerror(-h) : "another gateway holds it");
-		take_failed(lk, h < 0 ? h : -EBUSY);
-		return;
-	}
-	atomic_store(&lk->lease_until, sent + RBD_LEASE_MS);
 
 	/* held: bump the generation in the image */
 	uint64_t prev_gen;
@@ -306,6 +309,19 @@ static void take_lock(struct rbd_lock *lk)
 		 prev_gen ? (c.prev_owner_us ? "this gateway" : prev_id) : "nobody");
 	/* the layers above drop stale copies while the state reads TRANSITION */
 	notify(lk, &c);
+	/* our own lease starts with a look that finds us the holder, sent
+	 * now: just before serving, so slow work above does not eat it */
+	uint64_t sent = now_ms();
+	int h = holder_is_us(rb);
+	if (h != 1) {
+		log_err("%s: the image's lock is not ours right after taking it (%s)", rb->spec,
+			h < 0 ? strerror(-h) : "another gateway holds it");
+		if (h == 0)
+			rbd_lock_release(rb->image);
+		take_failed(lk, h < 0 ? h : -EBUSY);
+		return;
+	}
+	atomic_store(&lk->lease_until, sent + RBD_LEASE_MS);
 	atomic_store(&lk->state, BDEV_OWNER_OWNED);
 }
 
@@ -512,7 +528,7 @@ static void *lock_thread(void *arg)
 			continue;
 		}
 		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
+		clock_gettime(CLOCK_MONOTONIC, &ts); /* lk->cv waits on it: a step of the wall clock does not stall the lease */
 		ts.tv_nsec += (long)wait_ms * 1000000L;
 		ts.tv_sec += ts.tv_nsec / 1000000000L;
 		ts.tv_nsec %= 1000000000L;
@@ -599,7 +615,11 @@ int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 	}
 	lk->rb = rb;
 	pthread_mutex_init(&lk->mu, NULL);
-	pthread_cond_init(&lk->cv, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&lk->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&lk->op_mu, NULL);
 	lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	lk->gateways = 1;
@@ -645,8 +665,10 @@ void rbd_lock_stop(struct rbd_bdev *rb)
 	pthread_mutex_unlock(&lk->mu);
 	if (lk->thr_started)
 		pthread_join(lk->thr, NULL);
-	/* a clean stop hands the lock over without anyone being blocklisted */
+	/* a clean stop hands the lock over without anyone being blocklisted;
+	 * nothing is served here from the moment it may be another's */
 	if (atomic_load(&lk->state) == BDEV_OWNER_OWNED) {
+		atomic_store(&lk->lease_until, 0);
 		int r = rbd_lock_release(rb->image);
 		if (r < 0)
 			log_warn("%s: releasing the image's lock failed: %s", rb->spec, strerror(-r));

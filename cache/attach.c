@@ -15,21 +15,6 @@
 
 /* ---- volumes --------------------------------------------------------------------------- */
 
-/* A superblock generation (and the table of LUNs with it, if changed) written; 0 or -errno. Main thread. */
-static int sb_write_wait(struct cache_set *cs)
-{
-	struct sync_call c = { .cs = cs };
-	pthread_mutex_init(&c.lock, NULL);
-	pthread_cond_init(&c.cond, NULL);
-	cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
-	pthread_mutex_lock(&c.lock);
-	while (!c.done)
-		pthread_cond_wait(&c.cond, &c.lock);
-	pthread_mutex_unlock(&c.lock);
-	pthread_mutex_destroy(&c.lock);
-	pthread_cond_destroy(&c.cond);
-	return c.err;
-}
 
 struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *backing,
 			    const char *backing_path, enum cache_mode mode, char *err, size_t errlen)
@@ -88,7 +73,7 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 	}
 	pthread_mutex_unlock(&cs->sb.lock);
 	if (added) {
-		if (sb_write_wait(cs) < 0) {
+		if (cache_sb_write_wait(cs) < 0) {
 			cache_errf(err, errlen, "cache %s: cannot record lun %s in the superblock", cs->name, lun);
 			return NULL;
 		}
@@ -175,7 +160,7 @@ int cache_set_prune(struct cache_set *cs)
 	}
 	if (!freed)
 		return 0;
-	int r = sb_write_wait(cs);
+	int r = cache_sb_write_wait(cs);
 	return r < 0 ? r : freed;
 }
 

@@ -600,7 +600,6 @@ struct cache_set {
 	uint32_t btab_leg[CACHE_MAX_LEGS]; /* the copy leg i's newest superblock names */
 	uint32_t btab_crc;              /* the table's checksum (every leg's named copy) */
 	bool btab_changed;
-	bool upgraded;                  /* opened as version 1-3: both superblock copies get version 4 */
 	struct set_alloc alloc;
 	_Atomic uint64_t next_seq;
 	struct journal journals[CACHE_NJOURNALS];
@@ -743,6 +742,8 @@ void cache_ckpt_resume(struct cache_set *cs);
 /* Any thread. cb(arg, err) runs on worker 0 once a superblock generation
  * built after this call is durable (err: no leg took it). Cannot fail. */
 void cache_sb_write(struct cache_set *cs, struct sb_job *j, void (*cb)(void *arg, int err), void *arg);
+/* The same, and wait for it: 0 or -errno. Main (control) thread. */
+int cache_sb_write_wait(struct cache_set *cs);
 /* Any thread: have a new generation written, with nobody waiting on it
  * (calls coalesce). Needs no memory. */
 void cache_sb_kick(struct cache_set *cs);

@@ -300,6 +300,21 @@ void cache_sb_write(struct cache_set *cs, struct sb_job *j, void (*cb)(void *arg
 	worker_post_call(worker_get(0), &j->call, sb_post_fn, j);
 }
 
+int cache_sb_write_wait(struct cache_set *cs)
+{
+	struct sync_call c = { .cs = cs };
+	pthread_mutex_init(&c.lock, NULL);
+	pthread_cond_init(&c.cond, NULL);
+	cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
+	pthread_mutex_lock(&c.lock);
+	while (!c.done)
+		pthread_cond_wait(&c.cond, &c.lock);
+	pthread_mutex_unlock(&c.lock);
+	pthread_mutex_destroy(&c.lock);
+	pthread_cond_destroy(&c.cond);
+	return c.err;
+}
+
 static void sb_kick_fn(void *arg)
 {
 	struct cache_set *cs = arg;

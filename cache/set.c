@@ -255,6 +255,7 @@ struct set_scan {
 	uint32_t failed, not_member;
 	int blank; /* config index of a blank leg to resync onto */
 	bool swap;
+	bool upgraded; /* a set of version 1-3: both superblock copies get version 4 at open */
 };
 
 /* Read both superblock copies of every leg and sort each leg out. */
@@ -565,7 +566,7 @@ static int adopt_btab(struct cache_set *cs, const struct cache_set_cfg *cfg, str
 		}
 		cs->btab_leg[0] = cs->btab_leg[1] = 1; /* the upgrade writes copy 0 */
 		cs->btab_changed = true;
-		cs->upgraded = true;
+		sc->upgraded = true;
 		log_info("cache %s: on-disk format version %u, upgraded to %u now (a table of up to %d LUNs "
 			 "instead of %d; %d in use); a tiercached older than this one cannot open the set "
 			 "any more", cfg->name, version, CACHE_VERSION, CACHE_MAX_BACKINGS, CACHE_LEGACY_BACKINGS, n);
@@ -765,20 +766,12 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	 * An upgraded set gets two, one in each copy, so no older superblock
 	 * is left for an older tiercached to open the set by.
 	 */
-	struct sync_call c = { .cs = cs };
 	cs->clean_flag = false;
-	pthread_mutex_init(&c.lock, NULL);
-	pthread_cond_init(&c.cond, NULL);
-	for (int k = 0; k < (cs->upgraded ? 2 : 1) && !c.err; k++) {
-		c.done = false;
-		cache_sb_write(cs, &c.job, (void (*)(void *, int))cache_sync_done, &c);
-		pthread_mutex_lock(&c.lock);
-		while (!c.done)
-			pthread_cond_wait(&c.cond, &c.lock);
-		pthread_mutex_unlock(&c.lock);
-	}
-	if (c.err) {
-		cache_errf(err, errlen, "cache %s: cannot write the superblock: %s", cfg->name, strerror(-c.err));
+	int sr = 0;
+	for (int k = 0; k < (sc->upgraded ? 2 : 1) && !sr; k++)
+		sr = cache_sb_write_wait(cs);
+	if (sr) {
+		cache_errf(err, errlen, "cache %s: cannot write the superblock: %s", cfg->name, strerror(-sr));
 		goto out;
 	}
 	/*

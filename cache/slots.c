@@ -72,6 +72,41 @@ static struct evict_batch *batch_new(struct cache_set *cs, uint32_t n)
 	return b;
 }
 
+/* A batch that took no slot: gone, and no longer counted. */
+static void batch_drop(struct evict_batch *b)
+{
+	struct cache_set *cs = b->cs;
+	free(b);
+	atomic_fetch_sub(&cs->bg_inflight, 1);
+}
+
+/*
+ * alloc.lock held. Take a clean, ready, unpinned slot out of service
+ * (SB_RETIRED) for an eviction; false (and the slot as it was) if it is
+ * not one, or a reader pinned it meanwhile. *bits (if given): its bits as
+ * looked at.
+ */
+static bool slot_retire(struct slot *sl, uint32_t *bits_out)
+{
+	slot_lock(sl);
+	uint32_t bits = atomic_load(&sl->bits);
+	bool ok = (bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_DIRTY | SB_DESTAGING));
+	if (ok) {
+		atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+		atomic_fetch_or(&sl->bits, SB_RETIRED);
+		/* Dekker with pin_lookup: users after state */
+		if (atomic_load(&sl->users)) {
+			atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
+			atomic_fetch_or(&sl->bits, SB_READY);
+			ok = false;
+		}
+	}
+	slot_unlock(sl);
+	if (bits_out)
+		*bits_out = bits;
+	return ok;
+}
+
 static struct jwait *batch_jw(struct evict_batch *b, uint32_t cap, uint32_t i)
 {
 	size_t per = sizeof(void *) + sizeof(struct jwait);
@@ -141,21 +176,7 @@ void cache_reclaim(struct cache_set *cs)
 			break;
 		struct slot *sl = &cs->slots[s];
 		uint64_t key = atomic_load(&sl->key);
-		slot_lock(sl);
-		uint32_t bits = atomic_load(&sl->bits);
-		bool ok = (bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_DIRTY | SB_DESTAGING));
-		if (ok) {
-			atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
-			atomic_fetch_or(&sl->bits, SB_RETIRED);
-			/* Dekker with pin_lookup: users after state */
-			if (atomic_load(&sl->users)) {
-				atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
-				atomic_fetch_or(&sl->bits, SB_READY);
-				ok = false;
-			}
-		}
-		slot_unlock(sl);
-		if (!ok) {
+		if (!slot_retire(sl, NULL)) {
 			policy_insert(cs->policy, s, key);
 			break;
 		}
@@ -167,8 +188,7 @@ void cache_reclaim(struct cache_set *cs)
 	pthread_mutex_unlock(&cs->alloc.lock);
 	atomic_store(&cs->alloc.reclaim_pending, false);
 	if (!b->n) {
-		free(b);
-		atomic_fetch_sub(&cs->bg_inflight, 1);
+		batch_drop(b);
 		return;
 	}
 	atomic_fetch_add(&cs->st.evictions, b->n);
@@ -340,10 +360,8 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, 
 	struct evict_batch *b = batch_new(cs, n);
 	uint64_t *keys = b ? malloc(n * sizeof(*keys)) : NULL;
 	if (!keys) {
-		if (b) {
-			free(b);
-			atomic_fetch_sub(&cs->bg_inflight, 1);
-		}
+		if (b)
+			batch_drop(b);
 		*busy = true;
 		return 0;
 	}
@@ -353,20 +371,8 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, 
 		uint64_t key = atomic_load(&sl->key);
 		if (key == CACHE_KEY_NONE || key_bid(key) != bid)
 			continue;
-		slot_lock(sl);
-		uint32_t bits = atomic_load(&sl->bits);
-		bool ok = (bits & SB_STATE_MASK) == SB_READY && !(bits & (SB_DIRTY | SB_DESTAGING));
-		if (ok) {
-			atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
-			atomic_fetch_or(&sl->bits, SB_RETIRED);
-			if (atomic_load(&sl->users)) { /* Dekker with pin_lookup: users after state */
-				atomic_fetch_and(&sl->bits, ~SB_STATE_MASK);
-				atomic_fetch_or(&sl->bits, SB_READY);
-				ok = false;
-			}
-		}
-		slot_unlock(sl);
-		if (!ok) {
+		uint32_t bits;
+		if (!slot_retire(sl, &bits)) {
 			*busy |= (bits & SB_STATE_MASK) != SB_FREE;
 			continue;
 		}
@@ -380,8 +386,7 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, 
 	uint32_t got = b->n;
 	if (!got) {
 		free(keys);
-		free(b);
-		atomic_fetch_sub(&cs->bg_inflight, 1);
+		batch_drop(b);
 		return 0;
 	}
 	b->done = done;

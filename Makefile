@@ -209,7 +209,8 @@ conformance: deps
 # debootstrap'ed guest. The first run installs qemu-system-x86 and debootstrap,
 # fetches Debian's kernel package and builds the guest root (about 2 minutes).
 # Last, the Debian package: built from the committed tree, lintian-checked,
-# installed, upgraded and purged in a fresh debootstrap'ed root.
+# installed, upgraded and purged in a fresh debootstrap'ed root, then upgraded
+# over a running daemon with dirty data in a guest booted with systemd.
 check-system: deps
 	@$(MAKE) --no-print-directory $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 	@BUILD=$(BUILD) bash tests/system/run-vm-tcmu.sh

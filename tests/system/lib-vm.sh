@@ -183,11 +183,12 @@ vm_wait_ready() {
 # mounts /dev/vda and switch_roots into its /sbin/tc-init; in ROOT, MODULES
 # with their dependencies (for modprobe), and build/tiercached and
 # build/tierctl with the libraries the root lacks (same Debian release, so
-# none is ever replaced). Lists in $W/PREFIX-modlist-{initrd,root}.txt.
+# none is ever replaced), unless VM_ROOT_BINARIES=0 (a root whose daemon
+# comes from the package). Lists in $W/PREFIX-modlist-{initrd,root}.txt.
 vm_root_boot() {
 	local R=$1 P=$2 mods=$3 K=$VMDIR/kroot IR KVER m ko rel f lib
 	[ -n "$R" ] && [ -n "$P" ] && [ -d "$K/lib/modules" ] || { echo "FAIL: vm_root_boot: no root, prefix or kernel"; return 1; }
-	[ -x "$BUILD/tiercached" ] || { echo "FAIL: build $BUILD/tiercached first"; return 1; }
+	[ "${VM_ROOT_BINARIES:-1}" = 0 ] || [ -x "$BUILD/tiercached" ] || { echo "FAIL: build $BUILD/tiercached first"; return 1; }
 	IR=$W/$P-initrd
 	KVER=$(ls "$K/lib/modules" | head -1)
 	depmod -b "$K" "$KVER"
@@ -222,6 +223,7 @@ INIT
 	while read -r ko; do rel=${ko#"$K"/}; mkdir -p "$R/$(dirname "$rel")"; cp "$ko" "$R/$rel"; done <"$W/$P-modlist-root.txt"
 	cp "$K/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KVER/"
 	depmod -b "$R" "$KVER"
+	[ "${VM_ROOT_BINARIES:-1}" = 0 ] && return 0
 	install -m 755 "$BUILD/tiercached" "$BUILD/tierctl" "$R/usr/sbin/"
 	for f in "$BUILD/tiercached" "$BUILD/tierctl"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u |
 		while read -r lib; do

@@ -53,7 +53,7 @@ tc_build_tool caw_beat
 HDD_NAME=
 KEEPER=
 cleanup_hdd() { [ -n "$HDD_NAME" ] && "$HDD" down "$HDD_NAME" >/dev/null 2>&1; HDD_NAME=; }
-trap '[ -n "$KEEPER" ] && kill "$KEEPER" 2>/dev/null; cleanup_hdd' EXIT
+trap '[ -n "$KEEPER" ] && kill "$KEEPER" 2>/dev/null; cleanup_hdd; _tc_cleanup' EXIT
 
 conf() { # PORT DEV
 	tc_conf_head "$1"

@@ -34,7 +34,7 @@ printf '%-6s %9s %9s %9s %9s %7s %10s %8s  %s\n' store "p50 idle" "p99 idle" "p5
 
 HDD_NAME=
 cleanup_hdd() { [ -n "$HDD_NAME" ] && "$HDD" down "$HDD_NAME" >/dev/null 2>&1; HDD_NAME=; }
-trap 'cleanup_hdd' EXIT
+trap 'cleanup_hdd; _tc_cleanup' EXIT # the scratch directory holds GiBs
 
 conf() { # PORT BACKING SIZE
 	tc_conf_head "$1"

@@ -22,6 +22,7 @@
 #include "backstore/pr_int.h"
 
 #include "common/log.h"
+#include "common/statefile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -185,7 +186,7 @@ char *pr_encode(const struct scsi_lu *lu, uint64_t ver, bool shared, size_t *len
 /* Locked. Returns 0 or -errno. */
 static int pr_save(struct scsi_lu *lu)
 {
-	char path[4096], tmp[4096];
+	char path[4096];
 
 	if (!lu->state_dir || lu->prs)
 		return 0; /* shared across gateways: the cluster keeps it (pr_shared.c) */
@@ -199,30 +200,9 @@ static int pr_save(struct scsi_lu *lu)
 	char *text = pr_encode(lu, 0, false, &len);
 	if (!text)
 		return -ENOMEM;
-	state_path(lu, tmp, sizeof(tmp), ".tmp");
-	FILE *f = fopen(tmp, "w");
-	if (!f) {
-		free(text);
-		return -errno;
-	}
-	int err = 0;
-	if (fwrite(text, 1, len, f) != len || fflush(f) != 0 || fsync(fileno(f)) != 0)
-		err = -errno;
+	int err = state_file_replace(path, text, len);
 	free(text);
-	if (fclose(f) != 0 && !err)
-		err = -errno;
-	if (!err && rename(tmp, path) != 0)
-		err = -errno;
-	if (err) {
-		unlink(tmp);
-		return err;
-	}
-	int dfd = open(lu->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
-	}
-	return 0;
+	return err;
 }
 
 static void reg_list_free(struct pr_reg *r)

@@ -10,6 +10,7 @@
 #include "cache/vol_int.h"
 
 #include "common/log.h"
+#include "common/statefile.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -184,31 +185,9 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 /* Persist gen as the generation our cached copies belong to (durable on return). */
 static int gen_store(const char *path, uint64_t gen)
 {
-	char tmp[4096];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
-		return -errno;
-	fprintf(f, "%llu\n", (unsigned long long)gen);
-	int r = fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -errno;
-	if (fclose(f) != 0 && !r)
-		r = -errno;
-	if (!r && rename(tmp, path) < 0)
-		r = -errno;
-	if (!r) {
-		/* the rename itself: fsync the directory */
-		char dir[4096];
-		snprintf(dir, sizeof(dir), "%s", path);
-		char *slash = strrchr(dir, '/');
-		if (slash)
-			*slash = '\0';
-		int fd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY);
-		if (fd >= 0) {
-			fsync(fd);
-			close(fd);
-		}
-	}
-	return r;
+	char line[32];
+	int n = snprintf(line, sizeof(line), "%llu\n", (unsigned long long)gen);
+	return state_file_replace(path, line, (size_t)n);
 }
 
 /* The backing's ownership changed (its driver's thread). */

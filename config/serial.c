@@ -9,6 +9,9 @@
  */
 #include "config/config.h"
 
+#include "common/statefile.h"
+
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -52,16 +55,12 @@ int config_lun_serial(const struct config *cfg, const struct cfg_lun *l, bool cr
 		return -1;
 	for (int i = 0; i < 8; i++)
 		sprintf(out + 2 * i, "%02x", rnd[i]);
-	char tmp[PATH_MAX + 8];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	f = fopen(tmp, "w");
-	if (!f)
-		return -1;
-	fprintf(f, "%s\n", out);
-	if (fflush(f) || fsync(fileno(f))) {
-		fclose(f);
+	char line[40];
+	int n = snprintf(line, sizeof(line), "%s\n", out);
+	int err = state_file_replace(path, line, (size_t)n);
+	if (err) {
+		errno = -err;
 		return -1;
 	}
-	fclose(f);
-	return rename(tmp, path);
+	return 0;
 }

@@ -6,7 +6,10 @@
 # wrong block on them (a UNIT ATTENTION for the changed inventory is
 # retried, as hosts do); the 50 new LUNs serve, the 50 removed ones are
 # gone from REPORT LUNS; and tiercached --check on the 250-LUN file
-# answers, on the file as it is after the change too.
+# answers, on the file as it is after the change too. Then a kill -9 in the
+# middle of a second reload: every serial stays as it was, and the daemon
+# starts on the old file and on the new one, each LUN with its serial and
+# the cache set's table holding only the LUNs of the file it runs.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 command -v iscsi-ls >/dev/null || skip "libiscsi's iscsi-ls is not installed"
@@ -15,34 +18,28 @@ port=$(tc_free_port)
 iqn=iqn.2026-12.io.tiercache:many
 url=iscsi://127.0.0.1:$port/$iqn/0
 
-# conf FIRST LAST: LUNs dN for N in FIRST..LAST mapped as lunN; dN cached when N % 2 == 0 and N < 250,
-# or N >= 250 and N % 2 == 0 (the new ones alternate too)
+# conf RANGE...: LUNs dN for N in each FIRST-LAST of the RANGEs, mapped as lunN;
+# dN cached when N is even
 conf() {
-	local first=$1 last=$2 i
+	local r i
 	tc_conf_head "$port"
 	printf '\n[target %s]\n' "$iqn"
-	for ((i = first; i <= last; i++)); do printf 'lun%d = d%d\n' "$i" "$i"; done
-	for ((i = first; i <= last; i++)); do
-		printf '\n[lun d%d]\nbacking = %s/d%d.img\nsize = 4M\n' "$i" "$T" "$i"
-		[ $((i % 2)) = 0 ] && echo "cache = fast"
+	for r in "$@"; do
+		for ((i = ${r%-*}; i <= ${r#*-}; i++)); do printf 'lun%d = d%d\n' "$i" "$i"; done
+	done
+	for r in "$@"; do
+		for ((i = ${r%-*}; i <= ${r#*-}; i++)); do
+			printf '\n[lun d%d]\nbacking = %s/d%d.img\nsize = 4M\n' "$i" "$T" "$i"
+			[ $((i % 2)) = 0 ] && echo "cache = fast"
+		done
 	done
 	printf '\n[cache fast]\nlegs = %s/leg0.img %s/leg1.img\nsize = 128M\nmode = write-back\n' "$T" "$T"
 }
-# old: d0..d249; new: d0..d199 and d250..d299 (lun200..lun249 removed)
-conf 0 249 >"$T/old.conf"
-{ conf 0 199; } >"$T/new.conf"
-# the new LUNs' sections and maps, appended in the target's place
-python3 - "$T/new.conf" "$T" <<'PY'
-import sys
-path, t = sys.argv[1], sys.argv[2]
-s = open(path).read()
-maps = "".join("lun%d = d%d\n" % (i, i) for i in range(250, 300))
-secs = "".join("\n[lun d%d]\nbacking = %s/d%d.img\nsize = 4M\n%s" % (i, t, i, "cache = fast\n" if i % 2 == 0 else "")
-               for i in range(250, 300))
-s = s.replace("lun199 = d199\n", "lun199 = d199\n" + maps, 1)
-s = s.replace("\n[cache fast]", secs + "\n[cache fast]", 1)
-open(path, "w").write(s)
-PY
+# old: d0..d249; new: d0..d199 and d250..d299 (lun200..lun249 removed);
+# next (the reload killed below): d0..d199 and d300..d349
+conf 0-249 >"$T/old.conf"
+conf 0-199 250-299 >"$T/new.conf"
+conf 0-199 300-349 >"$T/next.conf"
 t0=$(date +%s%N)
 "$TC_BIN" -c "$T/old.conf" --check >/dev/null || fail "--check refused the 250-LUN file"
 "$TC_BIN" -c "$T/new.conf" --check >/dev/null || fail "--check refused the changed file"
@@ -86,4 +83,66 @@ for l in 250 251 298 299; do
 		fail "new lun$l does not serve"
 done
 pass "after the reload: 250 LUNs listed, the new ones serve, the removed ones are gone"
+
+# --- kill -9 in the middle of a reload ---------------------------------------------
+# The persistent state must then be the old configuration's, plus at most
+# whole state of some of the LUNs the reload was adding: the serials of
+# every LUN unchanged, and the daemon must start on either file, each LUN
+# keeping the serial it had (hosts know the disks by it).
+serials() { # the auto serials in state_dir, "NAME SERIAL" a line
+	local f
+	for f in "$T"/state/lun-*.serial; do printf '%s %s\n' "$(basename "$f" .serial)" "$(cat "$f")"; done | sort
+}
+known() { "$TC_ROOT/build/tierctl" -c "$T/t.conf" --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["caches"][0]["luns_known"])'; }
+serials >"$T/serials.before"
+# 125 cached LUNs configured, and the 25 the first reload removed: their entries
+# go at the next start (cache_set_prune)
+[ "$(known)" = 150 ] || fail "the set knows $(known) LUNs before the killed reload, not 150"
+hup_line=$(($(wc -l <"$T/daemon.log") + 1))
+cp "$T/next.conf" "$T/t.conf"
+kill -HUP "$TC_PID"
+# stop it once the reload has opened ten of its new LUNs (five of them cached), then kill it there
+until tail -n +"$hup_line" "$T/daemon.log" | grep -qE '^tiercached: info: lun d3(09|[1-4][0-9]):'; do
+	kill -0 "$TC_PID" 2>/dev/null || fail "the daemon died during the reload"
+done
+kill -STOP "$TC_PID"
+opened=$(tail -n +"$hup_line" "$T/daemon.log" | grep -c '^tiercached: info: lun d3[0-4][0-9]:')
+tail -n +"$hup_line" "$T/daemon.log" | grep -q 'reload: 50 LUN(s) added' &&
+	fail "the reload had ended when the daemon was stopped: this run shows nothing"
+kill -KILL "$TC_PID"
+wait "$TC_PID" 2>/dev/null
+TC_PID=
+serials >"$T/serials.killed"
+extra=$(comm -13 "$T/serials.before" "$T/serials.killed")
+changed=$(comm -23 "$T/serials.before" "$T/serials.killed")
+[ -z "$changed" ] || fail "a kill -9 in the reload changed or lost serials: $changed"
+bad=$(echo "$extra" | grep -v '^$' | grep -vE '^lun-d3[0-4][0-9] [0-9a-f]{16}$' || true)
+[ -z "$bad" ] || fail "state after the kill holds what no configuration has: $bad"
+pass "kill -9 after $opened of the reload's 50 new LUNs opened: every serial unchanged, $(echo "$extra" | grep -c .) whole new one(s)"
+
+# the configuration in effect before the reload: all of it as it was; what the
+# killed reload attached to the set (clean, empty) is freed at the start
+cp "$T/new.conf" "$T/t.conf"
+tc_start "$T/t.conf"
+out=$("$T/lun_sweep" "$url" 200 --wait 120) || fail "after the kill, on the old file, not every LUN serves: $out"
+for l in 250 299; do
+	"$T/lun_sweep" "$url" 1 --wait 30 --lat "$l" 1 >/dev/null || fail "lun$l does not serve after the kill (old file)"
+done
+[ "$(known)" = 125 ] || fail "the set knows $(known) LUNs on the old file after the kill, not 125"
+serials >"$T/serials.old"
+cmp -s "$T/serials.killed" "$T/serials.old" || fail "serials changed starting on the old file: $(diff "$T/serials.killed" "$T/serials.old" | head -5)"
+tc_stop
+# the new one: every LUN serves, those the killed reload had made keep their serials
+cp "$T/next.conf" "$T/t.conf"
+tc_start "$T/t.conf"
+out=$("$T/lun_sweep" "$url" 200 --wait 120) || fail "after the kill, on the new file, not every LUN serves: $out"
+for l in 300 301 349; do
+	"$T/lun_sweep" "$url" 1 --wait 30 --lat "$l" 1 >/dev/null || fail "lun$l does not serve after the kill (new file)"
+done
+[ "$(known)" = 125 ] || fail "the set knows $(known) LUNs on the new file, not 125"
+serials >"$T/serials.new"
+lost=$(comm -23 "$T/serials.killed" "$T/serials.new")
+[ -z "$lost" ] || fail "serials changed starting on the new file: $lost"
+[ "$(grep -cE '^lun-d3[0-4][0-9] ' "$T/serials.new")" = 50 ] || fail "the new file's LUNs lack serials: $(grep -cE '^lun-d3[0-4][0-9] ' "$T/serials.new") of 50"
+pass "then the daemon starts on the old file and on the new one: every LUN serves with its serial, the set holds 125 entries each time"
 tc_stop

@@ -99,6 +99,11 @@ struct rbd_bdev {
 	const char *test_stall;
 };
 
+/* this gateway's id (bdev_rbd_set_gateway), the same across restarts; NULL
+ * without ownership (one gateway, no lock thread). Any thread. */
+#define RBD_GW_ID_MAX 128
+const char *rbd_gateway_id(struct rbd_bdev *rb);
+
 /* Tests: the cluster calls that find out about a fence hang for now. */
 static inline bool rbd_test_stalled(const struct rbd_bdev *rb)
 {

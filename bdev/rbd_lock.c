@@ -75,7 +75,6 @@
 #define RBD_RECONNECT_MIN_MS 1000
 #define RBD_RECONNECT_MAX_MS 30000
 #define RBD_OWNER_KEY "tiercache.owner"
-#define RBD_GW_ID_MAX 128
 
 struct rbd_lock {
 	struct rbd_bdev *rb;
@@ -678,6 +677,11 @@ void rbd_lock_stop(struct rbd_bdev *rb)
 	pthread_mutex_destroy(&lk->mu);
 	free(lk);
 	rb->lock = NULL;
+}
+
+const char *rbd_gateway_id(struct rbd_bdev *rb)
+{
+	return rb->lock && rb->lock->gw_id[0] ? rb->lock->gw_id : NULL;
 }
 
 int bdev_rbd_set_gateway(struct bdev *dev, unsigned gateways, uint32_t port_group, const char *gateway_id)

@@ -8,8 +8,14 @@
  * and replaces the whole object only if they still match (cmpext +
  * write_full, or exclusive create for the first), so two gateways racing
  * never both win. The object's omap holds the members: each gateway that
- * watches it writes "GID" -> its client address, so that an announcer can
- * fence one that does not answer.
+ * watches it writes "GID" -> "ADDRESS GATEWAY_ID" (its client's), so that
+ * an announcer can fence one that does not answer. A gateway removes its
+ * entry when it stops watching or moves to a fresh client; one that died
+ * without that leaves it, and
+ * the same gateway (same id) starting again fences that old client and
+ * removes the entry before it watches (fence_predecessors): the old
+ * client's watch outlives the process, and the next change another
+ * gateway announced would otherwise wait 10 s for it.
  *
  * Announcements are RADOS notifies on that object. Each gateway watches
  * it on the same client as its image I/O: a gateway that does not answer
@@ -160,20 +166,31 @@ static void addr_plain(const char *in, char *out, size_t cap)
 	out[n] = 0;
 }
 
-/* Record this client as a member (its gid and address) of the blob's watchers. */
-static int member_add(struct rbd_bdev *rb, const char *oid)
+/* Our client's address, plain ("IP:PORT/NONCE"). */
+static int own_addr(struct rbd_bdev *rb, char *addr, size_t cap)
 {
 	char *addrs = NULL;
 	int r = rados_getaddrs(rb->cluster, &addrs);
 	if (r < 0 || !addrs)
 		return r < 0 ? r : -EIO;
-	char addr[256], key[32];
-	addr_plain(addrs, addr, sizeof(addr));
+	addr_plain(addrs, addr, cap);
 	free(addrs);
+	return 0;
+}
+
+/* Record this client as a member (its gid, address and gateway) of the blob's watchers. */
+static int member_add(struct rbd_bdev *rb, const char *oid)
+{
+	char addr[256], val[256 + RBD_GW_ID_MAX + 2], key[32];
+	int r = own_addr(rb, addr, sizeof(addr));
+	if (r < 0)
+		return r;
+	const char *gw = rbd_gateway_id(rb);
+	snprintf(val, sizeof(val), "%s %s", addr, gw ? gw : "");
 	snprintf(key, sizeof(key), "%" PRIu64, rados_get_instance_id(rb->cluster));
 	const char *keys[1] = { key };
-	const char *vals[1] = { addr };
-	size_t lens[1] = { strlen(addr) };
+	const char *vals[1] = { val };
+	size_t lens[1] = { strlen(val) };
 	rados_write_op_t op = rados_create_write_op();
 	if (!op)
 		return -ENOMEM;
@@ -205,6 +222,7 @@ static int member_addr(struct rbd_bdev *rb, const char *oid, uint64_t gid, char 
 		if (rados_omap_get_next2(it, &k, &v, &kl, &vl) == 0 && k && v && vl < cap) {
 			memcpy(addr, v, vl);
 			addr[vl] = 0;
+			addr[strcspn(addr, " ")] = 0; /* "ADDRESS GATEWAY_ID" (the id is newer) */
 			r = 0;
 		}
 	}
@@ -212,6 +230,99 @@ static int member_addr(struct rbd_bdev *rb, const char *oid, uint64_t gid, char 
 		rados_omap_get_end(it);
 	rados_release_read_op(op);
 	return r;
+}
+
+/* Remove members' entries by key. */
+static int members_remove(struct rbd_bdev *rb, const char *oid, char keys[][32], size_t n)
+{
+	const char *kp[n];
+	size_t kl[n];
+	for (size_t i = 0; i < n; i++) {
+		kp[i] = keys[i];
+		kl[i] = strlen(keys[i]);
+	}
+	rados_write_op_t op = rados_create_write_op();
+	if (!op)
+		return -ENOMEM;
+	rados_write_op_omap_rm_keys2(op, kp, kl, n);
+	int r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
+	rados_release_write_op(op);
+	return r;
+}
+
+#define PREDECESSORS_MAX 16
+
+/*
+ * Before this process first watches the blob: the entries another client
+ * of this same gateway left (a process that died without unwatching, or
+ * this one before a fresh client) are fenced by address and removed. Such
+ * a client is not running any more: this gateway is, and only one process
+ * runs a gateway's LUN. Fencing it drops its watch (the OSDs remove the
+ * watches of a blocklisted client), so no announcement waits for it.
+ * Inside the handles, on the caller's thread.
+ */
+static void fence_predecessors(struct rbd_bdev *rb, const char *oid)
+{
+	const char *gw = rbd_gateway_id(rb);
+	char me_addr[256];
+	if (!gw || !*gw || own_addr(rb, me_addr, sizeof(me_addr)) < 0)
+		return;
+	uint64_t me = rados_get_instance_id(rb->cluster);
+	char keys[PREDECESSORS_MAX][32], addrs[PREDECESSORS_MAX][256];
+	size_t n = 0;
+	rados_read_op_t op = rados_create_read_op();
+	if (!op)
+		return;
+	rados_omap_iter_t it = NULL;
+	unsigned char more = 0;
+	int rv = 0;
+	rados_read_op_omap_get_vals2(op, NULL, NULL, 256, &it, &more, &rv);
+	int r = rados_read_op_operate(op, rb->ioctx, oid, 0);
+	if (r == 0 && rv == 0) {
+		char *k, *v;
+		size_t kl, vl;
+		while (n < PREDECESSORS_MAX && rados_omap_get_next2(it, &k, &v, &kl, &vl) == 0 && k) {
+			char val[512];
+			if (!v || vl >= sizeof(val) || kl >= sizeof(keys[0]))
+				continue;
+			memcpy(val, v, vl);
+			val[vl] = 0;
+			char *sp = strchr(val, ' ');
+			if (!sp || strcmp(sp + 1, gw))
+				continue; /* another gateway's, or one from before the id was kept */
+			*sp = 0;
+			memcpy(keys[n], k, kl);
+			keys[n][kl] = 0;
+			if (strtoull(keys[n], NULL, 10) == me || !strcmp(val, me_addr) || strlen(val) >= sizeof(addrs[0]))
+				continue;
+			snprintf(addrs[n], sizeof(addrs[n]), "%s", val);
+			n++;
+		}
+	}
+	if (it)
+		rados_omap_get_end(it);
+	rados_release_read_op(op);
+	if (r < 0 && r != -ENOENT)
+		log_warn("%s: cannot read the members of %s: %s", rb->spec, oid, strerror(-r));
+	if (!n)
+		return;
+	size_t fenced = 0;
+	for (size_t i = 0; i < n; i++) {
+		int e = rados_blocklist_add(rb->cluster, addrs[i], 0);
+		if (e < 0) {
+			log_warn("%s: cannot fence this gateway's earlier client %s (%s); the next change another "
+				 "gateway makes waits for its watch to time out", rb->spec, addrs[i], strerror(-e));
+			continue;
+		}
+		log_info("%s: fenced this gateway's earlier client %s (client %s), left by a stop that did not "
+			 "unwatch", rb->spec, addrs[i], keys[i]);
+		fenced++;
+	}
+	if (fenced)
+		rados_wait_for_latest_osdmap(rb->cluster);
+	int e = members_remove(rb, oid, keys, n);
+	if (e < 0)
+		log_warn("%s: cannot remove this gateway's earlier members of %s: %s", rb->spec, oid, strerror(-e));
 }
 
 static int sh_announce(struct bdev *dev, const char *name, const void *msg, size_t len, unsigned timeout_ms,
@@ -434,8 +545,10 @@ static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, con
 	int r = -EAGAIN;
 	if (rbd_handles_enter(rb)) {
 		r = oid_of(rb, name, s->oid, sizeof(s->oid));
-		if (r == 0)
+		if (r == 0) {
+			fence_predecessors(rb, s->oid);
 			r = watch_on(s);
+		}
 		rbd_handles_exit(rb);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -465,6 +578,13 @@ void rbd_shared_stop(struct rbd_bdev *rb)
 	if (s->watching && rbd_handles_enter(rb)) {
 		rados_unwatch2(s->watch_io, s->cookie);
 		rados_watch_flush(rb->cluster); /* no callback of librados' after this */
+		/* not a member any more: our restart has nothing to fence */
+		char key[1][32];
+		snprintf(key[0], sizeof(key[0]), "%" PRIu64, atomic_load(&s->me));
+		int e = members_remove(rb, s->oid, key, 1);
+		if (e < 0)
+			log_warn("%s: cannot remove this gateway from the members of %s: %s", rb->spec, s->oid,
+				 strerror(-e));
 		rbd_handles_exit(rb);
 	}
 	s->watching = false;
@@ -508,7 +628,14 @@ void rbd_shared_moved(struct rbd_bdev *rb, bool after)
 		pthread_mutex_unlock(&rb->shared_lock);
 		return;
 	}
+	uint64_t old = atomic_load(&s->me);
 	int r = s->oid[0] ? watch_on(s) : -ENOENT;
+	if (r == 0 && old && old != atomic_load(&s->me)) {
+		/* the old client is gone (fenced): no longer a member */
+		char key[1][32];
+		snprintf(key[0], sizeof(key[0]), "%" PRIu64, old);
+		members_remove(rb, s->oid, key, 1);
+	}
 	pthread_mutex_unlock(&s->mu);
 	s->stale(s->arg);
 	if (r < 0)

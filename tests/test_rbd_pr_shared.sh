@@ -15,17 +15,22 @@
 #     RESERVATION CONFLICT and the image stays A's (a refused command
 #     never takes the image over); node 2's read through B is allowed
 #     (Write Exclusive) and reads what node 1 wrote;
-#   - kill -9 A, restart it: the same keys and holder through A;
+#   - kill -9 A, restart it: the same keys and holder through A; A fences
+#     the client it had before the kill (whose watch outlives the process)
+#     as it starts;
 #   - node 2 preempts node 1 (PREEMPT AND ABORT) through B while node 1 has
 #     a write in flight on A (A's cache leg takes 1 s a request): the
-#     preemption is answered only after that write is done; node 1 then gets the unit
+#     preemption is answered only after that write is done, and without
+#     waiting 10 s for A's dead client (B fences nobody); node 1 then gets the unit
 #     attention REGISTRATIONS PREEMPTED on A, then RESERVATION CONFLICT;
 #     both gateways name node 2;
 #   - every gateway killed with -9 and restarted: the APTPL state is back;
 #   - node 2 registers again without APTPL: kept while B runs across a
 #     restart of A; dropped once both restart, as after a power loss;
 #   - B made to take 30 s: A's next change is answered once A fenced B
-#     (10 s), and B, on a fresh client, has the change.
+#     (10 s), and B, on a fresh client, has the change;
+#   - the reservation object's members are the two running clients, and
+#     none once both stopped cleanly.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 . "$TC_ROOT/tests/ceph/lib.sh"
@@ -162,12 +167,16 @@ out=$(pr B "$N2" read:8)
 expect_match "$(line_of "$out" read:8)" " GOOD .*first=0x11" "node 2's read through B is allowed and reads node 1's data"
 
 # ------------------------------------------------------------- A dies
+a_lines=$(wc -l <"$T/A.log")
 gw_kill9 A
 gw_up A
 ka=$(line_of "$(pr A "$N1" keys)" keys)
 ra=$(line_of "$(pr A "$N1" resv)" resv)
 expect_match "$ka" "gen=2 1 2$" "after kill -9 and restart, A lists the same keys ($ka)"
 expect_match "$ra" "holder=1 type=1" "and the same holder ($ra)"
+tail -n +"$((a_lines + 1))" "$T/A.log" | grep -q "fenced this gateway's earlier client" ||
+	fail "the restarted A did not fence the client it had before the kill"
+pass "the restarted A fenced the client it had before the kill"
 
 # ------------------------------------------------------------- preempt
 # Node 1 has a write in flight on A (A's cache leg takes 1 s for each
@@ -200,12 +209,13 @@ out=$(cat "$T/n2.out")
 l=$(line_of "$out" pa:2:1:1)
 expect_match "$l" " GOOD " "the PREEMPT AND ABORT is GOOD ($l)"
 [ "$(ms_of "$l")" -ge 500 ] || fail "it was answered in $(ms_of "$l") ms: it did not wait for node 1's write"
-# (B may have had to fence the client A had before its kill -9, whose watch
-# outlives it: the first change after a kill waits for it; A itself must
-# not be fenced)
+# A fenced its own dead client as it started, so nobody is left whose watch
+# does not answer: B fences nobody, and the change does not wait the 10 s
 tail -n +"$((a_lines + 1))" "$T/A.log" | grep -q "Ceph client is fenced" &&
 	fail "B fenced A: A did not take the change in time: $(grep "fenced it" "$T/B.log")"
-pass "A took the change in time (A not fenced)"
+grep -q "fenced it" "$T/B.log" && fail "B fenced a gateway client: $(grep "fenced it" "$T/B.log")"
+[ "$(ms_of "$l")" -lt 8000 ] || fail "the PREEMPT AND ABORT took $(ms_of "$l") ms: it waited for a dead watch"
+pass "A took the change in time (A not fenced), B fenced nobody, answered in $(ms_of "$l") ms"
 ctl_a leg fault nvme "$T/A/leg0" ok >/dev/null || fail "cannot restore A's cache leg"
 tc_until 30 grep -q "^write:16:0x44 " "$T/n1.out" || fail "node 1's write never finished"
 expect_match "$(line_of "$(cat "$T/n1.out")" write:16:0x44)" " GOOD " "node 1's write finished GOOD"
@@ -265,4 +275,21 @@ kb=$(line_of "$(pr B "$N2" keys)" keys)
 expect_match "$kb" "gen=[0-9]* 5$" "B, on a fresh client, lists the new key ($kb)"
 grep -q "fresh client" "$T/B.log" || fail "B's log does not show a fresh client"
 pass "B reconnected with a fresh client"
+
+# ------------------------------------------------------------- the members
+# After all those kills and the fence, the reservation object lists the two
+# clients that run (each restart removed what the gateway's killed process
+# left, B's move to a fresh client its old one); a clean stop removes each.
+img_id=$(rbd info --format json "$CEPH_POOL/prs" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+members() { rados -p "$CEPH_POOL" listomapkeys "tiercache.pr.$img_id" | grep -c .; }
+n=$(members)
+[ "$n" = 2 ] || fail "the reservation object lists $n members, not the 2 running clients: $(rados -p "$CEPH_POOL" listomapvals "tiercache.pr.$img_id")"
+for g in A B; do
+	kill -TERM "${PID[$g]}"
+	wait "${PID[$g]}" 2>/dev/null
+	PID[$g]=
+done
+n=$(members)
+[ "$n" = 0 ] || fail "after both gateways stopped cleanly the object still lists $n members"
+pass "the members: 2 while both run (after 7 restarts and a fence), none after a clean stop"
 echo "all checks passed"

@@ -15,6 +15,11 @@
 #     RESERVATION CONFLICT and the image stays A's (a refused command
 #     never takes the image over); node 2's read through B is allowed
 #     (Write Exclusive) and reads what node 1 wrote;
+#   - an EXTENDED COPY node 2 sends to B's plain LUN 1, into the shared
+#     LUN, while B owns the image and its copy of the state lacks the
+#     reservation node 1 is making through A, ends in COPY ABORTED (copy
+#     target not reachable), not a write past the reservation; once B has
+#     read the change, RESERVATION CONFLICT;
 #   - kill -9 A, restart it: the same keys and holder through A; A fences
 #     the client it had before the kill (whose watch outlives the process)
 #     as it starts;
@@ -63,7 +68,12 @@ gw_conf() { # NAME PORT_GROUP
 
 [target $IQN]
 lun0 = prs
+lun1 = scratch
 $(rbd_conf_lun prs prs "serial = PRSHARED0001" "gateways = 2" "cache = nvme")
+
+[lun scratch]
+backing = $T/$g/scratch.img
+size = 4M
 
 [cache nvme]
 legs = $T/$g/leg0 $T/$g/leg1
@@ -165,6 +175,34 @@ st=$(status_of B)
 expect_eq "$st" "standby 1" "B is still standby"
 out=$(pr B "$N2" read:8)
 expect_match "$(line_of "$out" read:8)" " GOOD .*first=0x11" "node 2's read through B is allowed and reads node 1's data"
+
+# ------------------------------------------------------------- EXTENDED COPY on a stale copy
+# The reservation is made again through A while B owns the image: in B's
+# 5 s to read the change, a copy into the shared LUN sent to B's other LUN
+# is checked against the shared LUN's reservations only on a synced copy.
+out=$(pr A "$N1" release:1:1)
+expect_match "$(line_of "$out" release:1:1)" " GOOD " "node 1 released through A"
+b_synced() { [ "$(synced_of B)" = True ]; }
+tc_until 30 b_synced || fail "B did not read the release"
+out=$(pr B "$N2" write:8:0x22)
+expect_match "$(line_of "$out" write:8:0x22)" " GOOD " "node 2 writes through B (no reservation): B takes the image"
+b_owns() { [ "$(status_of B)" = "owned 2" ]; }
+tc_until 30 b_owns || fail "B does not own the image: $(status_of B)"
+out=$(pr B "$N2" write:8:0x77 xcopy:1:1:0:8)
+expect_match "$(line_of "$out" xcopy:1:1:0:8)" " GOOD " "with B's copy synced, node 2's EXTENDED COPY into the shared LUN through B works"
+pr A "$N1" reserve:1:1 >"$T/n1x.out" 2>&1 &
+n1x=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $n1x"
+tc_until 30 b_stale || fail "B's copy never turned stale while node 1 reserved again through A"
+out=$(pr B "$N2" xcopy:1:1:0:8)
+l=$(line_of "$out" xcopy:1:1:0:8)
+b_was_stale=$(synced_of B)
+expect_match "$l" " CHECK:a/0d/02 " "node 2's EXTENDED COPY into the shared LUN through B while B's copy was stale: COPY ABORTED, target not reachable ($l)"
+[ "$b_was_stale" = False ] || fail "B had read the change before the copy was answered: this run shows nothing"
+wait "$n1x"
+expect_match "$(line_of "$(cat "$T/n1x.out")" reserve:1:1)" " GOOD " "node 1 reserved (Write Exclusive) again through A"
+out=$(pr B "$N2" xcopy:1:1:0:8)
+expect_match "$(line_of "$out" xcopy:1:1:0:8)" " CONFLICT " "once B has read it, the same copy: RESERVATION CONFLICT"
 
 # ------------------------------------------------------------- A dies
 a_lines=$(wc -l <"$T/A.log")

@@ -15,6 +15,9 @@
  *     tur                     TEST UNIT READY
  *     ssu                     START STOP UNIT (START=1): no data, but a
  *                             reservation of the write kind refuses it
+ *     xcopy:CMD:SRC:DST:LBA   EXTENDED COPY (LID1) sent to LUN CMD: one block
+ *                             at LBA from LUN SRC to LUN DST (each named by
+ *                             its NAA designator, read from VPD 83h first)
  *     wait:PATH               wait (up to 120 s) until PATH exists, still logged in
  * Each step prints "STEP RESULT ms=T": GOOD, CONFLICT (RESERVATION
  * CONFLICT), BUSY, or CHECK:K/ASC/ASCQ. A UNIT ATTENTION is printed as
@@ -68,6 +71,30 @@ static uint32_t name_hash(const char *s)
 	for (; *s; s++)
 		h = (h ^ (unsigned char)*s) * 16777619u;
 	return h;
+}
+
+/* The NAA designator (VPD 83h, associated with the LU) of lun: its length, 0 if none. */
+static int naa_of(struct iscsi_context *c, int lun, unsigned char naa[16])
+{
+	struct scsi_task *t = iscsi_inquiry_sync(c, lun, 1, 0x83, 255);
+	int n = 0;
+	if (t && t->status == SCSI_STATUS_GOOD && t->datain.size >= 4) {
+		const unsigned char *b = t->datain.data;
+		int end = 4 + (b[2] << 8 | b[3]);
+		if (end > t->datain.size)
+			end = t->datain.size;
+		for (int o = 4; o + 4 <= end; o += 4 + b[o + 3]) {
+			int len = b[o + 3];
+			if ((b[o + 1] & 0x0f) == 3 && !(b[o + 1] & 0x30) && len <= 16 && o + 4 + len <= end) {
+				memcpy(naa, b + o + 4, (size_t)len);
+				n = len;
+				break;
+			}
+		}
+	}
+	if (t)
+		scsi_free_scsi_task(t);
+	return n;
 }
 
 /*
@@ -219,6 +246,39 @@ int main(int argc, char **argv)
 		} else if (!strcmp(f[0], "tur")) {
 			unsigned char cdb[6] = { 0 };
 			t = run(c, lun, name, cdb, 6, SCSI_XFER_NONE, 0, NULL, &transport);
+		} else if (!strcmp(f[0], "xcopy") && nf == 5) {
+			/* two identification CSCD descriptors (E4h), one block-to-block segment (02h) */
+			unsigned char p[16 + 2 * 32 + 28] = { 0 }, naa[16];
+			int luns[2] = { atoi(f[2]), atoi(f[3]) };
+			p[1] = 0x18; /* list identifier not used */
+			p[3] = 2 * 32;
+			put32(p + 8, 28);
+			for (int k = 0; k < 2; k++) {
+				unsigned char *d = p + 16 + 32 * k;
+				int len = naa_of(c, luns[k], naa);
+				if (!len) {
+					printf("%s NO-NAA lun=%d\n", name, luns[k]);
+					continue;
+				}
+				d[0] = 0xe4;
+				d[4] = 0x01; /* binary */
+				d[5] = 0x03; /* associated with the LU, NAA */
+				d[7] = (unsigned char)len;
+				memcpy(d + 8, naa, (size_t)len);
+				d[30] = 0x02; /* block device: disk block length 512 (bytes 29-31) */
+			}
+			unsigned char *g = p + 16 + 64;
+			uint64_t lba = strtoull(f[4], NULL, 0);
+			g[0] = 0x02;
+			g[3] = 24;
+			g[5] = 0; /* source: descriptor 0 */
+			g[7] = 1; /* destination: descriptor 1 */
+			g[11] = 1; /* one block */
+			put64(g + 12, lba);
+			put64(g + 20, lba);
+			unsigned char cdb[16] = { 0x83, 0x00 };
+			put32(cdb + 10, sizeof(p));
+			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
 		} else if (!strcmp(f[0], "ssu")) {
 			unsigned char cdb[6] = { 0x1b, 0, 0, 0, 0x01, 0 };
 			t = run(c, lun, name, cdb, 6, SCSI_XFER_NONE, 0, NULL, &transport);

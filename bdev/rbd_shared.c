@@ -8,14 +8,14 @@
  * and replaces the whole object only if they still match (cmpext +
  * write_full, or exclusive create for the first), so two gateways racing
  * never both win. The object's omap holds the members: each gateway that
- * watches it writes "GID" -> "ADDRESS GATEWAY_ID" (its client's), so that
- * an announcer can fence one that does not answer. A gateway removes its
- * entry when it stops watching or moves to a fresh client; one that died
- * without that leaves it, and
- * the same gateway (same id) starting again fences that old client and
- * removes the entry before it watches (fence_predecessors): the old
- * client's watch outlives the process, and the next change another
- * gateway announced would otherwise wait 10 s for it.
+ * watches it writes "GID" -> its client's address, so that an announcer
+ * can fence one that does not answer, and "GID.gw" -> whose client it is
+ * (member_add). A gateway removes its entry when it stops watching or
+ * moves to a fresh client. One that died without that leaves it; the same
+ * gateway starting again fences that old client and removes the entry
+ * before it watches (fence_predecessors): the old client's watch outlives
+ * the process, and the next change another gateway announced would
+ * otherwise wait 10 s for it.
  *
  * Announcements are RADOS notifies on that object. Each gateway watches
  * it on the same client as its image I/O: a gateway that does not answer
@@ -150,23 +150,33 @@ static int sh_cas(struct bdev *dev, const char *name, const void *cmp, size_t cm
 	return r;
 }
 
-/* "[v2:IP:PORT/NONCE,v1:...]" or "IP:PORT/NONCE": the first, without its type. */
+/*
+ * "[v2:IP:PORT/NONCE,v1:...]" or "IP:PORT/NONCE": the first, without its
+ * type; an IPv6 address keeps its brackets ("[::1]:0/NONCE").
+ */
 static void addr_plain(const char *in, char *out, size_t cap)
 {
 	const char *p = in;
-	if (*p == '[')
-		p++;
-	const char *colon = strchr(p, ':');
-	if ((!strncmp(p, "v1:", 3) || !strncmp(p, "v2:", 3) || !strncmp(p, "any:", 4)) && colon)
-		p = colon + 1;
-	size_t n = strcspn(p, ",]");
+	if (*p == '[' && (!strncmp(p + 1, "v1:", 3) || !strncmp(p + 1, "v2:", 3) || !strncmp(p + 1, "any:", 4)))
+		p++; /* the list's bracket, not an IPv6 address's */
+	if (!strncmp(p, "v1:", 3) || !strncmp(p, "v2:", 3))
+		p += 3;
+	else if (!strncmp(p, "any:", 4))
+		p += 4;
+	size_t n = 0;
+	if (*p == '[') {
+		const char *q = strchr(p, ']');
+		if (q)
+			n = (size_t)(q - p) + 1;
+	}
+	n += strcspn(p + n, ",]");
 	if (n >= cap)
 		n = cap - 1;
 	memcpy(out, p, n);
 	out[n] = 0;
 }
 
-/* Our client's address, plain ("IP:PORT/NONCE"). */
+/* Our client's address, plain. */
 static int own_addr(struct rbd_bdev *rb, char *addr, size_t cap)
 {
 	char *addrs = NULL;
@@ -178,23 +188,44 @@ static int own_addr(struct rbd_bdev *rb, char *addr, size_t cap)
 	return 0;
 }
 
-/* Record this client as a member (its gid, address and gateway) of the blob's watchers. */
+/* This boot of this host (a process of an earlier boot is not running). */
+static void boot_id(char *out, size_t cap)
+{
+	snprintf(out, cap, "-");
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (f) {
+		if (fgets(out, (int)cap, f))
+			out[strcspn(out, "\n")] = 0;
+		fclose(f);
+	}
+}
+
+/*
+ * Record this client as a member of the blob's watchers: "GID" -> its
+ * address (what an announcer fences; the only key before gateway ids were
+ * kept, so older gateways read it as before), and "GID.gw" -> "GATEWAY_ID
+ * BOOT_ID PID" (whose client it is: fence_predecessors).
+ */
 static int member_add(struct rbd_bdev *rb, const char *oid)
 {
-	char addr[256], val[256 + RBD_GW_ID_MAX + 2], key[32];
+	char addr[256], who[RBD_GW_ID_MAX + 64], boot[48], key[32], key_gw[40];
 	int r = own_addr(rb, addr, sizeof(addr));
 	if (r < 0)
 		return r;
 	const char *gw = rbd_gateway_id(rb);
-	snprintf(val, sizeof(val), "%s %s", addr, gw ? gw : "");
-	snprintf(key, sizeof(key), "%" PRIu64, rados_get_instance_id(rb->cluster));
-	const char *keys[1] = { key };
-	const char *vals[1] = { val };
-	size_t lens[1] = { strlen(val) };
+	boot_id(boot, sizeof(boot));
+	snprintf(who, sizeof(who), "%s %s %d", gw && *gw ? gw : "-", boot, (int)getpid());
+	uint64_t gid = rados_get_instance_id(rb->cluster);
+	snprintf(key, sizeof(key), "%" PRIu64, gid);
+	snprintf(key_gw, sizeof(key_gw), "%" PRIu64 ".gw", gid);
+	const char *keys[2] = { key, key_gw };
+	const char *vals[2] = { addr, who };
+	size_t klens[2] = { strlen(key), strlen(key_gw) };
+	size_t lens[2] = { strlen(addr), strlen(who) };
 	rados_write_op_t op = rados_create_write_op();
 	if (!op)
 		return -ENOMEM;
-	rados_write_op_omap_set2(op, keys, vals, (size_t[]){ strlen(key) }, lens, 1);
+	rados_write_op_omap_set2(op, keys, vals, klens, lens, 2);
 	r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
 	rados_release_write_op(op);
 	return r;
@@ -222,7 +253,6 @@ static int member_addr(struct rbd_bdev *rb, const char *oid, uint64_t gid, char 
 		if (rados_omap_get_next2(it, &k, &v, &kl, &vl) == 0 && k && v && vl < cap) {
 			memcpy(addr, v, vl);
 			addr[vl] = 0;
-			addr[strcspn(addr, " ")] = 0; /* "ADDRESS GATEWAY_ID" (the id is newer) */
 			r = 0;
 		}
 	}
@@ -232,97 +262,148 @@ static int member_addr(struct rbd_bdev *rb, const char *oid, uint64_t gid, char 
 	return r;
 }
 
-/* Remove members' entries by key. */
-static int members_remove(struct rbd_bdev *rb, const char *oid, char keys[][32], size_t n)
+/* Remove the members gids[0..n) (both their keys). */
+static int members_remove(struct rbd_bdev *rb, const char *oid, const uint64_t *gids, size_t n)
 {
-	const char *kp[n];
-	size_t kl[n];
+	char keys[2 * n][40];
+	const char *kp[2 * n];
+	size_t kl[2 * n];
 	for (size_t i = 0; i < n; i++) {
+		snprintf(keys[2 * i], sizeof(keys[0]), "%" PRIu64, gids[i]);
+		snprintf(keys[2 * i + 1], sizeof(keys[0]), "%" PRIu64 ".gw", gids[i]);
+	}
+	for (size_t i = 0; i < 2 * n; i++) {
 		kp[i] = keys[i];
 		kl[i] = strlen(keys[i]);
 	}
 	rados_write_op_t op = rados_create_write_op();
 	if (!op)
 		return -ENOMEM;
-	rados_write_op_omap_rm_keys2(op, kp, kl, n);
+	rados_write_op_omap_rm_keys2(op, kp, kl, 2 * n);
 	int r = rados_write_op_operate2(op, rb->ioctx, oid, NULL, 0);
 	rados_release_write_op(op);
 	return r;
 }
 
 #define PREDECESSORS_MAX 16
+#define MEMBERS_READ_MAX 4096
 
 /*
- * Before this process first watches the blob: the entries another client
- * of this same gateway left (a process that died without unwatching, or
- * this one before a fresh client) are fenced by address and removed. Such
- * a client is not running any more: this gateway is, and only one process
- * runs a gateway's LUN. Fencing it drops its watch (the OSDs remove the
- * watches of a blocklisted client), so no announcement waits for it.
- * Inside the handles, on the caller's thread.
+ * Was the process that recorded "GATEWAY_ID BOOT_ID PID" this gateway's,
+ * and is it certainly gone? Of an earlier boot of this host, or of this
+ * boot with no tiercached at that PID any more. This process itself (a LU
+ * a reload opens again while the old one still serves) and any other
+ * running tiercached (a second start by mistake) are never taken for one:
+ * when in doubt, nothing is fenced and an announcement waits as before.
+ */
+static bool predecessor_gone(const char *who, const char *gw, const char *boot)
+{
+	char id[RBD_GW_ID_MAX], b[48];
+	int pid = 0;
+	if (sscanf(who, "%127s %47s %d", id, b, &pid) != 3 || strcmp(id, gw) || pid <= 0)
+		return false;
+	if (strcmp(b, boot))
+		return strcmp(boot, "-") != 0; /* another boot: gone, if ours is known */
+	if (pid == (int)getpid())
+		return false;
+	char path[64], comm[32] = "";
+	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return errno == ENOENT; /* no such process */
+	bool running = fgets(comm, sizeof(comm), f) && !strncmp(comm, "tiercached", 10);
+	fclose(f);
+	return !running;
+}
+
+/*
+ * Before this process first watches the blob: the members a process of
+ * this same gateway left and that is gone (killed, or the host rebooted)
+ * are fenced by address and removed. Their watches outlive them until
+ * they time out, and an announcement another gateway makes meanwhile
+ * would wait 10 s for them; the OSDs drop a blocklisted client's watches.
+ * Inside the handles, on the caller's thread; each call is bounded by the
+ * cluster timeout (the new osdmap is not waited for: an announcement made
+ * before the OSDs have it waits as before, no longer).
  */
 static void fence_predecessors(struct rbd_bdev *rb, const char *oid)
 {
 	const char *gw = rbd_gateway_id(rb);
-	char me_addr[256];
+	char me_addr[256], boot[48];
 	if (!gw || !*gw || own_addr(rb, me_addr, sizeof(me_addr)) < 0)
 		return;
+	boot_id(boot, sizeof(boot));
 	uint64_t me = rados_get_instance_id(rb->cluster);
-	char keys[PREDECESSORS_MAX][32], addrs[PREDECESSORS_MAX][256];
-	size_t n = 0;
-	rados_read_op_t op = rados_create_read_op();
-	if (!op)
-		return;
-	rados_omap_iter_t it = NULL;
-	unsigned char more = 0;
-	int rv = 0;
-	rados_read_op_omap_get_vals2(op, NULL, NULL, 256, &it, &more, &rv);
-	int r = rados_read_op_operate(op, rb->ioctx, oid, 0);
-	if (r == 0 && rv == 0) {
+	uint64_t gids[PREDECESSORS_MAX];
+	size_t n = 0, seen = 0;
+	char after[40] = "";
+	unsigned char more = 1;
+	int r = 0;
+	while (more && n < PREDECESSORS_MAX && seen < MEMBERS_READ_MAX) {
+		rados_read_op_t op = rados_create_read_op();
+		if (!op)
+			return;
+		rados_omap_iter_t it = NULL;
+		int rv = 0;
+		more = 0;
+		rados_read_op_omap_get_vals2(op, after[0] ? after : NULL, NULL, 256, &it, &more, &rv);
+		r = rados_read_op_operate(op, rb->ioctx, oid, 0);
+		if (r == 0 && rv < 0)
+			r = rv;
 		char *k, *v;
 		size_t kl, vl;
-		while (n < PREDECESSORS_MAX && rados_omap_get_next2(it, &k, &v, &kl, &vl) == 0 && k) {
-			char val[512];
-			if (!v || vl >= sizeof(val) || kl >= sizeof(keys[0]))
+		while (r == 0 && n < PREDECESSORS_MAX && rados_omap_get_next2(it, &k, &v, &kl, &vl) == 0 && k) {
+			seen++;
+			if (kl < sizeof(after)) {
+				memcpy(after, k, kl);
+				after[kl] = 0;
+			}
+			char who[RBD_GW_ID_MAX + 64];
+			if (kl < 4 || kl >= sizeof(after) || memcmp(k + kl - 3, ".gw", 3) || !v || vl >= sizeof(who))
 				continue;
-			memcpy(val, v, vl);
-			val[vl] = 0;
-			char *sp = strchr(val, ' ');
-			if (!sp || strcmp(sp + 1, gw))
-				continue; /* another gateway's, or one from before the id was kept */
-			*sp = 0;
-			memcpy(keys[n], k, kl);
-			keys[n][kl] = 0;
-			if (strtoull(keys[n], NULL, 10) == me || !strcmp(val, me_addr) || strlen(val) >= sizeof(addrs[0]))
-				continue;
-			snprintf(addrs[n], sizeof(addrs[n]), "%s", val);
-			n++;
+			memcpy(who, v, vl);
+			who[vl] = 0;
+			uint64_t gid = strtoull(after, NULL, 10);
+			if (gid && gid != me && predecessor_gone(who, gw, boot))
+				gids[n++] = gid;
 		}
+		if (it)
+			rados_omap_get_end(it);
+		rados_release_read_op(op);
+		if (r < 0)
+			break;
 	}
-	if (it)
-		rados_omap_get_end(it);
-	rados_release_read_op(op);
 	if (r < 0 && r != -ENOENT)
 		log_warn("%s: cannot read the members of %s: %s", rb->spec, oid, strerror(-r));
-	if (!n)
-		return;
-	size_t fenced = 0;
+	uint64_t fenced[PREDECESSORS_MAX];
+	size_t nf = 0;
 	for (size_t i = 0; i < n; i++) {
-		int e = rados_blocklist_add(rb->cluster, addrs[i], 0);
-		if (e < 0) {
-			log_warn("%s: cannot fence this gateway's earlier client %s (%s); the next change another "
-				 "gateway makes waits for its watch to time out", rb->spec, addrs[i], strerror(-e));
+		char addr[256];
+		int e = member_addr(rb, oid, gids[i], addr, sizeof(addr));
+		if (e == -ENOENT) {
+			fenced[nf++] = gids[i]; /* half an entry: nothing to fence, just remove it */
 			continue;
 		}
-		log_info("%s: fenced this gateway's earlier client %s (client %s), left by a stop that did not "
-			 "unwatch", rb->spec, addrs[i], keys[i]);
-		fenced++;
+		if (e == 0 && !strcmp(addr, me_addr))
+			continue;
+		if (e == 0)
+			e = rados_blocklist_add(rb->cluster, addr, 0);
+		if (e < 0) {
+			/* its entry stays: another gateway can still fence it when it does not answer */
+			log_warn("%s: cannot fence this gateway's earlier client %" PRIu64 " (%s); the next change "
+				 "another gateway makes waits for its watch", rb->spec, gids[i], strerror(-e));
+			continue;
+		}
+		log_info("%s: fenced this gateway's earlier client %s (client %" PRIu64 "), left by a process that "
+			 "is gone", rb->spec, addr, gids[i]);
+		fenced[nf++] = gids[i];
 	}
-	if (fenced)
-		rados_wait_for_latest_osdmap(rb->cluster);
-	int e = members_remove(rb, oid, keys, n);
-	if (e < 0)
-		log_warn("%s: cannot remove this gateway's earlier members of %s: %s", rb->spec, oid, strerror(-e));
+	if (nf) {
+		int e = members_remove(rb, oid, fenced, nf);
+		if (e < 0)
+			log_warn("%s: cannot remove this gateway's earlier members of %s: %s", rb->spec, oid,
+				 strerror(-e));
+	}
 }
 
 static int sh_announce(struct bdev *dev, const char *name, const void *msg, size_t len, unsigned timeout_ms,
@@ -576,12 +657,12 @@ void rbd_shared_stop(struct rbd_bdev *rb)
 	/* not under s->mu: a callback in flight takes it to queue its notice,
 	 * and the flush waits for that callback */
 	if (s->watching && rbd_handles_enter(rb)) {
-		rados_unwatch2(s->watch_io, s->cookie);
+		int u = rados_unwatch2(s->watch_io, s->cookie);
 		rados_watch_flush(rb->cluster); /* no callback of librados' after this */
-		/* not a member any more: our restart has nothing to fence */
-		char key[1][32];
-		snprintf(key[0], sizeof(key[0]), "%" PRIu64, atomic_load(&s->me));
-		int e = members_remove(rb, s->oid, key, 1);
+		/* not a member any more (our restart has nothing to fence); not
+		 * tried when the cluster did not take the unwatch either */
+		uint64_t me = atomic_load(&s->me);
+		int e = u == 0 ? members_remove(rb, s->oid, &me, 1) : 0;
 		if (e < 0)
 			log_warn("%s: cannot remove this gateway from the members of %s: %s", rb->spec, s->oid,
 				 strerror(-e));
@@ -630,12 +711,8 @@ void rbd_shared_moved(struct rbd_bdev *rb, bool after)
 	}
 	uint64_t old = atomic_load(&s->me);
 	int r = s->oid[0] ? watch_on(s) : -ENOENT;
-	if (r == 0 && old && old != atomic_load(&s->me)) {
-		/* the old client is gone (fenced): no longer a member */
-		char key[1][32];
-		snprintf(key[0], sizeof(key[0]), "%" PRIu64, old);
-		members_remove(rb, s->oid, key, 1);
-	}
+	if (r == 0 && old && old != atomic_load(&s->me))
+		members_remove(rb, s->oid, &old, 1); /* the old client is gone (fenced): no longer a member */
 	pthread_mutex_unlock(&s->mu);
 	s->stale(s->arg);
 	if (r < 0)

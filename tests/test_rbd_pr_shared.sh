@@ -206,6 +206,7 @@ expect_match "$(line_of "$out" xcopy:1:1:0:8)" " CONFLICT " "once B has read it,
 
 # ------------------------------------------------------------- A dies
 a_lines=$(wc -l <"$T/A.log")
+b_lines=$(wc -l <"$T/B.log")
 gw_kill9 A
 gw_up A
 ka=$(line_of "$(pr A "$N1" keys)" keys)
@@ -214,7 +215,9 @@ expect_match "$ka" "gen=2 1 2$" "after kill -9 and restart, A lists the same key
 expect_match "$ra" "holder=1 type=1" "and the same holder ($ra)"
 tail -n +"$((a_lines + 1))" "$T/A.log" | grep -q "fenced this gateway's earlier client" ||
 	fail "the restarted A did not fence the client it had before the kill"
-pass "the restarted A fenced the client it had before the kill"
+tail -n +"$((b_lines + 1))" "$T/B.log" | grep -q "Ceph client is fenced" &&
+	fail "the restarted A fenced B's running client"
+pass "the restarted A fenced the client it had before the kill, and not B's"
 
 # ------------------------------------------------------------- preempt
 # Node 1 has a write in flight on A (A's cache leg takes 1 s for each
@@ -319,7 +322,13 @@ pass "B reconnected with a fresh client"
 # clients that run (each restart removed what the gateway's killed process
 # left, B's move to a fresh client its old one); a clean stop removes each.
 img_id=$(rbd info --format json "$CEPH_POOL/prs" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-members() { rados -p "$CEPH_POOL" listomapkeys "tiercache.pr.$img_id" | grep -c .; }
+# a member is two keys: GID (its address) and GID.gw (whose client it is)
+members() {
+	local k
+	k=$(rados -p "$CEPH_POOL" listomapkeys "tiercache.pr.$img_id")
+	[ "$(grep -c '\.gw$' <<<"$k")" = "$(grep -c '^[0-9][0-9]*$' <<<"$k")" ] || { echo "unpaired: $k"; return; }
+	grep -c '^[0-9][0-9]*$' <<<"$k"
+}
 n=$(members)
 [ "$n" = 2 ] || fail "the reservation object lists $n members, not the 2 running clients: $(rados -p "$CEPH_POOL" listomapvals "tiercache.pr.$img_id")"
 for g in A B; do

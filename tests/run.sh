@@ -24,7 +24,7 @@ mkdir -p "$logs/unit" "$logs/tsan" "$logs/fuzz" "$logs/fuzz-regress" "$logs/asan
 filter=${1:-}
 passed=0 failed=0 skipped=0
 failures=()
-fuzz_secs=${TC_FUZZ_SECS:-10}
+fuzz_secs=${TC_FUZZ_SECS:-8}
 fuzz_long_secs=${TC_FUZZ_LONG_SECS:-1200}
 fuzz_long_runs=${TC_FUZZ_LONG_RUNS:-1000000}
 

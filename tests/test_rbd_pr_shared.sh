@@ -20,7 +20,10 @@
 #     reservation node 1 is making through A, ends in COPY ABORTED (copy
 #     target not reachable), not a write past the reservation; once B has
 #     read the change, RESERVATION CONFLICT;
-#   - kill -9 A, restart it: the same keys and holder through A; A fences
+#   - likewise a WRITE USING TOKEN (ODX) to B's LUN 1 of a token of the
+#     shared LUN, while B's copy lacks the Exclusive Access reservation
+#     node 1 is making: COPY ABORTED, then RESERVATION CONFLICT;
+#   - kill -9 A, restart it: the same keys and reservation through A; A fences
 #     the client it had before the kill (whose watch outlives the process)
 #     as it starts;
 #   - node 2 preempts node 1 (PREEMPT AND ABORT) through B while node 1 has
@@ -204,6 +207,41 @@ expect_match "$(line_of "$(cat "$T/n1x.out")" reserve:1:1)" " GOOD " "node 1 res
 out=$(pr B "$N2" xcopy:1:1:0:8)
 expect_match "$(line_of "$out" xcopy:1:1:0:8)" " CONFLICT " "once B has read it, the same copy: RESERVATION CONFLICT"
 
+# ------------------------------------------------------------- ODX on a stale copy
+# Node 2 takes a token of the shared LUN through B (synced), then node 1
+# reserves Exclusive Access through A: in B's 5 s to read it, node 2's
+# WRITE USING TOKEN to B's LUN 1 (reading the shared LUN) must not pass on
+# the stale copy.
+out=$(pr A "$N1" release:1:1)
+expect_match "$(line_of "$out" release:1:1)" " GOOD " "node 1 released through A"
+tc_until 30 b_synced || fail "B did not read the release"
+rm -f "$T/go2" "$T/go3"
+"$PR" "$(url B)" "$N2" token:0:8 wut:1:8 "wait:$T/go2" wut:1:8 "wait:$T/go3" wut:1:8 >"$T/n2o.out" 2>&1 &
+n2o=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $n2o"
+odx_first() { grep -q '^wut:1:8 ' "$T/n2o.out"; }
+tc_until 30 odx_first || fail "node 2's token and first copy did not come: $(cat "$T/n2o.out")"
+expect_match "$(line_of "$(cat "$T/n2o.out")" token:0:8)" " GOOD " "node 2 took a token of the shared LUN through B"
+expect_match "$(line_of "$(cat "$T/n2o.out")" wut:1:8)" " GOOD " "with B's copy synced, node 2's WRITE USING TOKEN to B's LUN 1 works"
+pr A "$N1" reserve:1:3 >"$T/n1o.out" 2>&1 &
+n1o=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $n1o"
+tc_until 30 b_stale || fail "B's copy never turned stale while node 1 reserved Exclusive Access through A"
+touch "$T/go2"
+odx_second() { [ "$(grep -c '^wut:1:8 ' "$T/n2o.out")" -ge 2 ]; }
+tc_until 30 odx_second || fail "node 2's second WRITE USING TOKEN was not answered: $(cat "$T/n2o.out")"
+b_was_stale=$(synced_of B)
+l=$(grep '^wut:1:8 ' "$T/n2o.out" | sed -n 2p)
+expect_match "$l" " CHECK:a/0d/02 " "node 2's WRITE USING TOKEN of the shared LUN's token while B's copy was stale: COPY ABORTED ($l)"
+[ "$b_was_stale" = False ] || fail "B had read the change before the copy was answered: this run shows nothing"
+wait "$n1o"
+expect_match "$(line_of "$(cat "$T/n1o.out")" reserve:1:3)" " GOOD " "node 1 reserved Exclusive Access through A"
+tc_until 30 b_synced || fail "B did not read the reservation"
+touch "$T/go3"
+wait "$n2o"
+l=$(grep '^wut:1:8 ' "$T/n2o.out" | sed -n 3p)
+expect_match "$l" " CONFLICT " "once B has read it, the same WRITE USING TOKEN: RESERVATION CONFLICT ($l)"
+
 # ------------------------------------------------------------- A dies
 a_lines=$(wc -l <"$T/A.log")
 b_lines=$(wc -l <"$T/B.log")
@@ -212,7 +250,7 @@ gw_up A
 ka=$(line_of "$(pr A "$N1" keys)" keys)
 ra=$(line_of "$(pr A "$N1" resv)" resv)
 expect_match "$ka" "gen=2 1 2$" "after kill -9 and restart, A lists the same keys ($ka)"
-expect_match "$ra" "holder=1 type=1" "and the same holder ($ra)"
+expect_match "$ra" "holder=1 type=3" "and the same holder and type ($ra)"
 tail -n +"$((a_lines + 1))" "$T/A.log" | grep -q "fenced this gateway's earlier client" ||
 	fail "the restarted A did not fence the client it had before the kill"
 tail -n +"$((b_lines + 1))" "$T/B.log" | grep -q "Ceph client is fenced" &&

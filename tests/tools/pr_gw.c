@@ -18,6 +18,10 @@
  *     xcopy:CMD:SRC:DST:LBA   EXTENDED COPY (LID1) sent to LUN CMD: one block
  *                             at LBA from LUN SRC to LUN DST (each named by
  *                             its NAA designator, read from VPD 83h first)
+ *     token:LUN:LBA           POPULATE TOKEN for one block at LBA of LUN, then
+ *                             RECEIVE ROD TOKEN INFORMATION: the token is kept
+ *     wut:LUN:LBA             WRITE USING TOKEN of the kept token to one block
+ *                             at LBA of LUN (ODX, as Windows copies)
  *     wait:PATH               wait (up to 120 s) until PATH exists, still logged in
  * Each step prints "STEP RESULT ms=T": GOOD, CONFLICT (RESERVATION
  * CONFLICT), BUSY, or CHECK:K/ASC/ASCQ. A UNIT ATTENTION is printed as
@@ -156,6 +160,9 @@ static struct scsi_task *prout(struct iscsi_context *c, int lun, const char *ste
 	return run(c, lun, step, cdb, 10, SCSI_XFER_WRITE, sizeof(p), p, transport);
 }
 
+/* The ODX token of a token step, for the wut steps after it. */
+static unsigned char odx_token[512];
+
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
@@ -277,6 +284,42 @@ int main(int argc, char **argv)
 			put64(g + 12, lba);
 			put64(g + 20, lba);
 			unsigned char cdb[16] = { 0x83, 0x00 };
+			put32(cdb + 10, sizeof(p));
+			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
+		} else if (!strcmp(f[0], "token") && nf == 3) {
+			/* one block range descriptor; list identifier 1; default inactivity timeout */
+			unsigned char p[32] = { 0 };
+			p[1] = 30;
+			p[15] = 16;
+			put64(p + 16, strtoull(f[2], NULL, 0));
+			put32(p + 24, 1);
+			unsigned char cdb[16] = { 0x83, 0x10 };
+			put32(cdb + 6, 1);
+			put32(cdb + 10, sizeof(p));
+			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
+			if (t) {
+				scsi_free_scsi_task(t);
+				unsigned char rc[16] = { 0x84, 0x07 };
+				put32(rc + 2, 1);
+				put32(rc + 10, 1024);
+				bool tr = false;
+				t = run(c, atoi(f[1]), " rrti", rc, 16, SCSI_XFER_READ, 1024, NULL, &tr);
+				transport |= tr;
+				if (t && t->datain.size >= 38 + 512)
+					memcpy(odx_token, t->datain.data + 38, 512);
+				else if (t)
+					printf(" short");
+			}
+		} else if (!strcmp(f[0], "wut") && nf == 3) {
+			unsigned char p[552] = { 0 };
+			p[0] = (sizeof(p) - 2) >> 8; /* data length */
+			p[1] = (sizeof(p) - 2) & 0xff;
+			memcpy(p + 16, odx_token, 512);
+			p[535] = 16;
+			put64(p + 536, strtoull(f[2], NULL, 0));
+			put32(p + 544, 1);
+			unsigned char cdb[16] = { 0x83, 0x11 };
+			put32(cdb + 6, 2);
 			put32(cdb + 10, sizeof(p));
 			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
 		} else if (!strcmp(f[0], "ssu")) {

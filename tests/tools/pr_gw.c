@@ -160,6 +160,16 @@ static struct scsi_task *prout(struct iscsi_context *c, int lun, const char *ste
 	return run(c, lun, step, cdb, 10, SCSI_XFER_WRITE, sizeof(p), p, transport);
 }
 
+/* A third-party copy command (83h) of service action sa with its parameter list p. */
+static struct scsi_task *copy_out(struct iscsi_context *c, int lun, const char *step, int sa, uint32_t list_id,
+				  unsigned char *p, uint32_t len, bool *transport)
+{
+	unsigned char cdb[16] = { 0x83, (unsigned char)sa };
+	put32(cdb + 6, list_id);
+	put32(cdb + 10, len);
+	return run(c, lun, step, cdb, 16, SCSI_XFER_WRITE, (int)len, p, transport);
+}
+
 /* The ODX token of a token step, for the wut steps after it. */
 static unsigned char odx_token[512];
 
@@ -283,9 +293,7 @@ int main(int argc, char **argv)
 			g[11] = 1; /* one block */
 			put64(g + 12, lba);
 			put64(g + 20, lba);
-			unsigned char cdb[16] = { 0x83, 0x00 };
-			put32(cdb + 10, sizeof(p));
-			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
+			t = copy_out(c, atoi(f[1]), name, 0x00, 0, p, sizeof(p), &transport);
 		} else if (!strcmp(f[0], "token") && nf == 3) {
 			/* one block range descriptor; list identifier 1; default inactivity timeout */
 			unsigned char p[32] = { 0 };
@@ -293,10 +301,7 @@ int main(int argc, char **argv)
 			p[15] = 16;
 			put64(p + 16, strtoull(f[2], NULL, 0));
 			put32(p + 24, 1);
-			unsigned char cdb[16] = { 0x83, 0x10 };
-			put32(cdb + 6, 1);
-			put32(cdb + 10, sizeof(p));
-			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
+			t = copy_out(c, atoi(f[1]), name, 0x10, 1, p, sizeof(p), &transport);
 			if (t) {
 				scsi_free_scsi_task(t);
 				unsigned char rc[16] = { 0x84, 0x07 };
@@ -318,10 +323,7 @@ int main(int argc, char **argv)
 			p[535] = 16;
 			put64(p + 536, strtoull(f[2], NULL, 0));
 			put32(p + 544, 1);
-			unsigned char cdb[16] = { 0x83, 0x11 };
-			put32(cdb + 6, 2);
-			put32(cdb + 10, sizeof(p));
-			t = run(c, atoi(f[1]), name, cdb, 16, SCSI_XFER_WRITE, sizeof(p), p, &transport);
+			t = copy_out(c, atoi(f[1]), name, 0x11, 2, p, sizeof(p), &transport);
 		} else if (!strcmp(f[0], "ssu")) {
 			unsigned char cdb[6] = { 0x1b, 0, 0, 0, 0x01, 0 };
 			t = run(c, lun, name, cdb, 6, SCSI_XFER_NONE, 0, NULL, &transport);

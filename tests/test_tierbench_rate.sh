@@ -22,6 +22,8 @@
 #     does the closed loop at QD1;
 #   - evenly spaced arrivals at rho 0.8 (D/D/1) wait for nothing: mean
 #     within 10% of D;
+#   - each of these points that misses runs once more before it fails: a
+#     slow moment of a 2-core machine moves one run, a broken queue both;
 #   - percentiles reach p99.99 and the max, in order;
 #   - --rates draws latency against offered load (--svg), rising with it;
 #   - --compare runs each row on a second target ("fast": a plain LUN) and
@@ -124,17 +126,24 @@ done
 pass "open loop, Poisson arrivals at rho 0.5 and 0.8: within 10% of the M/D/1 mean and of the path's"
 
 # --- the same queue formed in the device (-q 8) ------------------------------
-open_run q8-0.5 0.5 8
 # The queue is now the leg's. Its server takes the 2 ms of the delay and a
 # little more (the file read, the hand-over between workers); the rest of
 # D (iSCSI, the daemon) is spent outside the queue. The answer lies between
 # M/D/1 on 2 ms plus the rest of D as is (lo) and M/D/1 on all of D (hi).
-lam=$(python3 -c "print($ios / $secs)")
-lo=$(python3 -c "print(max($D - 0.002, 0) + $(python3 "$MDQ" md1 "$lam" 0.002))")
-hi=$(python3 "$MDQ" md1 "$lam" "$D")
-echo "rho 0.5, -q 8: mean $mean s; M/D/1 bounds: $lo s (a 2 ms server) .. $hi s (a server of all of D)"
-python3 -c "import sys; sys.exit(0 if 0.9 * $lo <= $mean <= 1.1 * $hi else 1)" ||
-	fail "rho 0.5 with 8 in flight: mean $mean s is outside 10% of the M/D/1 bounds $lo .. $hi s (does the device serve one at a time?)"
+# Like the points above, one that misses runs once more on the next
+# typical path: a device serving side by side misses by far more, twice.
+for try in 1 2; do
+	AFTER=${seed_tried:-0} open_run q8-0.5 0.5 8
+	seed_tried=$seed
+	lam=$(python3 -c "print($ios / $secs)")
+	lo=$(python3 -c "print(max($D - 0.002, 0) + $(python3 "$MDQ" md1 "$lam" 0.002))")
+	hi=$(python3 "$MDQ" md1 "$lam" "$D")
+	echo "rho 0.5, -q 8 (try $try): mean $mean s; M/D/1 bounds: $lo s (a 2 ms server) .. $hi s (a server of all of D)"
+	python3 -c "import sys; sys.exit(0 if 0.9 * $lo <= $mean <= 1.1 * $hi else 1)" && break
+	[ "$try" = 2 ] &&
+		fail "rho 0.5 with 8 in flight: mean $mean s is outside 10% of the M/D/1 bounds $lo .. $hi s, twice (does the device serve one at a time?)"
+done
+seed_tried=
 pass "with 8 in flight the device queues them one at a time: the M/D/1 mean within 10%"
 
 # --- what closed-loop measurement makes of it ---------------------------------
@@ -148,11 +157,18 @@ python3 -c "import sys; sys.exit(0 if $issue < 0.6 * $md1_08 and $D < 0.6 * $md1
 pass "measured from the send, the same load reads $issue s and the closed loop $D s: under 60% of $md1_08 s"
 
 # --- evenly spaced arrivals: D/D/1, no wait ------------------------------------
-tb -t 1 -q 1 -T 8 --rate "$rate_08" --arrivals fixed "$slow" >"$T/fixed.json" ||
-	fail "--arrivals fixed: $(head -c 300 "$T/fixed.json")"
-fmean=$(jv "$T/fixed.json" 'd["runs"][0]["latency_us"]["avg"]/1e6')
-fS=$(jv "$T/fixed.json" 'd["runs"][0]["service_us"]["avg"]/1e6')
-close "$fmean" "$fS" 0.10 || fail "fixed arrivals at rho 0.8: mean $fmean s, not within 10% of the service time $fS s"
+# A slow moment of the machine stretches a few services past the 1.25 D
+# gap and the queue forms after all; a miss runs once more (a schedule
+# that bunched arrivals would wait in both runs).
+for try in 1 2; do
+	tb -t 1 -q 1 -T 8 --rate "$rate_08" --arrivals fixed "$slow" >"$T/fixed.json" ||
+		fail "--arrivals fixed: $(head -c 300 "$T/fixed.json")"
+	fmean=$(jv "$T/fixed.json" 'd["runs"][0]["latency_us"]["avg"]/1e6')
+	fS=$(jv "$T/fixed.json" 'd["runs"][0]["service_us"]["avg"]/1e6')
+	echo "fixed arrivals at rho 0.8 (try $try): mean $fmean s, service $fS s"
+	close "$fmean" "$fS" 0.10 && break
+	[ "$try" = 2 ] && fail "fixed arrivals at rho 0.8: mean $fmean s, not within 10% of the service time $fS s (twice)"
+done
 pass "evenly spaced arrivals at rho 0.8 wait for nothing: mean $fmean s, service $fS s"
 
 # --- percentiles to p99.99 and the max ------------------------------------------

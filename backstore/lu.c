@@ -248,6 +248,7 @@ bool scsi_lu_ownership(const struct scsi_lu *lu, struct scsi_lu_ownership *out)
 	out->port_group = lu->tpg;
 	out->owner_port_group = lu->owner->owner_group ? lu->owner->owner_group(lu->dev) : 0;
 	out->gateways = lu->alua_groups ? lu->alua_groups : 1;
+	out->unowned_reads = atomic_load_explicit(&lu->unowned_reads, memory_order_relaxed);
 	return true;
 }
 

@@ -229,6 +229,8 @@ struct scsi_lu {
 	 */
 	const struct bdev_owner_ops *owner;
 	uint16_t alua_groups;
+	/* READs served while another gateway owned the store (lu_dispatch.c) */
+	_Atomic uint64_t unowned_reads;
 
 	/* mode parameters: hot ones are atomics, the rest under mutex */
 	atomic_bool wce;

@@ -315,6 +315,31 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd)
 
 /* The checks every command passes before its handler, then the handler:
  * what it returns, or the failed check's answer (SCSI_RC_DONE). */
+/*
+ * A READ at a gateway that does not own the LU's shared store is served
+ * from the store itself (BDEV_F_UNOWNED: past this gateway's cache, whose
+ * copies may be older than the owner's writes), and does not take the store
+ * over. The store holds everything the owner acknowledged (a LUN of several
+ * gateways is write-through, config_validate.c), so the read is as current
+ * as one on the owner's path. Why: hosts read every path they find (the
+ * kernel's partition scan, udev's probes, LVM) before multipath groups
+ * them, and if each of those reads took the image over, the gateways
+ * would pass the lock back and forth for as long as a host keeps logging
+ * in (a Linux host with two paths: over a minute of transitions). Writes
+ * and every other media command still take it over: a host sends those
+ * here only once its path to the owner failed (implicit failover).
+ * Not for a LUN of one gateway (in STANDBY another client holds its image,
+ * and its write-back cache may hold data the store lacks); not while
+ * taking over (TRANSITION) or cut off (LOST).
+ */
+static bool unowned_read_ok(const struct scsi_lu *lu, const struct cmd_desc *d, enum bdev_owner_state st)
+{
+	if (st != BDEV_OWNER_STANDBY || lu->alua_groups < 2)
+		return false;
+	return d->opcode == OP_READ_6 || d->opcode == OP_READ_10 || d->opcode == OP_READ_12 ||
+	       d->opcode == OP_READ_16;
+}
+
 static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 {
 	const struct cmd_desc *d;
@@ -363,12 +388,17 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 		cmd->status = SAM_STAT_RESERVATION_CONFLICT;
 		return SCSI_RC_DONE;
 	}
-	/* shared backing store: media access only while this gateway owns it */
+	/* shared backing store: media access only while this gateway owns it,
+	 * but for READs (unowned_read_ok) */
 	if (lu->owner && (d->flags & (CMDF_READS | CMDF_WRITES))) {
 		uint64_t gen;
 		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
-		if (st != BDEV_OWNER_OWNED)
-			return spc_alua_refuse(cmd, st);
+		if (st != BDEV_OWNER_OWNED) {
+			if (!unowned_read_ok(lu, d, st))
+				return spc_alua_refuse(cmd, st);
+			cmd->unowned = true;
+			atomic_fetch_add_explicit(&lu->unowned_reads, 1, memory_order_relaxed);
+		}
 	}
 	if ((d->flags & CMDF_WRITES) && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16 &&
 	    (lu->read_only || atomic_load_explicit(&lu->swp, memory_order_relaxed)))
@@ -399,6 +429,7 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->data_fd_lu = NULL;
 	cmd->wlock = NULL;
 	cmd->overdue = false;
+	cmd->unowned = false;
 	cmd->outcome = 0;
 	cmd->start_ns = lu_now_ns();
 	nl = scsi_cmd_nlu(cmd);

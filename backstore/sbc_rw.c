@@ -65,7 +65,8 @@ enum scsi_rc sbc_read(struct scsi_cmd *cmd)
 	if (bytes > LU_MAX_XFER_BYTES)
 		return scsi_fail_cdb(cmd, cmd->cdb[0] == OP_READ_16 ? 10 : 7, -1);
 	io->end = bytes;
-	if (cmd->fe_data_fd && bytes >= SBC_SENDFILE_MIN && cmd->read_len >= bytes) {
+	unsigned flags = cmd->unowned ? BDEV_F_UNOWNED : 0;
+	if (cmd->fe_data_fd && !cmd->unowned && bytes >= SBC_SENDFILE_MIN && cmd->read_len >= bytes) {
 		/* all of it in the page cache: the front end sends it from there */
 		uint64_t fd_off;
 		int fd = bdev_cached_fd(lu->dev, lba << lu->block_shift, bytes, &fd_off);
@@ -82,7 +83,7 @@ enum scsi_rc sbc_read(struct scsi_cmd *cmd)
 		struct iovec *iov;
 		int cnt = sbc_iov_window(io, 0, bytes, &iov);
 		if (cnt > 0) {
-			sbc_io_submit(io, BDEV_READ, 0, lba << lu->block_shift, bytes, iov, cnt, read_done);
+			sbc_io_submit(io, BDEV_READ, flags, lba << lu->block_shift, bytes, iov, cnt, read_done);
 			return SCSI_RC_PENDING;
 		}
 	}
@@ -94,7 +95,7 @@ enum scsi_rc sbc_read(struct scsi_cmd *cmd)
 		return SCSI_RC_DONE;
 	io->biov.iov_base = io->buf;
 	io->biov.iov_len = bytes;
-	sbc_io_submit(io, BDEV_READ, 0, lba << lu->block_shift, bytes, &io->biov, 1, read_bounced);
+	sbc_io_submit(io, BDEV_READ, flags, lba << lu->block_shift, bytes, &io->biov, 1, read_bounced);
 	return SCSI_RC_PENDING;
 }
 

@@ -194,6 +194,7 @@ struct scsi_cmd {
 	uint32_t bs_once;         /* debug builds: in flight or completed (lu.h) */
 	struct range_lock *wlock; /* its place in the write interlock, while it has one */
 	bool overdue;             /* answered by the front end already (scsi_cmd_overdue) */
+	bool unowned;             /* a read of a shared store this gateway does not own (lu_dispatch.c) */
 	uint8_t outcome;          /* how the device served it: the worst BDEV_OUT_* of its requests */
 	uint64_t start_ns;        /* submitted (CLOCK_MONOTONIC), for the latency histograms */
 	void *bs_priv;
@@ -252,6 +253,7 @@ struct scsi_lu_ownership {
 	uint32_t port_group;       /* this gateway's target port group */
 	uint32_t owner_port_group; /* the owner's, 0 = unknown */
 	unsigned gateways;
+	uint64_t unowned_reads;    /* reads served while another gateway owned it */
 };
 bool scsi_lu_ownership(const struct scsi_lu *lu, struct scsi_lu_ownership *out);
 

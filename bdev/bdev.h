@@ -45,6 +45,14 @@ enum bdev_op {
 
 /* Write flag: durable when done() is called (FUA, or write cache off). */
 #define BDEV_F_FUA 0x1
+/*
+ * Read flag: a gateway that does not own a shared store (bdev.h
+ * "Ownership") reads it, straight from the store and past every copy: a
+ * cache volume neither looks its extents up nor fills them (its copies may
+ * be older than what the owner has written since, and a fill now could
+ * outlive the owner's next write). Every other device ignores it.
+ */
+#define BDEV_F_UNOWNED 0x2
 
 struct bdev;
 struct bdev_owner_ops;

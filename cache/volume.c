@@ -286,9 +286,12 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 	atomic_fetch_add(&cs->fg_inflight, 1);
 	atomic_store_explicit(&cs->last_io_ms, now_ms(), memory_order_relaxed);
 
-	if (req->op == BDEV_FLUSH) {
+	if (req->op == BDEV_FLUSH || (req->op == BDEV_READ && (req->flags & BDEV_F_UNOWNED))) {
 		r->pending++;
-		r->flush_covers = atomic_load(&v->bw_volatile);
+		if (req->op == BDEV_FLUSH)
+			r->flush_covers = atomic_load(&v->bw_volatile);
+		else
+			r->how = VH_BACKING; /* a bypass, as the metrics count it */
 		r->sub = *req;
 		r->sub.done = vreq_sub_done;
 		r->sub.priv = r;

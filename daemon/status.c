@@ -43,6 +43,7 @@ static void owner_json(struct json_object *o, const struct scsi_lu_ownership *ow
 	json_object_object_add(w, "port_group", json_object_new_int64(ow->port_group));
 	json_object_object_add(w, "gateways", json_object_new_int(ow->gateways));
 	json_object_object_add(w, "owner_port_group", json_object_new_int64(ow->owner_port_group));
+	json_object_object_add(w, "unowned_reads", json_object_new_int64((int64_t)ow->unowned_reads));
 	if (ow->state == BDEV_OWNER_OWNED)
 		json_object_object_add(w, "generation", json_object_new_int64((int64_t)ow->generation));
 	json_object_object_add(o, "ownership", w);

@@ -13,7 +13,10 @@
 #   round 1: write X through A; RTPG through A and B: group 1 active/optimized,
 #            group 2 active/non-optimized; status JSON names owner 1; kill -9 A;
 #            write Y through B (NOT READY transition first, then GOOD; RTPG:
-#            group 2 active/optimized); restart A, read through A: Y.
+#            group 2 active/optimized); restart A, read through A: Y, at
+#            once (a gateway that does not own the image reads it past
+#            its cache, and the read does not take the image); a write
+#            through A takes it back.
 #   recovery: A's takeover fenced B (blocklisted); B, not restarted, connects
 #            a fresh Ceph client by itself and is standby again
 #            (active/non-optimized), and follows an `rbd resize` on its
@@ -25,8 +28,10 @@
 #            until cached). A's restart fences B again while B's Ceph
 #            configuration is moved away: B stays lost, its reconnects fail
 #            and are retried with a backoff; with the file back it recovers
-#            by itself. Then the takeover by B and A's restart: A drops its
-#            copies on its gain and reads Y; B stops cleanly on SIGTERM.
+#            by itself. Then the takeover by B and A's restart: A, not the
+#            owner, reads Y past its warm copy of X; a write through A
+#            takes the image, A drops its copies on that gain and reads Y;
+#            B stops cleanly on SIGTERM.
 #   round 3: a single gateway (gateways = 1) with a write-back cache takes the
 #            lock at start; after kill -9 and a restart it keeps its cache.
 . "$(dirname "$0")/lib.sh"
@@ -100,6 +105,24 @@ takeover_write() {
 	pass "$4: NOT READY (transition) first, then GOOD, in $((SECONDS - t0)) s ($out)"
 }
 
+# no_transition OUT WHAT: the client saw no NOT READY (transition)
+no_transition() {
+	case $1 in
+	*transition=0*) ;;
+	*) fail "$2 waited for a takeover (a gateway that does not own the image serves reads from it): $1" ;;
+	esac
+}
+
+# expect_unowned GATEWAY N: G's status counts at least N reads served while another gateway owned the image
+expect_unowned() {
+	local n
+	n=$("$CTL" -s "$T/$1/state/control.sock" --json status | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["luns"][0]["ownership"]["unowned_reads"])')
+	[ "${n:-0}" -ge "$2" ] || fail "gateway $1's status counts $n reads served unowned, expected at least $2"
+	pass "gateway $1's status counts $n read(s) served while it did not own the image"
+}
+
 expect_rtpg() { # GATEWAY EXPECTED WHAT
 	local out t0=$SECONDS
 	while :; do
@@ -153,7 +176,12 @@ expect_eq "$st" "owned 2 active/optimized" "status of B: owns the image"
 
 gw_start A
 out=$(io read A 0 16 0xb2) || fail "read through the restarted A did not return Y: $out"
-pass "read through the restarted A returns Y, never X ($out)"
+no_transition "$out" "a read through the restarted A (not the owner)"
+pass "read through the restarted A returns Y, never X, at once: from the image, not the owner ($out)"
+st=$(status_of B)
+expect_eq "$st" "owned 2 active/optimized" "the read through A did not take the image: B still owns it"
+expect_unowned A 1
+takeover_write A 2048 0xa5 "write through A (takes the image back)"
 
 # ------------------------------------------------------------- recovery
 # A took the image back (breaking B's lock: B is blocklisted). B is not
@@ -232,9 +260,17 @@ gw_kill9 A
 out=$(io write B 1024 16 0xd4) || fail "write Y2 through B after A died: $out"
 pass "write Y2 through B after A's death ($out)"
 gw_start A
+drops=$(grep -c "cached extent(s) dropped" "$T/A.log")
+# not the owner: the read comes from the image, past A's warm copy of X2
+out=$(io read A 1024 16 0xd4) || fail "A, not the owner, served its stale cached copy: $out"
+no_transition "$out" "a read through the restarted A (not the owner)"
+pass "the restarted A, cache warm with X2 and not the owner, reads Y2 from the image ($out)"
+[ "$(grep -c "cached extent(s) dropped" "$T/A.log")" = "$drops" ] || fail "A dropped its cached copies without a gain"
+takeover_write A 2048 0xa6 "write through A (takes the image over)"
 out=$(io read A 1024 16 0xd4) || fail "A served its stale cached copy after the takeover: $out"
-pass "the restarted A, cache warm with X2, reads Y2 ($out)"
-grep -q "cached extent(s) dropped" "$T/A.log" || fail "A's log does not say it dropped its cached copies"
+pass "A, the owner now, reads Y2 ($out)"
+[ "$(grep -c "cached extent(s) dropped" "$T/A.log")" -gt "$drops" ] ||
+	fail "A's log does not say it dropped its cached copies on its gain"
 pass "A dropped its cached copies on its gain: $(grep -o '[0-9]* cached extent(s) dropped' "$T/A.log" | tail -1)"
 # B was fenced a third time by that gain; it stops cleanly whatever it is doing
 gw_term B

@@ -264,10 +264,13 @@ pass "the restarted A fenced the client it had before the kill, and not B's"
 # meets the new state.
 ctl_a() { "$CTL" -s "$T/A/state/control.sock" "$@"; }
 inflight_a() { ctl_a --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["luns"][0]["io"]["in_flight"])'; }
-# node 1's reads through A take the image back to A and cache the extent,
-# so that the write goes to A's legs (write-through)
-out=$(pr A "$N1" read:16 read:16)
-expect_match "$(line_of "$out" read:16)" " GOOD " "node 1 reads through A (A owns the image again, the extent cached)"
+# node 1's write through A takes the image back to A (a read would not: a
+# gateway that does not own the image reads it without taking it), and its
+# reads cache the extent, so that the next write goes to A's legs
+# (write-through)
+out=$(pr A "$N1" write:16:0x43 read:16 read:16)
+expect_match "$(line_of "$out" write:16:0x43)" " GOOD " "node 1 writes through A (A owns the image again)"
+expect_match "$(line_of "$out" read:16)" " GOOD " "node 1 reads through A (the extent cached)"
 sleep 1
 ctl_a leg fault nvme "$T/A/leg0" delay 1000000 >/dev/null || fail "cannot slow A's cache leg"
 rm -f "$T/go"

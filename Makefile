@@ -211,7 +211,9 @@ conformance: deps
 # The real kernel: LIO + target_core_user + iscsi_target_mod + two QEMU NVMe
 # drives, tiercached inside, initiators on the host (tests/system/): once with
 # configfs written directly, once through targetcli + D-Bus + tcmu-runner in a
-# debootstrap'ed guest. The first run installs qemu-system-x86 and debootstrap,
+# debootstrap'ed guest. The kernel initiator's guest also takes an RBD image
+# from two gateways on the host's loopback Ceph cluster (ALUA multipath, the
+# owner killed under fio). The first run installs qemu-system-x86 and debootstrap,
 # fetches Debian's kernel package and builds the guest root (about 2 minutes).
 # Last, the Debian package: built from the committed tree, lintian-checked,
 # installed, upgraded and purged in a fresh debootstrap'ed root, then upgraded

@@ -42,6 +42,15 @@
 #  10. (extra) target-side copies: EXTENDED COPY (sg_xcopy) of LUN 1 onto
 #      LUN 0, cmp equal. ODX with ddpt --odx is SKIPped: bookworm's ddpt 0.97
 #      sends malformed POPULATE TOKEN range descriptors (see step10).
+#  12. dm-multipath with ALUA (the settings README.md documents) over two
+#      gateways of one RBD image, run on the host with a loopback Ceph
+#      cluster (tests/system/vm-failover-host.sh): the owner is killed
+#      under fio verify load; no I/O fails, the verify passes, the pause
+#      the host saw (longest gap between completions) is under 10 s, and
+#      the restarted gateway's path comes back non-optimized. Then the new
+#      owner is frozen (SIGSTOP) and thawed once the other took over, while
+#      fio still writes: no I/O fails, the verify passes, the pause (NOP-Out
+#      timers first) is printed, and the thawed gateway is fenced.
 #  11. (recording, not a check; STEPS="1 11") a trace of a real filesystem
 #      workload for the sizing advisor: tierctl trace records cache fast
 #      while ext4 on LUN 0 takes a source tarball (zlib, Debian's), and in
@@ -66,7 +75,7 @@ R=$W/initiator-rootfs
 PORT=${PORT:-13264}
 DBGPORT=${DBGPORT:-12327}
 MEM=${MEM:-1024}
-STEPS=${STEPS:-1 2 3 4 5 6 7 9 10}
+STEPS=${STEPS:-1 2 3 4 5 6 7 9 10 12}
 mkdir -p "$W"
 VMDIR=$W # lib-vm.sh: where the kernel is
 . tests/system/lib-vm.sh # now, since
@@ -713,6 +722,168 @@ step11() {
 	echo "TRACE-END"
 }
 
+# --- step 12: ALUA multipath over two gateways of one RBD image ---------------
+# The gateways run on the host (Ceph is there), reached at 10.0.2.2 (qemu's
+# user network forwards it to the host's 127.0.0.1); the host side of the step
+# is tests/system/vm-failover-host.sh, which calls these in turn.
+FO_IQN=iqn.2026-11.io.tiercache:fo
+FO_HOST=10.0.2.2
+# the settings README.md documents for hosts on several gateways
+FO_REPL=3
+# fo_sess PORT: our session to the gateway on the host's PORT
+fo_sess() {
+	local s n
+	for s in /sys/class/iscsi_session/session*; do
+		[ -e "$s" ] || continue
+		n=${s##*/session}
+		[ "$(cat "$s/targetname" 2>/dev/null)" = $FO_IQN ] || continue
+		[ "$(cat /sys/class/iscsi_connection/connection$n:0/persistent_port 2>/dev/null)" = "$1" ] || continue
+		echo "$n"
+		return 0
+	done
+	return 1
+}
+# fo_path DEV: "DM_STATE CHECKER_STATE PRIO" of path DEV in multipathd's view
+fo_path() { multipathd show paths raw format "%d %t %T %p" 2>/dev/null | awk -v d="$1" '$1==d{print $2, $3, $4}'; }
+fo_path_is() { [ "$(fo_path "$1")" = "$2" ]; }
+fo_dev() { cat /run/fo-dev$1; }
+fo_show() { multipath -ll "$(cat /run/fo-map)" 2>&1 | sed 's/^/   mp| /'; }
+
+# step12 up PORT_A PORT_B: log in to gateway A (the image's owner) and B,
+# multipath with the README's settings; both paths up, A's the one in use
+step12_up() {
+	kbegin
+	local p g s d map
+	for g in A B; do
+		[ $g = A ] && p=$1 || p=$2
+		iscsiadm -m node -o new -T $FO_IQN -p $FO_HOST:$p >/dev/null &&
+			iscsiadm -m node -T $FO_IQN -p $FO_HOST:$p -o update -n node.session.timeo.replacement_timeout -v $FO_REPL &&
+			iscsiadm -m node -T $FO_IQN -p $FO_HOST:$p --login 2>&1 | sed 's/^/   login| /'
+		s=$(fo_sess $p) && wait_for 150 has_disk "$s" 0 || { bad "no session or disk to gateway $g ($FO_HOST:$p)"; kcheck step12; return; }
+		d=$(disk_of "$s" 0)
+		echo $d >/run/fo-dev$g
+		echo $s >/run/fo-sess$g
+		ok "gateway $g: session $s to $FO_HOST:$p, the image is /dev/$d (replacement_timeout $(cat /sys/class/iscsi_session/session$s/recovery_tmo) s)"
+	done
+	cat >/etc/multipath.conf <<CONF
+defaults {
+	user_friendly_names yes
+	find_multipaths no
+	polling_interval 2
+}
+blacklist {
+	devnode "^vd[a-z]"
+}
+devices {
+	device {
+		vendor "TIERCACH"
+		product ".*"
+		hardware_handler "1 alua"
+		prio alua
+		path_grouping_policy failover
+		failback immediate
+		path_checker tur
+		no_path_retry 12
+		fast_io_fail_tmo $FO_REPL
+	}
+}
+CONF
+	udevadm settle -t 30
+	if pgrep -x multipathd >/dev/null; then multipathd reconfigure >/dev/null; else multipathd >/dev/null 2>&1 || bad "multipathd did not start"; fi
+	wait_for 150 map_made "$(fo_dev A)" || { bad "no multipath map for /dev/$(fo_dev A)"; multipath -ll; kcheck step12; return; }
+	map=$(map_of "$(fo_dev A)")
+	echo $map >/run/fo-map
+	[ "$(map_of "$(fo_dev B)")" = "$map" ] || { bad "/dev/$(fo_dev B) is not a path of $map"; fo_show; kcheck step12; return; }
+	# ALUA priorities: 50 active/optimized (the owner), 10 active/non-optimized
+	wait_for 150 fo_path_is "$(fo_dev A)" "active ready 50" && wait_for 150 fo_path_is "$(fo_dev B)" "active ready 10" &&
+		ok "map $map: A's path /dev/$(fo_dev A) active/optimized (prio 50), B's /dev/$(fo_dev B) active/non-optimized (prio 10)" ||
+		bad "map $map: A's path is '$(fo_path "$(fo_dev A)")', B's '$(fo_path "$(fo_dev B)")'"
+	# multipathd sets an iSCSI session's replacement timeout to fast_io_fail_tmo
+	for g in A B; do
+		s=$(cat /run/fo-sess$g)
+		[ "$(cat /sys/class/iscsi_session/session$s/recovery_tmo)" = $FO_REPL ] &&
+			ok "gateway $g's session: replacement timeout $FO_REPL s under multipathd" ||
+			bad "gateway $g's session $s: replacement timeout $(cat /sys/class/iscsi_session/session$s/recovery_tmo) s, not $FO_REPL"
+	done
+	fo_show
+	kcheck step12 'alua|multipath'
+}
+
+# step12 load OWNER OTHER: fio with verify on the map, in the background;
+# returns once OWNER's path has done 400 writes (OTHER's none: failover
+# grouping)
+step12_load() {
+	kbegin
+	local o=$1 x=$2 a b base bb map
+	map=$(cat /run/fo-map)
+	a=$(fo_dev $o)
+	b=$(fo_dev $x)
+	base=$(writes_done $a)
+	bb=$(writes_done $b)
+	rm -f /tmp/fo_*.log
+	setsid fio --name=fo --filename=/dev/mapper/$map --size=48M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=8 \
+		--direct=1 --verify=crc32c --do_verify=1 --write_lat_log=/tmp/fo --log_avg_msec=0 \
+		>/tmp/fio12.out 2>&1 </dev/null &
+	echo $! >/run/fo-fio.pid
+	wait_for 300 more_writes $a "$base" 400 || { bad "fio wrote less than 400 blocks on $o's path in 60 s"; return; }
+	kill -0 "$(cat /run/fo-fio.pid)" 2>/dev/null || { bad "fio ended before the owner went: make it longer"; return; }
+	[ "$(writes_done $b)" = "$bb" ] && ok "fio on /dev/mapper/$map writes through $o only ($(($(writes_done $a) - base)) writes on $a, 0 on $b)" ||
+		bad "$x's path took $(($(writes_done $b) - bb)) writes while $o was optimized"
+	writes_done $b >/run/fo-bbase
+}
+
+# step12 after OLD NEW HOW: OLD went (HOW: killed, frozen); fio finishes
+# without an error, its verify passes, the writes moved to NEW's path, and
+# the longest gap between two completions (fio's per-I/O log) is the pause
+# the host saw
+step12_after() {
+	local o=$1 n=$2 how=$3 fpid rc a b map
+	map=$(cat /run/fo-map)
+	a=$(fo_dev $o)
+	b=$(fo_dev $n)
+	fpid=$(cat /run/fo-fio.pid)
+	wait_for 3000 eval '! kill -0 '"$fpid"' 2>/dev/null' || { bad "fio still running 600 s later"; kill $fpid; }
+	rc=$(sed -n 's/.*err= *\([0-9]*\).*/\1/p' /tmp/fio12.out | head -1)
+	fio_ok /tmp/fio12.out "${rc:-1}" "fio on /dev/mapper/$map across the owner $how: no error, crc32c verify of all 48 MiB passed"
+	[ "$(writes_done $b)" -gt "$(cat /run/fo-bbase)" ] && ok "the writes moved to $n's path ($(($(writes_done $b) - $(cat /run/fo-bbase))) on $b)" ||
+		bad "$n's path took no writes after the owner went"
+	fo_show
+	# fio's log: completion time (ms since the start), latency, direction, size, offset
+	awk -F', *' '{print $1}' /tmp/fo_clat.1.log | sort -n | awk 'NR > 1 && $1 - p > g { g = $1 - p; at = p } { p = $1 }
+		END { printf "%.3f %.3f %d\n", g / 1000, at / 1000, NR }' >/run/fo-pause
+	read -r gap at cnt </run/fo-pause
+	note "fio logged $cnt completions; the longest gap between two: $gap s, from $at s after fio started"
+	echo "PAUSE $gap"
+	wait_for 50 fo_path_is "$b" "active ready 50" && ok "$n's path is active/optimized now (prio 50)" ||
+		bad "$n's path is '$(fo_path "$b")'"
+	# the dead path's own I/O errors are multipath's to take (fio saw none);
+	# one on the map would not be. A frozen target's commands come back
+	# for a retry when its connection is dropped.
+	kcheck step12 "alua|multipath: .*Failing path|conn error|session recovery|ping timeout|I/O error, dev $a, |\[$a\] tag#[0-9]+ FAILED Result: hostbyte=DID_TRANSPORT_(DISRUPTED|FAILFAST)"
+}
+
+# step12 back OLD NEW: OLD is serving again (restarted, or thawed and
+# reconnected); its session logs in again by itself and its path comes
+# back active/non-optimized, with the I/O staying on NEW
+step12_back() {
+	local o=$1 n=$2 a b s
+	a=$(fo_dev $o)
+	b=$(fo_dev $n)
+	s=$(cat /run/fo-sess$o)
+	wait_for 600 eval '[ "$(sess_state '"$s"')" = LOGGED_IN ]' && ok "$o's session $s logged in again by itself" ||
+		{ bad "$o's session $s is $(sess_state "$s") 120 s after $o came back"; return; }
+	wait_for 150 fo_path_is "$a" "active ready 10" && wait_for 50 fo_path_is "$b" "active ready 50" &&
+		ok "$o's path is back as active/non-optimized (prio 10), $n's stays optimized" ||
+		bad "after $o's return $o's path is '$(fo_path "$a")', $n's '$(fo_path "$b")'"
+	fo_show
+	local base=$(writes_done $a) bb=$(writes_done $b)
+	dd if=/dev/zero of=/dev/mapper/$(cat /run/fo-map) bs=4k count=64 oflag=direct 2>/dev/null
+	[ "$(writes_done $a)" = "$base" ] && [ "$(writes_done $b)" -ge $((bb + 64)) ] &&
+		ok "new writes go to $n only (failback follows the owner, not the first path)" ||
+		bad "after $o's return: $(($(writes_done $a) - base)) writes on $o's path, $(($(writes_done $b) - bb)) on $n's"
+}
+step12() { "step12_$@"; }
+
 "$@"
 EOF
 chmod 755 "$R/sbin/ini-steps"
@@ -778,11 +949,16 @@ check() {
 		9) title="(extra) CHAP: SHA3-256, SHA-256, MD5, mutual" ;;
 		10) title="(extra) ODX with ddpt, EXTENDED COPY with sg_xcopy" ;;
 		11) title="(recording) a trace of ext4 while a source tree is unpacked and built" ;;
+		12) title="dm-multipath (ALUA) over two gateways of one RBD image, the owner killed, then frozen, under fio" ;;
 		esac
 		echo "== step $n: $title"
 		t0=$(now)
 		if [ "$n" = 11 ]; then
 			out=$(TMO=3000 gsh "/sbin/ini-steps step$n") || true # three builds under TCG
+		elif [ "$n" = 12 ]; then
+			# Ceph and the gateways run on the host; the script drives the guest
+			out=$(DBGPORT=$DBGPORT TC_VM_DIR=$W TC_BIN=$(realpath "$BUILD/tiercached") \
+				bash tests/system/vm-failover-host.sh 2>&1) || true
 		else
 			out=$(gsh "/sbin/ini-steps step$n") || true
 		fi

@@ -50,14 +50,8 @@ rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/shared
 pass "RBD image $CEPH_POOL/shared created (exclusive-lock)"
 
 IQN=iqn.2026-11.io.tiercache:shared
-declare -A PORT PID
-PORT[A]=$(tc_free_port)
-PORT[B]=$(tc_free_port)
-PID[A]=
-PID[B]=
+gw_init A B
 PID[C]=
-
-trap gw_cleanup EXIT
 
 gw_conf() { # NAME PORT_GROUP
 	local g=$1

@@ -29,12 +29,7 @@ rbd_cluster_up
 rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/leased" || fail "cannot create the RBD image"
 
 IQN=iqn.2026-12.io.tiercache:leased
-declare -A PORT PID
-PORT[A]=$(tc_free_port)
-PORT[B]=$(tc_free_port)
-PID[A]=
-PID[B]=
-trap gw_cleanup EXIT
+gw_init A B
 
 gw_conf() { # NAME PORT_GROUP
 	local g=$1

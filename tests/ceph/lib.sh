@@ -11,9 +11,10 @@
 # At exit: the processes in RBD_KILL_PIDS and the daemon (if any) are
 # killed first, then the cluster stopped, then the scratch directory removed.
 #
-# Several gateways (tiercached processes on one image): the test declares
-# `declare -A PORT PID` (PORT[G] the port of gateway G, PID[G] its pid or
-# empty), writes $T/G.conf, and uses
+# Several gateways (tiercached processes on one image): PORT[G] is the port
+# of gateway G, PID[G] its pid or empty. The test writes $T/G.conf and uses
+#   gw_init G...                 PORT and PID for each G (a free port, no
+#                                pid), and trap gw_cleanup EXIT
 #   gw_daemon_conf G PORT_GROUP  -> its [daemon] and [portal] sections
 #                                   (state and control socket in $T/G/state)
 #   gw_start G [VAR=VALUE...]    starts it (with those in its environment),
@@ -61,6 +62,16 @@ rbd_conf_lun() {
 		"$name" "$CEPH_POOL" "$image" "$CEPH_CONF"
 	local kv
 	for kv in "$@"; do echo "$kv"; done
+}
+
+gw_init() { # NAME...
+	declare -gA PORT PID
+	local g
+	for g; do
+		PORT[$g]=$(tc_free_port)
+		PID[$g]=
+	done
+	trap gw_cleanup EXIT
 }
 
 gw_daemon_conf() { # NAME PORT_GROUP

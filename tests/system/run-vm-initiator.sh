@@ -523,6 +523,31 @@ step6() {
 	kcheck step6 'conn error|connection[0-9:]* .*error|detected conn error|session recovery|recovery timer|iscsid|Connection refused|ping timeout|nop'
 }
 
+# mp_conf BLACKLIST DEVICE: /etc/multipath.conf with our device section,
+# BLACKLIST and DEVICE lines added to those every config here has
+mp_conf() {
+	cat >/etc/multipath.conf <<CONF
+defaults {
+	user_friendly_names yes
+	find_multipaths no
+	polling_interval 2
+}
+blacklist {
+	devnode "^vd[a-z]"
+	$1
+}
+devices {
+	device {
+		vendor "TIERCACH"
+		product ".*"
+		path_checker tur
+		no_path_retry 12
+		$2
+	}
+}
+CONF
+}
+
 # map_of DEV: the multipath map DEV is a path of (nothing while it is none's)
 map_of() { multipathd show paths raw format "%d %m" 2>/dev/null | awk -v d="$1" '$1==d && $2!="[orphan]"{print $2}'; }
 map_made() { local m; m=$(map_of "$1"); [ -n "$m" ] && [ -e "/dev/mapper/$m" ]; }
@@ -537,27 +562,9 @@ step7() {
 	s2=$(sess_of $IQN 127.0.0.2) && wait_for 150 has_disk "$s2" 0 || { bad "no session to 127.0.0.2"; kcheck step7; return; }
 	d2=$(disk_of "$s2" 0)
 	ok "second path: session $s2 to 127.0.0.2:3260, LUN 0 is /dev/$d2"
-	cat >/etc/multipath.conf <<'CONF'
-defaults {
-	user_friendly_names yes
-	find_multipaths no
-	polling_interval 2
-}
-blacklist {
-	devnode "^vd[a-z]"
-	wwid "1TIERCACHtcini0003"
-}
-devices {
-	device {
-		vendor "TIERCACH"
-		product ".*"
-		path_grouping_policy multibus
-		path_selector "round-robin 0"
-		path_checker tur
-		no_path_retry 12
-	}
-}
-CONF
+	mp_conf 'wwid "1TIERCACHtcini0003"' 'path_grouping_policy multibus
+		path_selector "round-robin 0"'
+
 	udevadm settle -t 30
 	multipathd >/dev/null 2>&1 || bad "multipathd did not start"
 	wait_for 150 map_made "$d1" ||
@@ -765,29 +772,12 @@ step12_up() {
 		echo $s >/run/fo-sess$g
 		ok "gateway $g: session $s to $FO_HOST:$p, the image is /dev/$d (replacement_timeout $(cat /sys/class/iscsi_session/session$s/recovery_tmo) s)"
 	done
-	cat >/etc/multipath.conf <<CONF
-defaults {
-	user_friendly_names yes
-	find_multipaths no
-	polling_interval 2
-}
-blacklist {
-	devnode "^vd[a-z]"
-}
-devices {
-	device {
-		vendor "TIERCACH"
-		product ".*"
-		hardware_handler "1 alua"
+	mp_conf "" "hardware_handler \"1 alua\"
 		prio alua
 		path_grouping_policy failover
 		failback immediate
-		path_checker tur
-		no_path_retry 12
-		fast_io_fail_tmo $FO_REPL
-	}
-}
-CONF
+		fast_io_fail_tmo $FO_REPL"
+
 	udevadm settle -t 30
 	if pgrep -x multipathd >/dev/null; then multipathd reconfigure >/dev/null; else multipathd >/dev/null 2>&1 || bad "multipathd did not start"; fi
 	wait_for 150 map_made "$(fo_dev A)" || { bad "no multipath map for /dev/$(fo_dev A)"; multipath -ll; kcheck step12; return; }

@@ -46,12 +46,7 @@ rbd_cluster_up
 rbd create --size 128M --image-feature layering,exclusive-lock "$CEPH_POOL/fo" || fail "cannot create the RBD image"
 
 IQN=iqn.2026-11.io.tiercache:fo
-declare -A PORT PID
-PORT[A]=$(tc_free_port)
-PORT[B]=$(tc_free_port)
-PID[A]=
-PID[B]=
-trap gw_cleanup EXIT
+gw_init A B
 for g in A B; do
 	[ $g = A ] && pg=1 || pg=2
 	{
@@ -114,7 +109,15 @@ tc_wait_for 30 "B stopped" eval '[ "$(ps -o stat= -p "${PID[B]}" | cut -c1)" = T
 (gstep after B A frozen >"$T/after2.out" 2>&1) &
 after_pid=$!
 RBD_KILL_PIDS="$RBD_KILL_PIDS $after_pid"
-tc_wait_for 120 "A takes the image over from the frozen B" eval '[ "$(owner_of A)" = 1 ]'
+if ! tc_until 120 eval '[ "$(owner_of A)" = 1 ]'; then
+	echo "--- A's status: $(owner_of A); A's log:"
+	tail -25 "$T/A.log"
+	echo "--- the image's lock: $(rbd lock ls "$CEPH_POOL/fo" 2>&1 | tr '\n' ' ')"
+	echo "--- the guest:"
+	bash "$TC_ROOT/tests/system/run-vm-initiator.sh" gsh 'dmesg | tail -30; multipath -ll; iscsiadm -m session -P 1 | grep -E "Target|Portal|State"'
+	kill -CONT "${PID[B]}"
+	fail "A did not take the image over from the frozen B within 120 s"
+fi
 pass "A owns the image: it broke the frozen B's lock"
 kill -CONT "${PID[B]}"
 pass "gateway B thawed while fio still runs"

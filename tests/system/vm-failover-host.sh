@@ -116,6 +116,9 @@ if ! tc_until 120 eval '[ "$(owner_of A)" = 1 ]'; then
 	echo "--- the guest:"
 	bash "$TC_ROOT/tests/system/run-vm-initiator.sh" gsh 'dmesg | tail -30; multipath -ll; iscsiadm -m session -P 1 | grep -E "Target|Portal|State"'
 	kill -CONT "${PID[B]}"
+	wait "$after_pid"
+	echo "--- the guest's step (after B was thawed):"
+	cat "$T/after2.out"
 	fail "A did not take the image over from the frozen B within 120 s"
 fi
 pass "A owns the image: it broke the frozen B's lock"

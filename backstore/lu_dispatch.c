@@ -313,8 +313,6 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd)
 	}
 }
 
-/* The checks every command passes before its handler, then the handler:
- * what it returns, or the failed check's answer (SCSI_RC_DONE). */
 /*
  * A READ at a gateway that does not own the LU's shared store is served
  * from the store itself (BDEV_F_UNOWNED: past this gateway's cache, whose
@@ -329,17 +327,24 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd)
  * and every other media command still take it over: a host sends those
  * here only once its path to the owner failed (implicit failover).
  * Not for a LUN of one gateway (in STANDBY another client holds its image,
- * and its write-back cache may hold data the store lacks); not while
+ * and its write-back cache may hold data the store lacks), nor while this
+ * gateway's cache still holds dirty data of the LUN left from a write-back
+ * run before it had several (bdev_owner_ops.unowned_reads); not while
  * taking over (TRANSITION) or cut off (LOST).
  */
 static bool unowned_read_ok(const struct scsi_lu *lu, const struct cmd_desc *d, enum bdev_owner_state st)
 {
 	if (st != BDEV_OWNER_STANDBY || lu->alua_groups < 2)
 		return false;
+	/* a cache volume still holding dirty data the store lacks says no */
+	if (lu->owner->unowned_reads && !lu->owner->unowned_reads(lu->dev))
+		return false;
 	return d->opcode == OP_READ_6 || d->opcode == OP_READ_10 || d->opcode == OP_READ_12 ||
 	       d->opcode == OP_READ_16;
 }
 
+/* The checks every command passes before its handler, then the handler:
+ * what it returns, or the failed check's answer (SCSI_RC_DONE). */
 static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 {
 	const struct cmd_desc *d;

@@ -230,8 +230,10 @@ enum scsi_rc spc_report_supported_opcodes(struct scsi_cmd *cmd)
  * Windows MSDSM also move I/O only to active groups), so a takeover
  * driven by the host's I/O needs the non-owners to be active. The host's
  * multipath prefers the optimized group; when that path dies it sends
- * I/O to a non-optimized one, which then takes the lock (TRANSITIONING,
- * NOT READY 04/0A, retried by the host) and becomes the optimized group.
+ * I/O to a non-optimized one, whose first write (or other media command
+ * but a READ, which a non-owner serves from the store: lu_dispatch.c)
+ * takes the lock (TRANSITIONING, NOT READY 04/0A, retried by the host)
+ * and makes it the optimized group.
  * Identification (VPD 0x83) is per gateway N: target port group N and
  * relative target port N; the LU's NAA and serial are the same everywhere.
  */
@@ -269,8 +271,8 @@ enum scsi_rc spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
 	struct scsi_lu *lu = cmd->lu;
 
 	/* Never blocks: the driver takes the lock on its own thread. A host
-	 * sends media access here only once its path to the owner failed, so
-	 * the owner is taken to be gone (this is implicit failover). */
+	 * sends writes here only once its path to the owner failed, so the
+	 * owner is taken to be gone (this is implicit failover). */
 	if (st == BDEV_OWNER_STANDBY || st == BDEV_OWNER_LOST)
 		lu->owner->acquire(lu->dev);
 	return scsi_fail(cmd, SK_NOT_READY,

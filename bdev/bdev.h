@@ -156,7 +156,8 @@ struct bdev_ops {
  * Ownership of a shared backing store (an RBD image exported by several
  * gateways, held through the image's exclusive lock).
  *
- * A gateway serves I/O for a shared device only while it owns it. Every
+ * A gateway serves I/O for a shared device only while it owns it (but for
+ * reads that go to the store itself, BDEV_F_UNOWNED). Every
  * time ownership is gained, the generation goes up (the driver keeps it
  * with the device, e.g. in the image's metadata, so every gateway sees the
  * same sequence); a layer that keeps copies of the device's data (the cache
@@ -245,6 +246,15 @@ struct bdev_owner_ops {
 	 * the shared one (a cache volume) the one below, whose they are. */
 	const struct bdev_shared_ops *shared;
 	struct bdev *(*lower)(struct bdev *dev);
+	/*
+	 * Whether a READ at a gateway that does not own the device may be
+	 * served from the shared store itself (BDEV_F_UNOWNED); NULL: yes. A
+	 * cache volume says no if it held dirty data of the device when it
+	 * started tracking ownership (left from a write-back run before the
+	 * LUN had several gateways): the store lacks that data. Any thread,
+	 * never blocks.
+	 */
+	bool (*unowned_reads)(struct bdev *dev);
 };
 
 /*

@@ -29,8 +29,9 @@
  * LU is told, so a warm restart of a single-gateway write-back LUN keeps
  * its cache, and a gateway that served in between makes us drop it).
  * The drop runs while the backing's state still reads TRANSITION, so no
- * I/O of this volume runs meanwhile (the LU serves media access only when
- * OWNED); fills already in flight are cancelled (SB_CANCEL) so they cannot
+ * I/O of this volume's extents runs meanwhile (the LU serves media access
+ * only when OWNED, but for BDEV_F_UNOWNED reads, which pass the extents
+ * by); fills already in flight are cancelled (SB_CANCEL) so they cannot
  * bring old data back.
  */
 
@@ -303,12 +304,18 @@ static struct bdev *vol_owner_lower(struct bdev *dev)
 	return ((struct cache_vol *)dev)->backing;
 }
 
+static bool vol_owner_unowned_reads(struct bdev *dev)
+{
+	return !atomic_load_explicit(&((struct cache_vol *)dev)->dirty_when_tracked, memory_order_relaxed);
+}
+
 const struct bdev_owner_ops vol_owner_ops = {
 	.state = vol_owner_state,
 	.acquire = vol_owner_acquire,
 	.listen = vol_owner_listen,
 	.owner_group = vol_owner_group,
 	.lower = vol_owner_lower,
+	.unowned_reads = vol_owner_unowned_reads,
 };
 
 int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, size_t errlen)
@@ -333,6 +340,19 @@ int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, siz
 	v->gen_path = gen_path ? strdup(gen_path) : NULL;
 	v->recorded_gen = gen;
 	pthread_mutex_unlock(&v->own_mu);
+	/* Dirty data of this LUN now (a write-through LUN of several gateways
+	 * makes none, so it is left from a write-back run): the image lacks
+	 * it, and a gateway that does not own the image must not read the
+	 * image past it. Kept until the next start, as the LUN cannot be
+	 * told apart from others in the set's dirty count. */
+	struct cache_set *cs = v->cs;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint64_t key = atomic_load(&cs->slots[s].key);
+		if (key != CACHE_KEY_NONE && key_bid(key) == v->bid && slot_dirty_blocks(cs, s)) {
+			atomic_store(&v->dirty_when_tracked, true);
+			break;
+		}
+	}
 	vol_owner_attach(v);
 	return 0;
 }

@@ -32,6 +32,7 @@ struct cache_vol {
 	bool listening;                 /* registered with the backing's listen */
 	uint64_t recorded_gen;          /* generation of our last gain, as persisted */
 	_Atomic bool drop_failed;       /* the last gain could not drop stale copies: serve nothing */
+	_Atomic bool dirty_when_tracked; /* dirty data at cache_vol_owner_track: no unowned reads (bdev.h) */
 	char *gen_path;                 /* where it persists (NULL: not kept) */
 	/*
 	 * Writes to the backing store without FUA that completed (bw_volatile)

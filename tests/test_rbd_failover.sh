@@ -99,6 +99,14 @@ takeover_write() {
 	pass "$4: NOT READY (transition) first, then GOOD, in $((SECONDS - t0)) s ($out)"
 }
 
+# hits_of GATEWAY: read hits of G's cache
+hits_of() {
+	"$CTL" -s "$T/$1/state/control.sock" --json status | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["caches"][0]
+print(c.get("read_hits", c.get("counters", {}).get("read_hits", 0)))' 2>/dev/null
+}
+
 # no_transition OUT WHAT: the client saw no NOT READY (transition)
 no_transition() {
 	case $1 in
@@ -239,10 +247,7 @@ pass "B's reconnects failed while the configuration was away: $(grep -c "next tr
 for i in 1 2 3 4; do
 	out=$(io read A 1024 16 0xc3) || fail "read X2 through A: $out"
 done
-hits=$("$CTL" -s "$T/A/state/control.sock" --json status | python3 -c '
-import json, sys
-c = json.load(sys.stdin)["caches"][0]
-print(c.get("read_hits", c.get("counters", {}).get("read_hits", 0)))' 2>/dev/null)
+hits=$(hits_of A)
 case $hits in
 '' | 0) fail "A's cache never served the region (read_hits = '$hits')" ;;
 esac
@@ -255,16 +260,21 @@ out=$(io write B 1024 16 0xd4) || fail "write Y2 through B after A died: $out"
 pass "write Y2 through B after A's death ($out)"
 gw_start A
 drops=$(grep -c "cached extent(s) dropped" "$T/A.log")
+hits0=$(hits_of A)
 # not the owner: the read comes from the image, past A's warm copy of X2
 out=$(io read A 1024 16 0xd4) || fail "A, not the owner, served its stale cached copy: $out"
 no_transition "$out" "a read through the restarted A (not the owner)"
-pass "the restarted A, cache warm with X2 and not the owner, reads Y2 from the image ($out)"
+[ "$(hits_of A)" = "$hits0" ] || fail "A's cache counted a hit ($hits0 -> $(hits_of A)) for a read it does not own"
+pass "the restarted A, cache warm with X2 and not the owner, reads Y2 from the image, no cache hit ($out)"
 [ "$(grep -c "cached extent(s) dropped" "$T/A.log")" = "$drops" ] || fail "A dropped its cached copies without a gain"
 takeover_write A 2048 0xa6 "write through A (takes the image over)"
 out=$(io read A 1024 16 0xd4) || fail "A served its stale cached copy after the takeover: $out"
 pass "A, the owner now, reads Y2 ($out)"
 [ "$(grep -c "cached extent(s) dropped" "$T/A.log")" -gt "$drops" ] ||
 	fail "A's log does not say it dropped its cached copies on its gain"
+ndrop=$(grep -o '[0-9]* cached extent(s) dropped' "$T/A.log" | tail -1 | cut -d' ' -f1)
+[ "${ndrop:-0}" -ge 1 ] || fail "A's gain dropped $ndrop cached extents: its cache was not warm, so the read above proved nothing"
+pass "A's gain dropped $ndrop cached extent(s): the copy of X2 it read past was there"
 pass "A dropped its cached copies on its gain: $(grep -o '[0-9]* cached extent(s) dropped' "$T/A.log" | tail -1)"
 # B was fenced a third time by that gain; it stops cleanly whatever it is doing
 gw_term B

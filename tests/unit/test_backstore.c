@@ -198,6 +198,9 @@ struct shared_dev {
 	_Atomic uint64_t gen;
 	_Atomic uint32_t owner;
 	_Atomic int acquires;
+	_Atomic int unowned;        /* READs submitted with BDEV_F_UNOWNED */
+	_Atomic int owned_reads;    /* READs submitted without */
+	_Atomic bool no_unowned;    /* what unowned_reads answers, negated */
 	void (*fn)(void *arg, const struct bdev_owner_change *c);
 	void *arg;
 };
@@ -205,6 +208,8 @@ struct shared_dev {
 static void sh_submit(struct bdev *dev, struct bdev_req *req)
 {
 	struct shared_dev *d = (struct shared_dev *)dev;
+	if (req->op == BDEV_READ)
+		atomic_fetch_add(req->flags & BDEV_F_UNOWNED ? &d->unowned : &d->owned_reads, 1);
 	bdev_submit(d->inner, req);
 }
 
@@ -236,6 +241,11 @@ static void sh_listen(struct bdev *dev, void (*fn)(void *arg, const struct bdev_
 	d->arg = arg;
 }
 
+static bool sh_unowned_reads(struct bdev *dev)
+{
+	return !atomic_load(&((struct shared_dev *)dev)->no_unowned);
+}
+
 static uint32_t sh_owner_group(struct bdev *dev)
 {
 	return atomic_load(&((struct shared_dev *)dev)->owner);
@@ -246,6 +256,7 @@ static const struct bdev_owner_ops sh_owner_ops = {
 	.acquire = sh_acquire,
 	.listen = sh_listen,
 	.owner_group = sh_owner_group,
+	.unowned_reads = sh_unowned_reads,
 };
 
 /* Change the state as the driver would: listener first (state still
@@ -354,13 +365,35 @@ static void shared_lu_reports_implicit_alua(const char *dir)
 		      (g1[10] << 8 | g1[11]) == 1 && (g2[10] << 8 | g2[11]) == 2 && g1[7] == 1,
 	      "RTPG: T_SUP, AN_SUP and AO_SUP (no standby), one port per group, relative ports 1 and 2");
 
-	/* media access on the non-owner: takes over, NOT READY transition */
+	/* a READ on the non-owner: served from the store, past any copy, and
+	 * the ownership left alone */
 	c = rw10(nx, 0x28, 0, 1, bs);
-	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 1,
-	      "READ on a non-owner starts the takeover and gets NOT READY 02/04/0A (transition)");
+	check(c.status == SAM_STAT_GOOD && atomic_load(&d->unowned) == 1 && atomic_load(&d->owned_reads) == 0 &&
+		      atomic_load(&d->acquires) == 0,
+	      "READ on a non-owner of a LU of two gateways: GOOD, sent with BDEV_F_UNOWNED, no takeover");
+	struct scsi_lu_ownership ow;
+	check(scsi_lu_ownership(lu, &ow) && ow.unowned_reads == 1, "the LU counts the read served unowned");
+	/* on a LU of one gateway the store may lack what its write-back cache holds */
+	lu->alua_groups = 1;
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 1 && atomic_load(&d->unowned) == 1,
+	      "READ on a non-owner of a LU of one gateway: takes over, NOT READY 02/04/0A");
+	lu->alua_groups = 2;
+	atomic_store(&d->state, BDEV_OWNER_STANDBY);
+	/* nor while the device says the store lacks data (a cache volume's leftover dirty data) */
+	atomic_store(&d->no_unowned, true);
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 2 && atomic_load(&d->unowned) == 1,
+	      "READ on a non-owner whose cache holds data the store lacks: takes over, NOT READY 02/04/0A");
+	atomic_store(&d->no_unowned, false);
+	atomic_store(&d->state, BDEV_OWNER_STANDBY);
+	/* other media access on the non-owner: takes over, NOT READY transition */
 	c = rw10(nx, 0x2a, 0, 1, bs);
-	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 1,
-	      "WRITE during the transition: 02/04/0A again, no second takeover started");
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 3,
+	      "WRITE on a non-owner starts the takeover and gets NOT READY 02/04/0A (transition)");
+	c = rw10(nx, 0x28, 0, 1, bs);
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 3 && atomic_load(&d->unowned) == 1,
+	      "READ during the transition: 02/04/0A, no second takeover started");
 	c = rtpg(nx);
 	g2 = rtpg_group(buf, rd32(buf), 2);
 	check(c.status == SAM_STAT_GOOD && g2 && (g2[0] & 0x0f) == 0xf, "RTPG shows this gateway's group transitioning");
@@ -395,7 +428,9 @@ static void shared_lu_reports_implicit_alua(const char *dir)
 	check(c.status == SAM_STAT_GOOD, "the owner serves WRITE");
 	memset(buf, 0, bs);
 	c = rw10(nx, 0x28, 0, 1, bs);
-	check(c.status == SAM_STAT_GOOD && buf[0] == 0x5a && buf[bs - 1] == 0x5a, "the owner serves READ");
+	check(c.status == SAM_STAT_GOOD && buf[0] == 0x5a && buf[bs - 1] == 0x5a && atomic_load(&d->owned_reads) == 1 &&
+		      atomic_load(&d->unowned) == 1,
+	      "the owner serves READ, through its copies (no BDEV_F_UNOWNED)");
 	c = rtpg(nx);
 	len = rd32(buf);
 	g1 = rtpg_group(buf, len, 1);
@@ -408,9 +443,14 @@ static void shared_lu_reports_implicit_alua(const char *dir)
 	c = run(nx, 0, tur, 6, 0, 0);
 	check(sense_is(&c, 0x6, 0x2a, 0x06), "losing the lock: 2A/06 unit attention again");
 	int before = atomic_load(&d->acquires);
+	memset(buf, 0, bs);
 	c = rw10(nx, 0x28, 0, 1, bs);
+	check(c.status == SAM_STAT_GOOD && buf[0] == 0x5a && atomic_load(&d->unowned) == 2 &&
+		      atomic_load(&d->acquires) == before,
+	      "READ after losing the lock: served unowned, no takeover");
+	c = rw10(nx, 0x2a, 0, 1, bs);
 	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == before + 1,
-	      "READ after losing the lock: 02/04/0A and a takeover starts");
+	      "WRITE after losing the lock: 02/04/0A and a takeover starts");
 	sh_change(d, BDEV_OWNER_LOST, 0, 7);
 	clear_ua(nx);
 	c = rtpg(nx);

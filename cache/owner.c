@@ -344,9 +344,10 @@ int cache_vol_owner_track(struct bdev *vol, const char *gen_path, char *err, siz
 	 * makes none, so it is left from a write-back run): the image lacks
 	 * it, and a gateway that does not own the image must not read the
 	 * image past it. Kept until the next start, as the LUN cannot be
-	 * told apart from others in the set's dirty count. */
+	 * told apart from others in the set's dirty count. A set with nothing
+	 * dirty (every write-through one) is not scanned. */
 	struct cache_set *cs = v->cs;
-	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+	for (uint32_t s = 0; atomic_load(&cs->dirty_blocks) && s < cs->lay.nslots; s++) {
 		uint64_t key = atomic_load(&cs->slots[s].key);
 		if (key != CACHE_KEY_NONE && key_bid(key) == v->bid && slot_dirty_blocks(cs, s)) {
 			atomic_store(&v->dirty_when_tracked, true);

@@ -240,14 +240,17 @@ wait_for() {
 	return 1
 }
 
-# sess_of TARGET ADDR [INITIATORNAME]: the number of our session to ADDR:3260
+# sess_of TARGET ADDR[:PORT] [INITIATORNAME]: the number of our session to
+# ADDR (any port, 3260 for the guest's own portals) or to ADDR:PORT
 sess_of() {
-	local s n
+	local s n c
 	for s in /sys/class/iscsi_session/session*; do
 		[ -e "$s" ] || continue
 		n=${s##*/session}
+		c=/sys/class/iscsi_connection/connection$n:0
 		[ "$(cat "$s/targetname" 2>/dev/null)" = "$1" ] || continue
-		[ "$(cat /sys/class/iscsi_connection/connection$n:0/persistent_address 2>/dev/null)" = "$2" ] || continue
+		[ "$(cat $c/persistent_address 2>/dev/null)" = "${2%%:*}" ] || continue
+		[ "$2" = "${2%%:*}" ] || [ "$(cat $c/persistent_port 2>/dev/null)" = "${2#*:}" ] || continue
 		[ -z "${3:-}" ] || [ "$(cat "$s/initiatorname" 2>/dev/null)" = "$3" ] || continue
 		echo "$n"
 		return 0
@@ -737,19 +740,6 @@ FO_IQN=iqn.2026-11.io.tiercache:fo
 FO_HOST=10.0.2.2
 # the settings README.md documents for hosts on several gateways
 FO_REPL=3
-# fo_sess PORT: our session to the gateway on the host's PORT
-fo_sess() {
-	local s n
-	for s in /sys/class/iscsi_session/session*; do
-		[ -e "$s" ] || continue
-		n=${s##*/session}
-		[ "$(cat "$s/targetname" 2>/dev/null)" = $FO_IQN ] || continue
-		[ "$(cat /sys/class/iscsi_connection/connection$n:0/persistent_port 2>/dev/null)" = "$1" ] || continue
-		echo "$n"
-		return 0
-	done
-	return 1
-}
 # fo_path DEV: "DM_STATE CHECKER_STATE PRIO" of path DEV in multipathd's view
 fo_path() { multipathd show paths raw format "%d %t %T %p" 2>/dev/null | awk -v d="$1" '$1==d{print $2, $3, $4}'; }
 fo_path_is() { [ "$(fo_path "$1")" = "$2" ]; }
@@ -766,7 +756,7 @@ step12_up() {
 		iscsiadm -m node -o new -T $FO_IQN -p $FO_HOST:$p >/dev/null &&
 			iscsiadm -m node -T $FO_IQN -p $FO_HOST:$p -o update -n node.session.timeo.replacement_timeout -v $FO_REPL &&
 			iscsiadm -m node -T $FO_IQN -p $FO_HOST:$p --login 2>&1 | sed 's/^/   login| /'
-		s=$(fo_sess $p) && wait_for 150 has_disk "$s" 0 || { bad "no session or disk to gateway $g ($FO_HOST:$p)"; kcheck step12; return; }
+		s=$(sess_of $FO_IQN $FO_HOST:$p) && wait_for 150 has_disk "$s" 0 || { bad "no session or disk to gateway $g ($FO_HOST:$p)"; kcheck step12; return; }
 		d=$(disk_of "$s" 0)
 		echo $d >/run/fo-dev$g
 		echo $s >/run/fo-sess$g

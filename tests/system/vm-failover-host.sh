@@ -26,8 +26,7 @@
 tc_tmpdir
 . "$TC_ROOT/tests/ceph/lib.sh"
 [ -x "$TC_BIN" ] || fail "$TC_BIN is missing; run make"
-cc -std=gnu11 -O2 -Wall -Wextra -o "$T/alua_io" "$TC_ROOT/tests/tools/alua_io.c" -liscsi 2>"$T/cc.log" ||
-	fail "cannot build tests/tools/alua_io.c against libiscsi: $(head -1 "$T/cc.log")"
+tc_build_tool alua_io
 CTL=$TC_ROOT/build/tierctl
 GOAL=10
 

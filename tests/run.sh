@@ -28,6 +28,21 @@ fuzz_secs=${TC_FUZZ_SECS:-8}
 fuzz_long_secs=${TC_FUZZ_LONG_SECS:-1200}
 fuzz_long_runs=${TC_FUZZ_LONG_RUNS:-1000000}
 
+# What a failed test printed, the reason first: the test's own last lines
+# (up to the daemon log tail that lib.sh's fail appends), then the end of
+# that daemon log. A CI report shows only so much; a daemon tail alone
+# would hide why the test failed.
+fail_excerpt() {
+	local log=$1 mark='--- daemon log (tail) ---'
+	if grep -qxF -- "$mark" "$log"; then
+		sed "/^$mark\$/,\$d" "$log" | tail -n 15
+		echo "$mark"
+		sed "1,/^$mark\$/d" "$log" | tail -n 10
+	else
+		tail -n 25 "$log"
+	fi
+}
+
 run_one() {
 	local name=$1
 	shift
@@ -47,7 +62,7 @@ run_one() {
 		failed=$((failed + 1))
 		failures+=("$name")
 		printf 'FAIL  %-40s %4ds (exit %d)\n' "$name" "$took" "$rc"
-		tail -n 25 "$logs/$name.log" | sed 's/^/      | /'
+		fail_excerpt "$logs/$name.log" | sed 's/^/      | /'
 	fi
 }
 

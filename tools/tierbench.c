@@ -32,6 +32,7 @@
  */
 #include "tools/tierbench.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <json-c/json.h>
 #include <math.h>
@@ -99,6 +100,7 @@ struct opts {
 	bool from_issue;
 	const char *compare;     /* --compare URL2 */
 	const char *label2;
+	const char *io_log;      /* --io-log FILE */
 };
 
 static void usage(FILE *f)
@@ -139,6 +141,9 @@ static void usage(FILE *f)
 		"      --label2 TEXT        name of URL2's configuration (default \"B\")\n"
 		"output:\n"
 		"      --json               JSON on stdout instead of the table\n"
+		"      --io-log FILE        every command: DUE SENT DONE (ns from its run's start),\n"
+		"                           r|w and LBA; a \"# run N LABEL WORKLOAD TxQ rate R\"\n"
+		"                           line opens each run (N as in the JSON runs array)\n"
 		"      --svg FILE           charts: sweep (IOPS and latency vs load), bars per\n"
 		"                           workload and label; with --from, from saved JSON\n"
 		"      --from FILE          a saved --json document to chart (repeatable)\n"
@@ -647,6 +652,13 @@ static void on_sigint(int sig)
 	tb_interrupted = 1;
 }
 
+/* The line that opens one run in the --io-log file. */
+static void io_log_head(FILE *f, int n, const char *label, const struct tb_job *j)
+{
+	fprintf(f, "# run %d %s %s %dx%d rate %g\n", n, label ? label : "-", j->name, j->sessions,
+		j->qd, j->rate);
+}
+
 static int svg_from_files(const struct opts *o)
 {
 	struct json_object *docs[MAX_FROM];
@@ -666,7 +678,7 @@ static int svg_from_files(const struct opts *o)
 enum {
 	OPT_SEQ = 256, OPT_RAND, OPT_OFFSET, OPT_SIZE, OPT_LOADS, OPT_PRECOND, OPT_VERIFY, OPT_SEED,
 	OPT_JSON, OPT_SVG, OPT_FROM, OPT_LABEL, OPT_NOPROG, OPT_INIT, OPT_LTO, OPT_IOTO, OPT_DIGEST,
-	OPT_RATE, OPT_RATES, OPT_ARRIVALS, OPT_LATFROM, OPT_COMPARE, OPT_LABEL2,
+	OPT_RATE, OPT_RATES, OPT_ARRIVALS, OPT_LATFROM, OPT_COMPARE, OPT_LABEL2, OPT_IOLOG,
 };
 
 static const struct option long_opts[] = {
@@ -700,6 +712,7 @@ static const struct option long_opts[] = {
 	{ "latency-from", required_argument, 0, OPT_LATFROM },
 	{ "compare", required_argument, 0, OPT_COMPARE },
 	{ "label2", required_argument, 0, OPT_LABEL2 },
+	{ "io-log", required_argument, 0, OPT_IOLOG },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -791,6 +804,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_COMPARE: o->compare = optarg; break;
 		case OPT_LABEL2: o->label2 = optarg; break;
+		case OPT_IOLOG: o->io_log = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -819,6 +833,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		die("--verify checks one target: leave out --compare");
 	if (o->compare && o->nfrom)
 		die("--compare measures; --from charts saved results: not both");
+	if (o->io_log && o->nfrom)
+		die("--io-log records a measurement; --from charts saved results: not both");
 }
 
 int main(int argc, char **argv)
@@ -874,6 +890,20 @@ int main(int argc, char **argv)
 			die("the two targets have different block sizes (%u and %u bytes)", tb_block_size(b),
 			    tb_block_size(b2));
 	}
+	FILE *iolog = NULL;
+	if (o.io_log) {
+		iolog = fopen(o.io_log, "w");
+		if (!iolog) {
+			tb_close(b);
+			tb_close(b2);
+			die("--io-log %s: %s", o.io_log, strerror(errno));
+		}
+		static char iolog_buf[1 << 20];
+		setvbuf(iolog, iolog_buf, _IOFBF, sizeof(iolog_buf));
+		tb_set_io_log(b, iolog);
+		if (b2)
+			tb_set_io_log(b2, iolog);
+	}
 	if (o.rate > 0 || o.rates[0])
 		prctl(PR_SET_TIMERSLACK, 1UL); /* arrivals on time to the microsecond, not 50 */
 	const char *label_a = o.label ? o.label : o.compare ? "A" : NULL;
@@ -920,7 +950,10 @@ int main(int argc, char **argv)
 	static struct cmp_row cmp[MAX_JOBS];
 	int nres = 0, rc = 0;
 	uint64_t mism = 0, checked = 0;
+	int nlogged = 0;
 	for (int i = 0; i < njobs && !tb_interrupted; i++) {
+		if (iolog)
+			io_log_head(iolog, nlogged++, label_a, &jobs[i]);
 		if (tb_run(b, &jobs[i], &results[nres], o.progress, err, sizeof(err))) {
 			tb_close(b);
 			tb_close(b2);
@@ -934,6 +967,8 @@ int main(int argc, char **argv)
 			print_result(&results[nres]);
 		}
 		if (b2 && !tb_interrupted) {
+			if (iolog)
+				io_log_head(iolog, nlogged++, label_b, &jobs[i]);
 			if (tb_run(b2, &jobs[i], &results2[nres], o.progress, err, sizeof(err))) {
 				tb_close(b);
 				tb_close(b2);
@@ -949,6 +984,17 @@ int main(int argc, char **argv)
 			break;
 		}
 		nres++;
+	}
+	if (iolog) {
+		tb_set_io_log(b, NULL);
+		if (b2)
+			tb_set_io_log(b2, NULL);
+		int bad = ferror(iolog);
+		if (fclose(iolog) || bad) {
+			tb_close(b);
+			tb_close(b2);
+			die("--io-log %s: %s", o.io_log, bad ? "write error" : strerror(errno));
+		}
 	}
 	uint64_t rb_checked = 0, rb_mism = 0;
 	if (o.verify && !tb_interrupted) {

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /*
  * Latency histogram, HDR style: values below 2*TB_HIST_SUB are exact, above
@@ -116,6 +117,14 @@ struct tb_connect_opts {
  * returns NULL with one sentence in err. */
 struct tb_bench *tb_connect(const struct tb_connect_opts *o, char *err, size_t errlen);
 void tb_close(struct tb_bench *b);
+/*
+ * --io-log: one line per recorded command, "DUE SENT DONE OP LBA", the
+ * first three in nanoseconds from the start of its run: when it was due
+ * (open loop: its intended start; closed loop: its send), when it was
+ * sent, when its answer came; OP is r or w. NULL stops logging. The
+ * caller writes a "# run ..." line before each run.
+ */
+void tb_set_io_log(struct tb_bench *b, FILE *f);
 uint32_t tb_block_size(const struct tb_bench *b);
 uint64_t tb_capacity(const struct tb_bench *b);   /* bytes */
 const char *tb_portal(const struct tb_bench *b);

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <inttypes.h>
 #include <time.h>
 
 #define STAMP_MAGIC UINT64_C(0x48434e4542524954) /* "TIERBNCH" little-endian */
@@ -111,6 +112,8 @@ struct tb_bench {
 	uint8_t *v_busy;
 	uint64_t run_id;
 	uint64_t mismatches_reported;
+
+	FILE *io_log;               /* --io-log, or NULL */
 };
 
 static uint64_t now_ns(void)
@@ -344,6 +347,11 @@ void tb_close(struct tb_bench *b)
 	free(b->v_gen);
 	free(b->v_busy);
 	free(b);
+}
+
+void tb_set_io_log(struct tb_bench *b, FILE *f)
+{
+	b->io_log = f;
 }
 
 uint32_t tb_block_size(const struct tb_bench *b) { return b->lbs; }
@@ -657,6 +665,12 @@ static void io_cb(struct iscsi_context *ctx, int status, void *data, void *priv)
 			tb_hist_add(&ph->res->service, now - sent);
 		ph->t_last_done = now;
 		sl->s->phase_ios++;
+		if (b->io_log && !ph->readback) {
+			uint64_t due = ph->open ? sl->t_intended : sent;
+			fprintf(b->io_log, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %c %" PRIu64 "\n",
+				due - ph->t_start, sent - ph->t_start, now - ph->t_start,
+				sl->is_read ? 'r' : 'w', sl->off / b->lbs);
+		}
 	}
 	ph->tick_ios++;
 	ph->tick_lat_ns += lat;

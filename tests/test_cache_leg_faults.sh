@@ -120,7 +120,7 @@ fresh
 tc_start "$T/t.conf"
 expect_eq "$(lba_io write "$r_lba" 8192 "$T/r.img")" good "part 1: 4 MiB written on two healthy legs"
 read -r _ w0 _ < <(fault "$leg1" ok)
-bench 5 0 16M &
+bench 8 0 16M &
 tb_pid=$!
 leg1_writes_past() { local w; read -r _ w _ < <(fault "$leg1" ok); [ "$w" -ge $((w0 + 1000)) ]; }
 wait_for 20 "part 1: the load writing to leg 1" leg1_writes_past

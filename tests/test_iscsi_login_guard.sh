@@ -78,8 +78,11 @@ print("serial: %d guesses in 12 s, answer times %s" % (len(judged), ["%.1f" % w 
 check(all(s == 0x0201 for s in judged), "every serial wrong guess is refused 0201")
 check(len(judged) <= 9, "serial guessing is slowed down: %d judged in 12 s (at most 9)" % len(judged))
 check(all(w < 0.9 for w in waits[:3]), "the first three wrong guesses are answered at once")
-check(len(waits) > 3 and all(w >= 0.9 for w in waits[3:]),
-      "from the fourth guess on, each waits for its turn (at least 0.9 s)")
+# the turn comes 1 s after the previous answer; what the client spends
+# between that answer and its next proof (a new connection, the CHAP
+# exchange: more on a busy machine) comes off the wait it sees
+check(len(waits) > 3 and all(w >= 0.5 for w in waits[3:]),
+      "from the fourth guess on, each waits for its turn (at least 0.5 s)")
 
 # --- 50 guesses at once ---
 conns = []

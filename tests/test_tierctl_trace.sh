@@ -87,9 +87,10 @@ echo "two sessions at once: $n0 + $n1 lines, $alt switches between the LUNs, $in
 [ "$n0" -ge 3000 ] && [ "$n1" -ge 3000 ] || fail "the trace has $n0 and $n1 requests of the 3000+ each session sent"
 [ "$alt" -ge 20 ] || fail "the two LUNs' lines switch only $alt times: not interleaved"
 # a worker preempted between its clock read and its publish may come a
-# little late (rare); a merge by ring puts one ring after the other at
-# every drain
-[ "$inv" -le 2 ] || fail "$inv lines come before an earlier time: the rings are not merged by time"
+# little late (rare, more so on a busy machine or under ASan); a merge by
+# ring puts one ring after the other at every drain, every 20 ms: dozens
+# in a run of these
+[ "$inv" -le 10 ] || fail "$inv lines come before an earlier time: the rings are not merged by time"
 pass "two sessions at once: $n0 + $n1 requests, interleaved ($alt switches), times in order ($inv exceptions)"
 
 # never over an existing file

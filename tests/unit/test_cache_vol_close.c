@@ -53,9 +53,11 @@ static void one_run(enum cache_mode mode, bool dirty)
 		}
 		CHECK(destaging, "a destage is in flight");
 	} else {
-		atomic_store(&d[1]->write_hops, 400); /* the fill's leg writes land late */
+		/* the fill's leg writes land late: milliseconds, so that they are
+		 * still in flight however late this thread gets to the close */
+		atomic_store(&d[1]->write_hops, 20000);
 		atomic_store(&d[1]->write_hops_exact, true);
-		atomic_store(&d[2]->write_hops, 400);
+		atomic_store(&d[2]->write_hops, 20000);
 		atomic_store(&d[2]->write_hops_exact, true);
 		for (uint64_t off = 0; off < 8 * LEN; off += LEN)
 			REQUIRE(tio_sync(vol, BDEV_READ, off, buf, LEN, 0) == 0, "read");

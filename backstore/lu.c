@@ -628,24 +628,17 @@ void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, cons
 			atomic_fetch_or(&nl->ua, ua);
 }
 
-unsigned lu_port_inflight_locked(struct scsi_lu *lu, const char *i_port, const char *t_port,
-				 const struct scsi_nexus *skip)
-{
-	unsigned n = 0;
-	for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
-		if (nl->nx != skip && !strcmp(nl->nx->i_port, i_port) &&
-		    (!t_port || !strcmp(nl->nx->t_port, t_port)))
-			n += atomic_load_explicit(&nl->inflight, memory_order_acquire);
-	return n;
-}
-
 bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
 		   unsigned timeout_ms)
 {
 	uint64_t end = lu_now_ns() + (uint64_t)timeout_ms * 1000000u;
 	for (;;) {
+		unsigned n = 0;
 		pthread_mutex_lock(&lu->mutex);
-		unsigned n = lu_port_inflight_locked(lu, i_port, t_port, skip);
+		for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
+			if (nl->nx != skip && !strcmp(nl->nx->i_port, i_port) &&
+			    (!t_port || !strcmp(nl->nx->t_port, t_port)))
+				n += atomic_load_explicit(&nl->inflight, memory_order_acquire);
 		pthread_mutex_unlock(&lu->mutex);
 		if (!n)
 			return true;

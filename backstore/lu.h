@@ -246,9 +246,6 @@ struct scsi_lu {
 
 	/* reservations: resv_held is the hot-path hint */
 	atomic_bool resv_held;
-	/* some I_T nexus is registered: dispatch counts each nexus's commands
-	 * in flight (nexus_lu.inflight), which a PREEMPT AND ABORT waits on */
-	atomic_bool pr_track;
 	struct pr_state pr;
 	struct pr_shared *prs;          /* kept alike by several gateways (pr_shared.c), else NULL */
 	struct scsi_nexus *spc2_holder; /* RESERVE(6/10) holder, NULL if none */
@@ -541,12 +538,9 @@ void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, cons
 /*
  * Wait until no command of the nexuses of i_port (and t_port, NULL: any)
  * on lu is in flight, except those of skip, for up to timeout_ms: true
- * when none is. Counted on a LU several gateways export, and on any LU
- * while a nexus is registered (lu->pr_track). Not on a worker: it sleeps.
+ * when none is. Counted only on a LU several gateways export. Not on a
+ * worker: it sleeps.
  */
-/* The same count, once, lu->mutex held. */
-unsigned lu_port_inflight_locked(struct scsi_lu *lu, const char *i_port, const char *t_port,
-				 const struct scsi_nexus *skip);
 bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
 		   unsigned timeout_ms);
 

@@ -444,10 +444,8 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	if (cmd->lu) {
 		lu_inflight_add(cmd->lu, +1);
 		/* a PERSISTENT RESERVE OUT is not waited for: it may queue behind
-		 * the very PREEMPT AND ABORT that waits (pr.c, pr_shared.c) */
-		if (__builtin_expect(cmd->lu->prs != NULL ||
-				     atomic_load_explicit(&cmd->lu->pr_track, memory_order_relaxed), 0) &&
-		    cmd->cdb[0] != OP_PR_OUT) {
+		 * the very PREEMPT AND ABORT that waits (pr_shared.c) */
+		if (__builtin_expect(cmd->lu->prs != NULL, 0) && cmd->cdb[0] != OP_PR_OUT) {
 			cmd->held_nl = nl;
 			atomic_fetch_add_explicit(&nl->inflight, 1, memory_order_relaxed);
 		}

@@ -12,9 +12,7 @@
  *
  * The hot path never looks at this state: lu->resv_held is set while a
  * reservation of either kind exists, and only then does dispatch call
- * pr_conflicts() under lu->mutex; lu->pr_track is set while any nexus is
- * registered, and only then does dispatch count each nexus's commands in
- * flight, which a PREEMPT AND ABORT waits for.
+ * pr_conflicts() under lu->mutex.
  *
  * Threading: every function takes lu->mutex itself; PR OUT writes the
  * state file on the worker (rare, small, and the command must not
@@ -25,14 +23,11 @@
 
 #include "common/log.h"
 #include "common/statefile.h"
-#include "common/worker.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #define PR_WE 1
@@ -91,7 +86,6 @@ static void update_hint(struct scsi_lu *lu)
 	atomic_store_explicit(&lu->resv_held,
 			      lu->pr.type != 0 || lu->spc2_holder != NULL || (lu->prs && pr_shared_trying(lu)),
 			      memory_order_release);
-	atomic_store_explicit(&lu->pr_track, lu->pr.regs != NULL, memory_order_release);
 }
 
 static bool reg_matches(const struct pr_reg *r, const char *i_port, const char *t_port)
@@ -730,120 +724,6 @@ static enum pr_result do_register_move(struct scsi_lu *lu, struct scsi_nexus *nx
 	return PR_OK;
 }
 
-/*
- * PREEMPT AND ABORT on a LU of one gateway. As on a shared LU
- * (pr_shared.c), the answer waits until no command of a nexus it
- * preempted is in flight (up to PR_DRAIN_MS; they are let finish, not
- * aborted), so none lands after the host has its GOOD; those that come
- * later meet the new state and are refused. The commands waited for are
- * counted per nexus while any nexus is registered (lu->pr_track), and the
- * wait runs on a thread of its own: they complete on the workers.
- */
-struct pa_port {
-	char i_port[PORT_NAME_MAX];
-	char t_port[PORT_NAME_MAX];
-	bool all_tg_pt;
-};
-
-struct pa_wait {
-	struct scsi_cmd *cmd;
-	struct worker *w;
-	struct worker_call call;
-	unsigned n;
-	struct pa_port port[];
-};
-
-static void pa_complete(void *arg)
-{
-	struct pa_wait *pw = arg;
-	struct scsi_cmd *cmd = pw->cmd;
-	free(pw);
-	scsi_cmd_complete(cmd);
-}
-
-static void *pa_drain(void *arg)
-{
-	struct pa_wait *pw = arg;
-	struct scsi_lu *lu = pw->cmd->lu;
-	for (unsigned i = 0; i < pw->n; i++) {
-		const struct pa_port *pp = &pw->port[i];
-		if (!lu_drain_port(lu, pp->i_port, pp->all_tg_pt ? NULL : pp->t_port, pw->cmd->nexus, PR_DRAIN_MS))
-			log_warn("lun \"%s\": commands of %s preempted with abort still run after %u s", lu->name,
-				 pp->i_port, PR_DRAIN_MS / 1000);
-	}
-	if (pw->w)
-		worker_post_call(pw->w, &pw->call, pa_complete, pw);
-	else
-		pa_complete(pw);
-	return NULL;
-}
-
-/* Locked. */
-static bool reg_present(const struct scsi_lu *lu, const struct pa_port *pp)
-{
-	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next)
-		if (r->all_tg_pt == pp->all_tg_pt && !strcmp(r->i_port, pp->i_port) && !strcmp(r->t_port, pp->t_port))
-			return true;
-	return false;
-}
-
-static enum scsi_rc preempt_abort(struct scsi_cmd *cmd, uint8_t type, uint64_t key, uint64_t sa_key, uint8_t flags,
-				  const uint8_t *p, uint32_t plen)
-{
-	struct scsi_lu *lu = cmd->lu;
-	pthread_mutex_lock(&lu->mutex);
-	unsigned n = 0;
-	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next)
-		n++;
-	struct pa_wait *pw = calloc(1, sizeof(*pw) + n * sizeof(pw->port[0]));
-	if (!pw) {
-		pthread_mutex_unlock(&lu->mutex);
-		cmd->status = SAM_STAT_BUSY;
-		return SCSI_RC_DONE;
-	}
-	unsigned i = 0;
-	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next, i++) {
-		snprintf(pw->port[i].i_port, sizeof(pw->port[i].i_port), "%s", r->i_port);
-		snprintf(pw->port[i].t_port, sizeof(pw->port[i].t_port), "%s", r->t_port);
-		pw->port[i].all_tg_pt = r->all_tg_pt;
-	}
-	enum pr_result res = pr_apply(lu, cmd->nexus, PRO_PREEMPT_ABORT, type, key, sa_key, flags, p, plen);
-	unsigned busy = 0;
-	if (res == PR_OK) {
-		/* the registrations it removed: their nexuses' commands in flight */
-		for (i = 0; i < n; i++) {
-			struct pa_port *pp = &pw->port[i];
-			if (reg_present(lu, pp))
-				continue;
-			busy += lu_port_inflight_locked(lu, pp->i_port, pp->all_tg_pt ? NULL : pp->t_port, cmd->nexus);
-			pw->port[pw->n++] = *pp;
-		}
-	}
-	pthread_mutex_unlock(&lu->mutex);
-	pr_answer(cmd, res);
-	if (!busy) {
-		free(pw);
-		return SCSI_RC_DONE;
-	}
-	pw->cmd = cmd;
-	pw->w = worker_self();
-	pthread_attr_t a;
-	pthread_t th;
-	int e = pthread_attr_init(&a);
-	if (!e) {
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		e = pthread_create(&th, &a, pa_drain, pw);
-		pthread_attr_destroy(&a);
-	}
-	if (e) {
-		log_warn("lun \"%s\": cannot start a thread to wait for %u preempted command(s) (%s); answering at once",
-			 lu->name, busy, strerror(e));
-		free(pw);
-		return SCSI_RC_DONE;
-	}
-	return SCSI_RC_PENDING;
-}
-
 enum scsi_rc pr_out(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
@@ -875,8 +755,6 @@ enum scsi_rc pr_out(struct scsi_cmd *cmd)
 
 	if (lu->prs)
 		return pr_shared_out(cmd, sa, type, key, sa_key, flags, p, plen);
-	if (sa == PRO_PREEMPT_ABORT)
-		return preempt_abort(cmd, type, key, sa_key, flags, p, plen);
 	pthread_mutex_lock(&lu->mutex);
 	enum pr_result res = pr_apply(lu, cmd->nexus, sa, type, key, sa_key, flags, p, plen);
 	pthread_mutex_unlock(&lu->mutex);

@@ -63,6 +63,7 @@
 #define PR_HELLO_MS 3000u
 #define PR_CAS_TRIES 50
 #define PR_EV_MAX 16384
+#define PR_DRAIN_MS 8000u           /* within PR_ANNOUNCE_MS: past it a gateway is fenced anyway */
 
 struct pr_job {
 	struct pr_job *next;

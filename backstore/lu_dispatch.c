@@ -336,11 +336,11 @@ static bool unowned_read_ok(const struct scsi_lu *lu, const struct cmd_desc *d, 
 {
 	if (st != BDEV_OWNER_STANDBY || lu->alua_groups < 2)
 		return false;
-	/* a cache volume still holding dirty data the store lacks says no */
-	if (lu->owner->unowned_reads && !lu->owner->unowned_reads(lu->dev))
+	if (d->opcode != OP_READ_6 && d->opcode != OP_READ_10 && d->opcode != OP_READ_12 &&
+	    d->opcode != OP_READ_16)
 		return false;
-	return d->opcode == OP_READ_6 || d->opcode == OP_READ_10 || d->opcode == OP_READ_12 ||
-	       d->opcode == OP_READ_16;
+	/* a cache volume still holding dirty data the store lacks says no */
+	return !lu->owner->unowned_reads || lu->owner->unowned_reads(lu->dev);
 }
 
 /* The checks every command passes before its handler, then the handler:

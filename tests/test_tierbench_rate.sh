@@ -11,8 +11,8 @@
 #     due times are the seed's Poisson arrivals (tests/tools/mdq.py draws
 #     the same ones) or the fixed spacing, none is sent early, with -q 1
 #     none before the previous answer, the reported mean is the log's
-#     done - due, sends leave on time (median), the median service is the
-#     leg's delay;
+#     done - due, sends leave on time (median), at -q 1 the median
+#     service is the leg's delay;
 #   - at rho 0.5 and 0.8 (-q 1: the wait happens in tierbench) the mean
 #     lies within 0..+6% of the exact FIFO answer for the logged
 #     arrivals and service times (Lindley's recursion), and, on a run whose
@@ -127,8 +127,9 @@ is() { python3 -c "import sys; sys.exit(0 if ($1) else 1)"; }
 # sent the arrivals the seed (or the fixed spacing) gives and at their
 # time, none before it was due, with -q 1 none before the previous answer;
 # the mean it reports is the log's done - due (-from issue: done - send);
-# the median send left within 200 us of when it could; the median service
-# is the leg's 2 ms delay and the rest of D. Nothing here depends on how
+# the median send left within 200 us of when it could; at -q 1 the median
+# service is the leg's 2 ms delay and the rest of D (with more in flight it
+# holds the wait in the device's queue too). Nothing here depends on how
 # fast the machine was, so none of it is retried.
 mechanics() { # NAME QD [issue]
 	local why

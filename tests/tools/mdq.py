@@ -31,6 +31,7 @@ M/D/1 value (the mean over all paths) by up to about 8%; `pick` takes a
 path that does not, so a check against the formula tests the tool and not
 the luck of the draw, and `path` gives the exact answer for the path run.
 """
+import json
 import math
 import sys
 
@@ -57,10 +58,15 @@ def arrivals(seed, rate, seconds, run=1):
     return out
 
 
-def lindley(due, d_ns):
+def lindley(due, service_ns):
+    """Mean time in system (s) of one FIFO server fed the due times (ns),
+    each served for its own time in service_ns (a list), or all for the
+    same time (a number)."""
+    if not isinstance(service_ns, list):
+        service_ns = [service_ns] * len(due)
     free, total = 0, 0
-    for a in due:
-        free = max(a, free) + d_ns
+    for a, d in zip(due, service_ns):
+        free = max(a, free) + d
         total += free - a
     return total / len(due) / 1e9
 
@@ -153,10 +159,6 @@ def log_facts(path, run, seed, rate, secs, qd):
     es2 = sum((x / 1e9) ** 2 for x in svc) / n
     lam = n / secs
     rho = lam * es
-    free, tot = 0, 0
-    for (d, s, e) in rows:
-        free = max(d, free) + (e - s)
-        tot += free - d
     by_done = sorted(rows, key=lambda r: r[2])
     gaps, alone = [], [by_done[0][2] - by_done[0][1]]
     for i in range(1, n):
@@ -180,7 +182,7 @@ def log_facts(path, run, seed, rate, secs, qd):
         "mean_latency": sum(lat) / n / 1e9,
         "service_mean": es, "service_cs2": cs2(svc),
         "service_p50": pct(svc, 0.5) / 1e9, "service_p999": pct(svc, 0.999) / 1e9,
-        "lindley": tot / n / 1e9,
+        "lindley": lindley([d for d, _, _ in rows], svc),
         "pk": es + lam * es2 / (2 * (1 - rho)) if rho < 1 else float("inf"),
         "md1": md1(lam, es),
         "busy_gap_p50_ns": pct(gaps, 0.5), "busy_gaps": len(gaps),
@@ -194,7 +196,7 @@ def mechanics(f, r, qd, d, frm):
     was due, with -q 1 none before the previous answer; the mean it reports
     is the log's done - due (from issue: done - send); the median send left
     within 200 us of when it could (-q 1); the median service is the leg's
-    2 ms delay and at most the rest of the closed-loop D."""
+    2 ms delay and at most the rest of the closed-loop D (-q 1)."""
     bad = []
     if f["n"] != r["ios"]:
         bad.append("the log has %d commands, the JSON %d" % (f["n"], r["ios"]))
@@ -213,7 +215,9 @@ def mechanics(f, r, qd, d, frm):
                    % (got, want, frm))
     if qd == 1 and f["lag_p50_ns"] > 200000:
         bad.append("the median send left %d us after it could" % (f["lag_p50_ns"] // 1000))
-    if not 0.0019 <= f["service_p50"] <= 1.5 * d:
+    # with more in flight a service holds the wait in the device's queue:
+    # there the busy gaps show the delay (the -q 8 check in the test)
+    if qd == 1 and not 0.0019 <= f["service_p50"] <= 1.5 * d:
         bad.append("the median service %.6f s is not the 2 ms delay and the rest of D (%.6f s)"
                    % (f["service_p50"], d))
     return bad
@@ -238,11 +242,9 @@ def main(argv):
         print("no seed in 1..200 gives a typical path", file=sys.stderr)
         return 1
     elif len(argv) == 7 and argv[0] == "log":
-        import json
         print(json.dumps(log_facts(argv[1], int(argv[2]), int(argv[3]), float(argv[4]),
                                    float(argv[5]), int(argv[6]))))
     elif len(argv) == 6 and argv[0] == "mechanics":
-        import json
         bad = mechanics(json.load(open(argv[1])), json.load(open(argv[2]))["runs"][0],
                         int(argv[3]), float(argv[4]), argv[5])
         print("; ".join(bad))

@@ -220,6 +220,14 @@ void scsi_lu_close(struct scsi_lu *lu)
 	xcopy_forget(NULL, lu);
 	odx_forget(NULL, lu);
 	pr_free(lu);
+	/* entries of nexuses gone whose commands never came back (a hung
+	 * device at exit) */
+	for (struct nexus_lu *nl = lu->attached, *next; nl; nl = next) {
+		next = nl->next_in_lu;
+		if (atomic_load(&nl->inflight) & NL_DEAD)
+			free(nl);
+	}
+	lu->attached = NULL;
 	bdev_close(lu->dev);
 	pthread_mutex_destroy(&lu->mutex);
 	free(lu->scan_call);
@@ -400,19 +408,48 @@ static struct nexus_lu *nexus_lu_attach(struct scsi_nexus *nx, uint64_t lun, str
 	return nl;
 }
 
-static void nexus_lu_detach(struct nexus_lu *nl)
+/* Locked. */
+static void nexus_lu_unlink(struct scsi_lu *lu, struct nexus_lu *nl)
 {
-	struct scsi_lu *lu = nl->lu;
-
-	pthread_mutex_lock(&lu->mutex);
 	for (struct nexus_lu **pp = &lu->attached; *pp; pp = &(*pp)->next_in_lu)
 		if (*pp == nl) {
 			*pp = nl->next_in_lu;
 			break;
 		}
-	pthread_mutex_unlock(&lu->mutex);
+}
+
+/*
+ * The nexus no longer maps the LUN (its nexus's list no longer holds nl).
+ * With none of its commands in flight, nl goes now; else it stays on
+ * lu->attached, marked dead and still counted, and its last command frees
+ * it (nexus_lu_last_gone): a reload that unmaps a LUN under I/O must not
+ * leave those commands a freed count to decrement.
+ */
+static void nexus_lu_detach(struct nexus_lu *nl)
+{
+	struct scsi_lu *lu = nl->lu;
+
 	pr_nexus_gone(lu, nl->nx);
+	pthread_mutex_lock(&lu->mutex);
+	nl->prevent = false; /* a gone nexus prevents no removal */
+	uint32_t was = atomic_fetch_or(&nl->inflight, NL_DEAD);
+	if (!was)
+		nexus_lu_unlink(lu, nl);
+	pthread_mutex_unlock(&lu->mutex);
+	if (!was)
+		free(nl);
+}
+
+void nexus_lu_last_gone(struct nexus_lu *nl)
+{
+	struct scsi_lu *lu = nl->lu;
+
+	pthread_mutex_lock(&lu->mutex);
+	nexus_lu_unlink(lu, nl);
+	pthread_mutex_unlock(&lu->mutex);
 	free(nl);
+	if (atomic_load(&lu->pa_waiting))
+		lu_pa_poke(lu);
 }
 
 /*
@@ -628,21 +665,36 @@ void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, cons
 			atomic_fetch_or(&nl->ua, ua);
 }
 
-bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
-		   unsigned timeout_ms)
+unsigned lu_port_inflight_locked(struct scsi_lu *lu, const char *i_port, const char *t_port,
+				 const struct scsi_nexus *skip, int ep)
 {
-	uint64_t end = lu_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	unsigned n = 0;
+	for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
+		if (nl->nx != skip && !strcmp(nl->nx->i_port, i_port) && (!t_port || !strcmp(nl->nx->t_port, t_port))) {
+			uint32_t v = atomic_load(&nl->inflight);
+			if (ep != 1)
+				n += v & NL_COUNT_MASK;
+			if (ep != 0)
+				n += (v >> NL_ODD_SHIFT) & NL_COUNT_MASK;
+		}
+	return n;
+}
+
+int lu_pa_epoch_next_locked(struct scsi_lu *lu)
+{
+	return (int)(atomic_fetch_add(&lu->pa_epoch, 1) & 1);
+}
+
+bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
+		   int ep, uint64_t end_ns)
+{
 	for (;;) {
-		unsigned n = 0;
 		pthread_mutex_lock(&lu->mutex);
-		for (struct nexus_lu *nl = lu->attached; nl; nl = nl->next_in_lu)
-			if (nl->nx != skip && !strcmp(nl->nx->i_port, i_port) &&
-			    (!t_port || !strcmp(nl->nx->t_port, t_port)))
-				n += atomic_load_explicit(&nl->inflight, memory_order_acquire);
+		unsigned n = lu_port_inflight_locked(lu, i_port, t_port, skip, ep);
 		pthread_mutex_unlock(&lu->mutex);
 		if (!n)
 			return true;
-		if (lu_now_ns() > end)
+		if (lu_now_ns() > end_ns)
 			return false;
 		struct timespec ts = { 0, 1000000 };
 		nanosleep(&ts, NULL);

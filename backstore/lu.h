@@ -249,9 +249,18 @@ struct scsi_lu {
 	struct pr_state pr;
 	struct pr_shared *prs;          /* kept alike by several gateways (pr_shared.c), else NULL */
 	struct scsi_nexus *spc2_holder; /* RESERVE(6/10) holder, NULL if none */
+	/* PREEMPT AND ABORTs waiting for preempted commands (pr.c): the list
+	 * under mutex; pa_waiting, their number, read by every completion
+	 * that takes a nexus's count to 0 (then lu_pa_poke); pa_epoch, read
+	 * by every submit, moved on by each PREEMPT AND ABORT (nexus_lu) */
+	struct pa_wait *pa_waits;
+	atomic_uint pa_waiting;
+	atomic_uint pa_epoch;
 
-	/* COMPARE AND WRITE vs. writers, see sbc.c */
-	atomic_uint caw_active;      /* CAWs queued or running, and fences */
+	/* COMPARE AND WRITE vs. writers, see sbc.c: written by CAWs and
+	 * fences on any worker, so on a line of their own, away from what
+	 * every command reads */
+	_Alignas(64) atomic_uint caw_active; /* CAWs queued or running, and fences */
 	struct range_lock *ranges;   /* granted + waiting, under mutex */
 	/* one call per worker that looks at its fast writes for waiting
 	 * CAWs; scan_posted: those in flight (under mutex) */
@@ -319,13 +328,26 @@ struct scsi_target {
 };
 
 /* One (nexus, LU) pair: where unit attentions wait. */
+#define NL_DEAD 0x80000000u
+#define NL_ODD_SHIFT 15 /* the odd epoch's count; each 15 bits, far above any queue depth */
+#define NL_COUNT_MASK 0x7fffu
 struct nexus_lu {
+	/* valid while the entry is: a nexus closes only after its commands */
 	struct scsi_nexus *nx;
 	struct scsi_lu *lu;
 	uint64_t lun;
 	atomic_uint ua;
-	/* commands of this nexus on a LU several gateways export, from submit
-	 * to completion: PREEMPT AND ABORT waits for a preempted one's */
+	/* commands of this nexus on this LU (all but PERSISTENT RESERVE OUT,
+	 * and an EXTENDED COPY's writes into it), from submit to completion,
+	 * two counts in one word: those that came in an even and in an odd
+	 * lu->pa_epoch. A PREEMPT AND ABORT moves the epoch on and waits for
+	 * the preempted nexuses' count of the old one (pr.c, pr_shared.c):
+	 * the commands that were there before it, not those a busy host
+	 * keeps sending after. NL_DEAD is set once the nexus no longer maps
+	 * the LUN (a reload, a logout): the entry then stays on lu->attached,
+	 * still counted, until its last command completes and frees it
+	 * (nexus_lu_put), so a command never touches freed memory and a wait
+	 * still sees it. */
 	atomic_uint inflight;
 	struct nexus_lu *next_in_lu; /* lu->attached list, under lu->mutex */
 	bool prevent;                /* PREVENT ALLOW MEDIUM REMOVAL state */
@@ -483,6 +505,37 @@ static inline uint64_t lu_now_ns(void)
 void lu_stats_count(struct scsi_lu *lu, const struct scsi_cmd *cmd);
 int lu_stats_init(struct scsi_lu *lu);
 
+/* scsi_cmd_complete's rare cases: the last command of an entry no nexus
+ * maps any more (frees it); a nexus's count reached 0 while a PREEMPT AND
+ * ABORT waits (pr.c: answers those with nothing left to wait for). */
+void nexus_lu_last_gone(struct nexus_lu *nl);
+void lu_pa_poke(struct scsi_lu *lu);
+
+/* Count a command of nl, in lu's epoch now: its count's shift, which
+ * nexus_lu_put takes. */
+static inline uint32_t nexus_lu_get(struct nexus_lu *nl)
+{
+	uint32_t shift = (atomic_load_explicit(&nl->lu->pa_epoch, memory_order_relaxed) & 1) * NL_ODD_SHIFT;
+	atomic_fetch_add_explicit(&nl->inflight, 1u << shift, memory_order_relaxed);
+	return shift;
+}
+
+/*
+ * The command nexus_lu_get counted is done. seq_cst, and pa_waiting read
+ * after it: a PREEMPT AND ABORT counts after it announced itself, so
+ * either it sees this command gone or this sees it waiting (pr.c). nl may
+ * be freed once the count is down, unless this was its last command; lu
+ * is nl's LU, which the caller still holds.
+ */
+static inline void nexus_lu_put(struct scsi_lu *lu, struct nexus_lu *nl, uint32_t shift)
+{
+	uint32_t was = atomic_fetch_sub(&nl->inflight, 1u << shift);
+	if (__builtin_expect(was == (NL_DEAD | 1u << shift), 0))
+		nexus_lu_last_gone(nl);
+	else if (((was >> shift) & NL_COUNT_MASK) == 1 && __builtin_expect(atomic_load(&lu->pa_waiting) != 0, 0))
+		lu_pa_poke(lu);
+}
+
 static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *held = cmd->held_lu;
@@ -497,9 +550,12 @@ static inline void scsi_cmd_complete(struct scsi_cmd *cmd)
 		lu_overdue_back(cmd->lu);
 	if (held)
 		lu_stats_count(held, cmd);
-	if (__builtin_expect(cmd->held_nl != NULL, 0)) {
-		atomic_fetch_sub_explicit(&cmd->held_nl->inflight, 1, memory_order_release);
+	if (cmd->held_nl) {
+		struct nexus_lu *nl = cmd->held_nl;
 		cmd->held_nl = NULL;
+		/* cmd->lu, not held: a read sent from the page cache moved
+		 * that hold to data_fd_lu (sbc_rw.c), which keeps lu open */
+		nexus_lu_put(cmd->lu, nl, cmd->held_shift);
 	}
 	cmd->done(cmd);
 	if (held)
@@ -535,14 +591,19 @@ void lu_ua_all_locked(struct scsi_lu *lu, unsigned ua, const struct scsi_nexus *
 unsigned lu_mode_state(const struct scsi_lu *lu);
 /* Establish ua on the nexuses whose initiator port is i_port. Locked. */
 void lu_ua_port_locked(struct scsi_lu *lu, unsigned ua, const char *i_port, const char *t_port);
+/* Commands in flight of the nexuses of i_port (and t_port, NULL: any) on
+ * lu, except those of skip (nexus_lu.inflight), that came in epoch parity
+ * ep (0, 1; -1: any). Locked. */
+unsigned lu_port_inflight_locked(struct scsi_lu *lu, const char *i_port, const char *t_port,
+				 const struct scsi_nexus *skip, int ep);
+/* Move lu->pa_epoch on (lu->mutex held): the parity of the one that ends. */
+int lu_pa_epoch_next_locked(struct scsi_lu *lu);
 /*
- * Wait until no command of the nexuses of i_port (and t_port, NULL: any)
- * on lu is in flight, except those of skip, for up to timeout_ms: true
- * when none is. Counted only on a LU several gateways export. Not on a
- * worker: it sleeps.
+ * Wait until lu_port_inflight is 0, until end_ns (lu_now_ns): true when it
+ * is. Not on a worker: it sleeps.
  */
 bool lu_drain_port(struct scsi_lu *lu, const char *i_port, const char *t_port, const struct scsi_nexus *skip,
-		   unsigned timeout_ms);
+		   int ep, uint64_t end_ns);
 
 /* Take (and clear) the highest-priority pending UA of nl: its ASC, or 0.
  * Lock-free; any thread. */

@@ -443,11 +443,13 @@ void scsi_cmd_submit(struct scsi_cmd *cmd)
 	cmd->held_nl = NULL;
 	if (cmd->lu) {
 		lu_inflight_add(cmd->lu, +1);
-		/* a PERSISTENT RESERVE OUT is not waited for: it may queue behind
-		 * the very PREEMPT AND ABORT that waits (pr_shared.c) */
-		if (__builtin_expect(cmd->lu->prs != NULL, 0) && cmd->cdb[0] != OP_PR_OUT) {
+		/* every command is counted, whatever the state of reservations
+		 * when it came: a PREEMPT AND ABORT waits for those of the nexus
+		 * it preempts. Not a PERSISTENT RESERVE OUT: it may queue behind
+		 * the very PREEMPT AND ABORT that waits (pr.c, pr_shared.c). */
+		if (__builtin_expect(cmd->cdb[0] != OP_PR_OUT, 1)) {
 			cmd->held_nl = nl;
-			atomic_fetch_add_explicit(&nl->inflight, 1, memory_order_relaxed);
+			cmd->held_shift = nexus_lu_get(nl);
 		}
 	}
 #ifdef TC_DEBUG

@@ -28,11 +28,22 @@
 
 #include "common/log.h"
 
+/* A PR OUT on a LU of one gateway never reaches the backing store: it
+ * waits only for a PREEMPT AND ABORT's preempted commands, for a bounded
+ * time (pr.c), and answered ABORTED it would be sent again after its
+ * preemption was made. */
+bool scsi_cmd_timed(const struct scsi_cmd *cmd)
+{
+	return !(cmd->cdb[0] == OP_PR_OUT && cmd->lu && !cmd->lu->prs);
+}
+
 bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms)
 {
 	struct scsi_lu *lu = cmd->lu;
 	uint32_t tmo = lu ? atomic_load_explicit(&lu->io_timeout_ms, memory_order_relaxed) : 0;
 	if (!tmo || age_ms < tmo || cmd->overdue)
+		return false;
+	if (!scsi_cmd_timed(cmd))
 		return false;
 	cmd->overdue = true;
 	sbc_write_fence(cmd);

@@ -14,6 +14,12 @@
  * reservation of either kind exists, and only then does dispatch call
  * pr_conflicts() under lu->mutex.
  *
+ * PREEMPT AND ABORT is answered only once no command of a nexus it
+ * preempted is in flight (preempt_abort below; on a LU several gateways
+ * export, pr_shared.c does the same on every gateway): a cluster fences
+ * a node with it and then trusts that none of that node's writes lands
+ * after the GOOD.
+ *
  * Threading: every function takes lu->mutex itself; PR OUT writes the
  * state file on the worker (rare, small, and the command must not
  * complete before it is durable).
@@ -23,11 +29,15 @@
 
 #include "common/log.h"
 #include "common/statefile.h"
+#include "common/worker.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PR_WE 1
@@ -333,8 +343,11 @@ int pr_load(struct scsi_lu *lu, char *err, size_t errlen)
 	return 0;
 }
 
+static void pa_forget(struct scsi_lu *lu);
+
 void pr_free(struct scsi_lu *lu)
 {
+	pa_forget(lu);
 	reg_list_free(lu->pr.regs);
 	lu->pr.regs = NULL;
 	lu->pr.holder = NULL;
@@ -724,6 +737,192 @@ static enum pr_result do_register_move(struct scsi_lu *lu, struct scsi_nexus *nx
 	return PR_OK;
 }
 
+/*
+ * PREEMPT AND ABORT on a LU of one gateway. The preempted nexuses' commands
+ * in flight are let finish, not aborted (what reached a device cannot be
+ * called back), and the answer waits for them: every command but a PR OUT
+ * is counted per nexus from submit to completion (nexus_lu.inflight), in
+ * the count of the LU's epoch when it came. The PREEMPT AND ABORT moves
+ * the epoch on as it applies the change, and waits for the old epoch's
+ * count of each nexus it preempted: what a busy host sends after it meets
+ * the new state and is not waited for. The completion that takes such a
+ * count to 0 while a PREEMPT AND ABORT waits (lu->pa_waiting) calls
+ * lu_pa_poke, which answers each waiting one that has nothing left to
+ * wait for, on its own worker. Announcing the wait before counting, as
+ * the completion decrements before it reads pa_waiting (both seq_cst),
+ * means one of the two sees the other.
+ *
+ * The wait ends after PR_DRAIN_MS in all, with a warning (the worker's
+ * tick, about once a second, checks, so it is answered within a second
+ * after): a device that keeps a command for good must not keep the
+ * cluster from failing over. io_timeout does not apply
+ * to the PR OUT itself (lu_timeout.c): it never reaches the backing store,
+ * and an ABORTED COMMAND for a preemption already made would have the host
+ * send it again and meet RESERVATION CONFLICT.
+ */
+struct pa_port {
+	char i_port[PORT_NAME_MAX];
+	char t_port[PORT_NAME_MAX];
+	bool all_tg_pt;
+};
+
+struct pa_wait {
+	struct scsi_cmd *cmd;
+	struct worker *w;
+	struct worker_call call;
+	struct worker_tick tick;
+	struct pa_wait *next; /* lu->pa_waits, under lu->mutex */
+	bool listed;          /* on it: whoever takes it off answers */
+	int ep;               /* the epoch parity waited for */
+	uint64_t end_ns;
+	unsigned n;
+	struct pa_port port[];
+};
+
+/* Waits the workers stopped before they could end (at exit): their
+ * commands are not answered any more. */
+static void pa_forget(struct scsi_lu *lu)
+{
+	while (lu->pa_waits) {
+		struct pa_wait *pw = lu->pa_waits;
+		lu->pa_waits = pw->next;
+		free(pw);
+	}
+}
+
+/* Locked. */
+static unsigned pa_busy(struct scsi_lu *lu, const struct pa_wait *pw)
+{
+	unsigned busy = 0;
+	for (unsigned i = 0; i < pw->n; i++)
+		busy += lu_port_inflight_locked(lu, pw->port[i].i_port, pw->port[i].all_tg_pt ? NULL : pw->port[i].t_port,
+						pw->cmd->nexus, pw->ep);
+	return busy;
+}
+
+/* Locked. */
+static void pa_unlist(struct scsi_lu *lu, struct pa_wait *pw)
+{
+	for (struct pa_wait **pp = &lu->pa_waits; *pp; pp = &(*pp)->next)
+		if (*pp == pw) {
+			*pp = pw->next;
+			break;
+		}
+	pw->listed = false;
+	atomic_fetch_sub(&lu->pa_waiting, 1);
+}
+
+/* On pw's worker, once it is off the list. */
+static void pa_answer(void *arg)
+{
+	struct pa_wait *pw = arg;
+	struct scsi_cmd *cmd = pw->cmd;
+	worker_tick_del(&pw->tick);
+	free(pw);
+	scsi_cmd_complete(cmd);
+}
+
+static void pa_tick(struct worker_tick *t)
+{
+	struct pa_wait *pw = (struct pa_wait *)((char *)t - offsetof(struct pa_wait, tick));
+	struct scsi_lu *lu = pw->cmd->lu;
+	bool late = false;
+	unsigned busy = 0;
+	pthread_mutex_lock(&lu->mutex);
+	if (pw->listed && lu_now_ns() >= pw->end_ns) {
+		busy = pa_busy(lu, pw);
+		pa_unlist(lu, pw);
+		late = true;
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	if (!late)
+		return;
+	if (busy)
+		log_warn("lun \"%s\": %u command(s) of the nexuses preempted with abort still run after %u s; the "
+			 "PREEMPT AND ABORT is answered anyway", lu->name, busy, PR_DRAIN_MS / 1000);
+	/* posted, not here: the host's answer must not run inside the tick walk */
+	worker_post_call(pw->w, &pw->call, pa_answer, pw);
+}
+
+void lu_pa_poke(struct scsi_lu *lu)
+{
+	pthread_mutex_lock(&lu->mutex);
+	for (struct pa_wait *pw = lu->pa_waits, *next; pw; pw = next) {
+		next = pw->next;
+		if (pa_busy(lu, pw))
+			continue;
+		pa_unlist(lu, pw);
+		worker_post_call(pw->w, &pw->call, pa_answer, pw);
+	}
+	pthread_mutex_unlock(&lu->mutex);
+}
+
+/* Locked. */
+static bool reg_present(const struct scsi_lu *lu, const struct pa_port *pp)
+{
+	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next)
+		if (r->all_tg_pt == pp->all_tg_pt && !strcmp(r->i_port, pp->i_port) && !strcmp(r->t_port, pp->t_port))
+			return true;
+	return false;
+}
+
+static enum scsi_rc preempt_abort(struct scsi_cmd *cmd, uint8_t type, uint64_t key, uint64_t sa_key, uint8_t flags,
+				  const uint8_t *p, uint32_t plen)
+{
+	struct scsi_lu *lu = cmd->lu;
+	pthread_mutex_lock(&lu->mutex);
+	unsigned n = 0;
+	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next)
+		n++;
+	struct pa_wait *pw = calloc(1, sizeof(*pw) + n * sizeof(pw->port[0]));
+	if (!pw) {
+		pthread_mutex_unlock(&lu->mutex);
+		cmd->status = SAM_STAT_BUSY; /* nothing changed: the host sends it again */
+		return SCSI_RC_DONE;
+	}
+	unsigned i = 0;
+	for (const struct pr_reg *r = lu->pr.regs; r; r = r->next, i++) {
+		snprintf(pw->port[i].i_port, sizeof(pw->port[i].i_port), "%s", r->i_port);
+		snprintf(pw->port[i].t_port, sizeof(pw->port[i].t_port), "%s", r->t_port);
+		pw->port[i].all_tg_pt = r->all_tg_pt;
+	}
+	enum pr_result res = pr_apply(lu, cmd->nexus, PRO_PREEMPT_ABORT, type, key, sa_key, flags, p, plen);
+	unsigned busy = 0;
+	if (res == PR_OK) {
+		/* the registrations it removed, whose nexuses it waits for */
+		for (i = 0; i < n; i++)
+			if (!reg_present(lu, &pw->port[i]))
+				pw->port[pw->n++] = pw->port[i];
+		pw->cmd = cmd;
+		pw->ep = lu_pa_epoch_next_locked(lu);
+		atomic_fetch_add(&lu->pa_waiting, 1);
+		busy = pw->n ? pa_busy(lu, pw) : 0;
+		pw->w = busy ? worker_self() : NULL;
+		if (pw->w) {
+			pw->end_ns = lu_now_ns() + PR_DRAIN_MS * 1000000ull;
+			pw->listed = true;
+			pw->next = lu->pa_waits;
+			lu->pa_waits = pw;
+		} else {
+			atomic_fetch_sub(&lu->pa_waiting, 1);
+		}
+	}
+	pthread_mutex_unlock(&lu->mutex);
+	pr_answer(cmd, res);
+	if (!pw->w) {
+		/* off a worker (a tool's nexus): this thread may sleep */
+		uint64_t end = lu_now_ns() + PR_DRAIN_MS * 1000000ull;
+		for (i = 0; busy && i < pw->n; i++)
+			lu_drain_port(lu, pw->port[i].i_port, pw->port[i].all_tg_pt ? NULL : pw->port[i].t_port, cmd->nexus,
+				      pw->ep, end);
+		free(pw);
+		return SCSI_RC_DONE;
+	}
+	pw->tick.fn = pa_tick;
+	worker_tick_add(&pw->tick);
+	return SCSI_RC_PENDING;
+}
+
 enum scsi_rc pr_out(struct scsi_cmd *cmd)
 {
 	struct scsi_lu *lu = cmd->lu;
@@ -755,6 +954,8 @@ enum scsi_rc pr_out(struct scsi_cmd *cmd)
 
 	if (lu->prs)
 		return pr_shared_out(cmd, sa, type, key, sa_key, flags, p, plen);
+	if (sa == PRO_PREEMPT_ABORT)
+		return preempt_abort(cmd, type, key, sa_key, flags, p, plen);
 	pthread_mutex_lock(&lu->mutex);
 	enum pr_result res = pr_apply(lu, cmd->nexus, sa, type, key, sa_key, flags, p, plen);
 	pthread_mutex_unlock(&lu->mutex);

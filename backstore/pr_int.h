@@ -11,6 +11,11 @@
 enum pr_result { PR_OK, PR_CONFLICT, PR_BAD_CDB_TYPE, PR_BAD_CDB_SCOPE, PR_BAD_PARAM_KEY,
 		 PR_BAD_RELEASE, PR_NO_RESOURCES, PR_BAD_PARAM_LEN, PR_BAD_PARAM_FLAGS, PR_BAD_TID };
 
+/* PREEMPT AND ABORT waits at most this long, in all, for the preempted
+ * nexuses' commands in flight (pr.c; pr_shared.c, where it is within
+ * PR_ANNOUNCE_MS: past that a gateway is fenced anyway). */
+#define PR_DRAIN_MS 8000u
+
 /* The longest PERSISTENT RESERVE OUT parameter list taken (REGISTER AND MOVE's). */
 #define PR_PARAM_MAX (24 + 4 + PORT_NAME_MAX + 8)
 

@@ -63,7 +63,6 @@
 #define PR_HELLO_MS 3000u
 #define PR_CAS_TRIES 50
 #define PR_EV_MAX 16384
-#define PR_DRAIN_MS 8000u           /* within PR_ANNOUNCE_MS: past it a gateway is fenced anyway */
 
 struct pr_job {
 	struct pr_job *next;
@@ -174,13 +173,15 @@ static uint64_t blob_ver(const char *buf, size_t len)
 struct drain_ctx {
 	struct scsi_lu *lu;
 	const struct scsi_nexus *skip;
+	uint64_t end_ns; /* one limit for all the nexuses preempted */
+	int ep;          /* the epoch whose commands are waited for */
 	bool all;
 };
 
 static void drain_one(void *ctx, unsigned ua, const char *ip, const char *tp)
 {
 	struct drain_ctx *d = ctx;
-	if (ua != UA_REGISTRATIONS_PREEMPTED || lu_drain_port(d->lu, ip, tp, d->skip, PR_DRAIN_MS))
+	if (ua != UA_REGISTRATIONS_PREEMPTED || lu_drain_port(d->lu, ip, tp, d->skip, d->ep, d->end_ns))
 		return;
 	log_warn("lun \"%s\": commands of %s preempted with abort still run after %u s", d->lu->name, ip,
 		 PR_DRAIN_MS / 1000);
@@ -191,7 +192,12 @@ static void drain_one(void *ctx, unsigned ua, const char *ip, const char *tp)
  * commands in flight here of each nexus it preempted. Not locked. */
 static bool drain(struct scsi_lu *lu, const char *ev, size_t len, const struct scsi_nexus *skip)
 {
-	struct drain_ctx d = { .lu = lu, .skip = skip, .all = true };
+	struct drain_ctx d = { .lu = lu, .skip = skip, .end_ns = lu_now_ns() + PR_DRAIN_MS * 1000000ull, .all = true };
+	/* the commands here before the change, not those after it, which
+	 * meet the new state (as in pr.c) */
+	pthread_mutex_lock(&lu->mutex);
+	d.ep = lu_pa_epoch_next_locked(lu);
+	pthread_mutex_unlock(&lu->mutex);
 	each_ua(ev, len, drain_one, &d);
 	return d.all;
 }

@@ -190,7 +190,8 @@ struct scsi_cmd {
 	/* --- backstore private, untouched by front ends --- */
 	struct scsi_lu *lu;
 	struct scsi_lu *held_lu;  /* counted in lu->inflight until completion */
-	struct nexus_lu *held_nl; /* counted in its inflight until completion (a shared LU's) */
+	struct nexus_lu *held_nl; /* counted in its inflight until completion */
+	uint32_t held_shift;      /* in this count of it (nexus_lu_get) */
 	uint32_t bs_once;         /* debug builds: in flight or completed (lu.h) */
 	struct range_lock *wlock; /* its place in the write interlock, while it has one */
 	bool overdue;             /* answered by the front end already (scsi_cmd_overdue) */
@@ -356,6 +357,8 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd);
  * for this command: a late landing never overwrites newer data.
  */
 bool scsi_cmd_overdue(struct scsi_cmd *cmd, uint64_t age_ms);
+/* Whether io_timeout applies to cmd at all (it never turns overdue if not). */
+bool scsi_cmd_timed(const struct scsi_cmd *cmd);
 /*
  * A task management function aborts cmd, which the backstore holds; on the
  * command's worker. If cmd is still waiting for its turn (a WRITE or a

@@ -59,6 +59,10 @@ struct xcopy_io {
 	uint16_t ntargets;
 	bool locked;
 	bool held;                /* src and dst counted in their inflight */
+	/* the writes into dst count as this nexus's commands on it: a
+	 * PREEMPT AND ABORT there waits for them (pr.c) */
+	struct nexus_lu *dst_nl;
+	uint32_t dst_shift;
 };
 
 static_assert(sizeof(struct xcopy_io) <= sizeof(((struct scsi_cmd *)0)->bs_scratch),
@@ -230,7 +234,7 @@ static void xc_read_chunk(struct xcopy_io *io)
  * target the command came through qualify: the registry knows every open
  * LU, but an initiator reaches only what its target grants (invariant 5).
  */
-static struct scsi_lu *xc_target(struct xcopy_io *io, unsigned idx)
+static struct nexus_lu *xc_target(struct xcopy_io *io, unsigned idx)
 {
 	const uint8_t *t = io->param + XC_HDR + (size_t)idx * XC_TGT_DESC_LEN;
 	uint8_t type = t[5] & 0x0f;
@@ -243,7 +247,7 @@ static struct scsi_lu *xc_target(struct xcopy_io *io, unsigned idx)
 	/* the nexus's map, on its worker: an LU a reload removed is not in it */
 	for (int i = 0; lu && i < nx->nlus; i++)
 		if (nx->lus[i]->lu == lu)
-			return lu;
+			return nx->lus[i];
 	return NULL;
 }
 
@@ -253,6 +257,7 @@ static void xc_hold(struct xcopy_io *io)
 {
 	lu_inflight_add(io->src, +1);
 	lu_inflight_add(io->dst, +1);
+	io->dst_shift = nexus_lu_get(io->dst_nl);
 	io->held = true;
 }
 
@@ -261,6 +266,8 @@ static void xc_release(struct xcopy_io *io)
 	if (!io->held)
 		return;
 	io->held = false;
+	nexus_lu_put(io->dst, io->dst_nl, io->dst_shift); /* dst still held */
+	io->dst_nl = NULL;
 	lu_inflight_add(io->src, -1);
 	lu_inflight_add(io->dst, -1);
 }
@@ -286,8 +293,10 @@ static void xc_next_segment(struct xcopy_io *io)
 		return;
 	}
 	xc_release(io);
-	io->src = xc_target(io, src_idx);
-	io->dst = xc_target(io, dst_idx);
+	struct nexus_lu *src_nl = xc_target(io, src_idx);
+	io->dst_nl = xc_target(io, dst_idx);
+	io->src = src_nl ? src_nl->lu : NULL;
+	io->dst = io->dst_nl ? io->dst_nl->lu : NULL;
 	if (!io->src || !io->dst) {
 		xc_fail(io, SK_COPY_ABORTED, ASC_COPY_TARGET_DEVICE_NOT_REACHABLE);
 		return;

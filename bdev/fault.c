@@ -379,15 +379,18 @@ static void pass_on(void *arg)
 	bdev_submit(f->inner, req);
 }
 
-int bdev_fault_pass_newest(struct bdev *dev)
+static int pass_one(struct bdev *dev, bool newest)
 {
 	if (!bdev_is_fault(dev))
 		return 0;
 	struct fault_bdev *f = (struct fault_bdev *)dev;
 	pthread_mutex_lock(&f->lock);
-	struct held *h = f->held; /* pushed at the head: the newest */
+	struct held **pp = &f->held; /* pushed at the head: the newest */
+	while (!newest && *pp && (*pp)->next)
+		pp = &(*pp)->next;
+	struct held *h = *pp;
 	if (h)
-		f->held = h->next;
+		*pp = h->next;
 	pthread_mutex_unlock(&f->lock);
 	if (!h)
 		return 0;
@@ -396,6 +399,16 @@ int bdev_fault_pass_newest(struct bdev *dev)
 		free(h);
 	}
 	return 1;
+}
+
+int bdev_fault_pass_newest(struct bdev *dev)
+{
+	return pass_one(dev, true);
+}
+
+int bdev_fault_pass_oldest(struct bdev *dev)
+{
+	return pass_one(dev, false);
 }
 
 void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c)

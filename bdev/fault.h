@@ -47,5 +47,7 @@ void bdev_fault_counts(struct bdev *dev, struct bdev_fault_counts *c);
  * stuck answers the newest first: 1, or 0 when none is held. Any thread.
  */
 int bdev_fault_pass_newest(struct bdev *dev);
+/* The same for the request held first. */
+int bdev_fault_pass_oldest(struct bdev *dev);
 
 #endif

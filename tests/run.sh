@@ -112,7 +112,7 @@ done
 # was found: the final checkpoint spun on worker 0 waiting for a running one
 # whose completions that spin kept it from reaping (fixed in cache/set.c,
 # tests/unit/test_cache_ckpt_stop.c).
-asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults test_cache_crash_kill9 test_tierctl_trace"
+asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults test_cache_crash_kill9 test_tierctl_trace test_pr_preempt_abort"
 asan_kill_cycles=10
 [ -n "${TC_LONG:-}" ] && asan_kill_cycles=200
 asan_env=(

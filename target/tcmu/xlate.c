@@ -69,8 +69,11 @@ static void xdev_tick(struct worker_tick *t)
 		uint64_t age_ms = n > 1 ? (uint64_t)(n - 1) * 1000 : 0;
 		if (xc->sc.overdue)
 			continue;
-		if (!scsi_cmd_overdue(&xc->sc, age_ms))
+		if (!scsi_cmd_overdue(&xc->sc, age_ms)) {
+			if (!scsi_cmd_timed(&xc->sc))
+				continue; /* never overdue: not a sign the rest are young */
 			break; /* oldest first: the rest are younger */
+		}
 	}
 }
 

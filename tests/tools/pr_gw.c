@@ -23,8 +23,9 @@
  *     wut:LUN:LBA             WRITE USING TOKEN of the kept token to one block
  *                             at LBA of LUN (ODX, as Windows copies)
  *     wait:PATH               wait (up to 120 s) until PATH exists, still logged in
- * Each step prints "STEP RESULT ms=T": GOOD, CONFLICT (RESERVATION
- * CONFLICT), BUSY, or CHECK:K/ASC/ASCQ. A UNIT ATTENTION is printed as
+ * Each step prints "STEP RESULT ms=T at=A": GOOD, CONFLICT (RESERVATION
+ * CONFLICT), BUSY, or CHECK:K/ASC/ASCQ; T is how long it took, A when the
+ * answer came (CLOCK_MONOTONIC, ms: comparable across runs of pr_gw). A UNIT ATTENTION is printed as
  * "ua ASC/ASCQ" and the step sent again; NOT READY and BUSY are retried
  * every 200 ms for up to 60 s (a takeover, a gateway reading the state
  * again). The exit status is 0 unless the login or a transport failed.
@@ -119,9 +120,11 @@ static struct scsi_task *run(struct iscsi_context *c, int lun, const char *step,
 			*transport = true;
 			return NULL;
 		}
-		int ms = (int)((now_s() - t0) * 1000);
+		double t1 = now_s();
+		int ms = (int)((t1 - t0) * 1000);
+		long long at = (long long)(t1 * 1000);
 		if (t->status == SCSI_STATUS_GOOD) {
-			printf("%s GOOD ms=%d", step, ms);
+			printf("%s GOOD ms=%d at=%lld", step, ms, at);
 			return t;
 		}
 		int key = t->sense.key, asc = t->sense.ascq;
@@ -138,11 +141,11 @@ static struct scsi_task *run(struct iscsi_context *c, int lun, const char *step,
 			continue;
 		}
 		if (t->status == SCSI_STATUS_RESERVATION_CONFLICT)
-			printf("%s CONFLICT ms=%d\n", step, ms);
+			printf("%s CONFLICT ms=%d at=%lld\n", step, ms, at);
 		else if (t->status == SCSI_STATUS_BUSY)
-			printf("%s BUSY ms=%d\n", step, ms);
+			printf("%s BUSY ms=%d at=%lld\n", step, ms, at);
 		else
-			printf("%s CHECK:%x/%02x/%02x ms=%d\n", step, key, asc >> 8, asc & 0xff, ms);
+			printf("%s CHECK:%x/%02x/%02x ms=%d at=%lld\n", step, key, asc >> 8, asc & 0xff, ms, at);
 		scsi_free_scsi_task(t);
 		return NULL;
 	}

@@ -92,6 +92,23 @@ int cache_mode_parse(const char *s, enum cache_mode *out)
 struct bdev *cache_vol_backing(struct cache_vol *v) { return v->backing; }
 struct cache_set *cache_vol_set(struct cache_vol *v) { return v->cs; }
 
+struct cache_set *cache_vol_cache_set(struct bdev *vol) { return ((struct cache_vol *)vol)->cs; }
+
+bool cache_vol_has_dirty(struct bdev *vol)
+{
+	struct cache_vol *v = (struct cache_vol *)vol;
+	struct cache_set *cs = v->cs;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_relaxed);
+		if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY))
+			continue;
+		uint64_t key = atomic_load_explicit(&cs->slots[s].key, memory_order_relaxed);
+		if (key != CACHE_KEY_NONE && key_bid(key) == v->bid)
+			return true;
+	}
+	return false;
+}
+
 /* Copy the iovec slice [off, off+len) of (iov, iovcnt) into out[max]; count or -1. */
 static int iov_slice(const struct iovec *iov, int iovcnt, uint64_t off, uint64_t len,
 		     struct iovec *out, int max)
@@ -370,9 +387,12 @@ static void vol_close(struct bdev *dev)
 {
 	struct cache_vol *v = (struct cache_vol *)dev;
 	struct cache_set *cs = v->cs;
-	atomic_store(&cs->vols[v->bid], NULL);
+	/* a reload may have attached the LUN again meanwhile (its new volume
+	 * took the id): that one stays */
+	struct cache_vol *self = v;
+	bool mine = atomic_compare_exchange_strong(&cs->vols[v->bid], &self, NULL);
 	synchronize_rcu();
-	if (cs->advisor)
+	if (cs->advisor && mine)
 		advisor_drop(cs->advisor, v->bid);
 	while (atomic_load(&v->bg_users))
 		usleep(1000);

@@ -54,7 +54,11 @@ struct daemon {
 	int nold_cfgs;
 	struct scsi_target **old_targets;
 	int nold_targets;
+	/* LUs a reload removed but could not close yet; parked_vols[i], its
+	 * cache volume when it waits only for its dirty data to be destaged
+	 * (daemon_release_parked closes it then), else NULL */
 	struct scsi_lu **parked_lus;
+	struct bdev **parked_vols;
 	int nparked_lus;
 	const char *path;
 	bool debug;
@@ -100,5 +104,11 @@ int daemon_status_register(struct daemon *d);
 
 /* Re-read d->path and apply what can change while serving. */
 void daemon_reload(struct daemon *d);
+/*
+ * Close the LUs a reload removed whose cache volume no longer holds dirty
+ * data, and free their entries in the set. Main thread, between reloads;
+ * true while some still wait (call again in a few seconds).
+ */
+bool daemon_release_parked(struct daemon *d);
 
 #endif

@@ -218,6 +218,7 @@ static void teardown(struct daemon *d)
 	free(d->old_cfgs);
 	free(d->old_targets);
 	free(d->parked_lus);
+	free(d->parked_vols);
 	config_free(cfg);
 }
 
@@ -380,14 +381,19 @@ int main(int argc, char **argv)
 		 workers_count());
 
 	watchdog_start();
+	bool parked = false; /* removed cached LUNs wait for their destage */
 	for (;;) {
 		int sig;
 		int wd_ms = watchdog_poll_ms();
+		if (parked && (wd_ms < 0 || wd_ms > 2000))
+			wd_ms = 2000;
 		if (wd_ms >= 0) {
 			/* Wake at least every half watchdog interval to feed it. */
 			struct timespec ts = { .tv_sec = wd_ms / 1000, .tv_nsec = (long)(wd_ms % 1000) * 1000000L };
 			sig = sigtimedwait(&set, NULL, &ts);
 			watchdog_feed();
+			if (parked)
+				parked = daemon_release_parked(&d);
 			if (sig < 0)
 				continue;
 		} else if (sigwait(&set, &sig)) {
@@ -395,6 +401,7 @@ int main(int argc, char **argv)
 		}
 		if (sig == SIGHUP) {
 			daemon_reload(&d);
+			parked = daemon_release_parked(&d);
 			continue;
 		}
 		log_info("%s received: draining in-flight commands", sig == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -334,14 +334,57 @@ static void publish_wait(struct scsi_target *const *t, int nt)
 	}
 }
 
-static int park_lu(struct daemon *d, struct scsi_lu *lu)
+/* vol: lu's cache volume, when that is all it waits for (else NULL) */
+static int park_lu(struct daemon *d, struct scsi_lu *lu, struct bdev *vol)
 {
 	struct scsi_lu **v = realloc(d->parked_lus, sizeof(*v) * (size_t)(d->nparked_lus + 1));
 	if (!v)
 		return -1;
 	d->parked_lus = v;
+	struct bdev **pv = realloc(d->parked_vols, sizeof(*pv) * (size_t)(d->nparked_lus + 1));
+	if (!pv)
+		return -1;
+	d->parked_vols = pv;
+	d->parked_vols[d->nparked_lus] = vol;
 	d->parked_lus[d->nparked_lus++] = lu;
 	return 0;
+}
+
+/* Close lu, whose volume vol holds no dirty data, and free its entry in the set. */
+static void release_cached(struct scsi_lu *lu, struct bdev *vol)
+{
+	struct cache_set *cs = cache_vol_cache_set(vol);
+	char name[128];
+	snprintf(name, sizeof(name), "%s", scsi_lu_name(lu));
+	scsi_lu_close(lu); /* closes vol: the set no longer holds it */
+	int r = cache_set_prune(cs);
+	if (r < 0)
+		log_warn("reload: lun %s: closed, but the cache set could not free its entry: %s", name,
+			 strerror(-r));
+	else if (r > 0)
+		log_info("reload: lun %s: nothing of it is dirty in the cache; closed, and its entry in the set "
+			 "is free", name);
+	else
+		log_info("reload: lun %s: nothing of it is dirty in the cache; closed (its entry stays: the LUN "
+			 "is configured again)", name);
+}
+
+bool daemon_release_parked(struct daemon *d)
+{
+	bool waiting = false;
+	for (int i = 0; i < d->nparked_lus;) {
+		struct bdev *vol = d->parked_vols[i];
+		if (!vol || cache_vol_has_dirty(vol)) {
+			waiting |= vol != NULL;
+			i++;
+			continue;
+		}
+		release_cached(d->parked_lus[i], vol);
+		d->nparked_lus--;
+		d->parked_lus[i] = d->parked_lus[d->nparked_lus];
+		d->parked_vols[i] = d->parked_vols[d->nparked_lus];
+	}
+	return waiting;
 }
 
 #define RELOAD_DRAIN_MS 30000
@@ -677,13 +720,22 @@ static void reload_close_luns(struct reload *r)
 			log_warn("reload: lun %s: %u command(s) still in flight after %u s; it stays open "
 				 "(unreachable) until exit", name, scsi_lu_inflight(lu), RELOAD_DRAIN_MS / 1000);
 			end = now_ms(); /* the others get one last look each, not another 30 s */
-			if (park_lu(d, lu) < 0)
+			if (park_lu(d, lu, NULL) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
-		} else if (r->old_vols[oi] || o->tcmu_enable) {
-			log_info("reload: lun %s removed and drained; %s stays open (unreachable) until exit",
-				 name, r->old_vols[oi] ? "its cache volume" : "LIO (TCMU) may still use it, so it");
-			if (park_lu(d, lu) < 0)
+		} else if (o->tcmu_enable) {
+			log_info("reload: lun %s removed and drained; LIO (TCMU) may still use it, so it stays open "
+				 "(unreachable) until exit", name);
+			if (park_lu(d, lu, NULL) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
+		} else if (r->old_vols[oi] && cache_vol_has_dirty(r->old_vols[oi])) {
+			log_info("reload: lun %s removed and drained; its cache volume stays open (unreachable) "
+				 "until its dirty data is destaged, then it is closed and its entry in the set freed",
+				 name);
+			if (park_lu(d, lu, r->old_vols[oi]) < 0)
+				log_err("reload: lun %s: out of memory; it is leaked", name);
+		} else if (r->old_vols[oi]) {
+			log_info("reload: lun %s removed and drained", name);
+			release_cached(lu, r->old_vols[oi]);
 		} else {
 			log_info("reload: lun %s removed, drained and closed", name);
 			scsi_lu_close(lu);
@@ -716,7 +768,7 @@ static void reload_refuse(struct reload *r)
 	for (int i = 0; r->lus && r->lu_new && i < r->nl; i++)
 		if (r->lu_new[i] && r->lus[i]) {
 			/* a cache volume on a running set stays open until exit */
-			if (r->vols[i] && park_lu(r->d, r->lus[i]) == 0)
+			if (r->vols[i] && park_lu(r->d, r->lus[i], NULL) == 0)
 				continue;
 			scsi_lu_close(r->lus[i]);
 		}

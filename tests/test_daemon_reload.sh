@@ -224,8 +224,10 @@ pass "the cached LUN 2 writes and reads back"
 "$TCTL" -c "$T/t.conf" status | grep -q "cached" || fail "tierctl status does not show the cached LUN"
 write_conf 0 1 0
 hup
-grep -q "lun cached removed and drained; its cache volume stays open (unreachable) until exit" "$T/daemon.log" ||
-	fail "no parking line for the cached LUN"
+grep -q "lun cached removed and drained" "$T/daemon.log" || fail "no drain line for the cached LUN"
+# closed once nothing of it is dirty (at once, or when the cleaner is done)
+cached_released() { grep -q "reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free" "$T/daemon.log"; }
+tc_wait_for 60 "the removed cached LUN closed and its entry freed" cached_released
 expect_eq "$(luns_of "$iqn" | tr '\n' ' ')" "0 " "the cached LUN 2 is gone after its removal"
 
 # ---- remove the new target while a session on it is busy ----

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# tests/test_reload_cached_release.sh - a cached LUN a reload removes gives
+# its entry in the cache set back once nothing of it is dirty, without a
+# restart (a set holds CACHE_MAX_BACKINGS entries; before, a removed LUN
+# kept its entry, and its volume stayed open, until the next start).
+#
+# A write-back set whose cleaner is capped at 64 KiB/s, LUNs plain and
+# cached on it:
+#   - cached removed with 4 MiB dirty: it stays attached (the set still
+#     lists it); once the cap is lifted and the data destaged, it is closed
+#     and its entry freed, with no reload or restart; configured again, it
+#     reads back what was written (from the backing store);
+#   - cached removed while clean: closed and its entry freed at once;
+#   - cached removed dirty and configured again before it was destaged:
+#     the new volume serves, and when the old one is closed later it leaves
+#     the new one attached: new dirty data of the LUN is still destaged by
+#     a flush (dirty 0 after), and the set lists it.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+CTL=$TC_ROOT/build/tierctl
+IQN=iqn.2026-12.io.tiercache:rel
+port=$(tc_free_port)
+write_conf() { # WITH-CACHED
+	{
+		tc_conf_head "$port"
+		printf '\n[target %s]\nlun0 = plain\n' "$IQN"
+		[ "$1" = 1 ] && echo "lun1 = cached"
+		printf '\n[lun plain]\nbacking = %s\nsize = 16M\ncache = fast\n' "$T/plain.img"
+		[ "$1" = 1 ] && printf '\n[lun cached]\nbacking = %s\nsize = 32M\ncache = fast\n' "$T/cached.img"
+		cat <<CONF
+
+[cache fast]
+legs = $T/leg0.img $T/leg1.img
+size = 64M
+mode = write-back
+dirty_target = 90
+destage_max = 64K
+CONF
+	} >"$T/t.conf.new"
+	mv "$T/t.conf.new" "$T/t.conf"
+}
+ctl() { "$CTL" -c "$T/t.conf" "$@"; }
+set_luns() { ctl --json status | python3 -c 'import json,sys; print(" ".join(sorted(l["name"] for l in json.load(sys.stdin)["caches"][0]["luns"])))'; }
+dirty_of() { # LUN: its dirty bytes as the set lists it ("-" if not listed)
+	ctl --json status | python3 -c '
+import json, sys
+print(next((l["dirty_bytes"] for l in json.load(sys.stdin)["caches"][0]["luns"] if l["name"] == sys.argv[1]), "-"))' "$1"
+}
+nlines() { grep -c "$1" "$T/daemon.log"; }
+reload() { # WITH-CACHED
+	local want=$(($(nlines 'reload: [0-9]* LUN(s) added') + 1))
+	write_conf "$1"
+	kill -HUP "$TC_PID" || fail "cannot send SIGHUP"
+	tc_wait_for 60 "reload number $want's summary" \
+		sh -c "[ \$(grep -c 'reload: [0-9]* LUN(s) added' '$T/daemon.log') -ge $want ]"
+	grep -q "reload refused" "$T/daemon.log" && fail "a reload was refused: $(grep 'reload refused' "$T/daemon.log")"
+	return 0
+}
+url=iscsi://127.0.0.1:$port/$IQN/1
+qio() { qemu-io -f raw "$@" "$url" 2>&1; }
+
+write_conf 1
+tc_start "$T/t.conf"
+
+# ---- removed dirty: released once destaged ----
+out=$(qio -c 'write -P 0x11 0 4M') || fail "write to cached: $out"
+[ "$(dirty_of cached)" -gt 0 ] || fail "cached has no dirty data after the write"
+pass "cached holds $(dirty_of cached) dirty bytes"
+reload 0
+grep -q "reload: lun cached removed and drained; its cache volume stays open (unreachable) until its dirty data is destaged" \
+	"$T/daemon.log" || fail "no line for the dirty LUN's volume staying open"
+expect_eq "$(set_luns)" "cached plain" "the removed LUN with dirty data stays attached to the set"
+ctl set fast destage_max 0 >/dev/null || fail "cannot lift the destage cap"
+released() { [ "$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free')" -ge 1 ]; }
+tc_wait_for 60 "the removed LUN released after its destage" released
+expect_eq "$(set_luns)" "plain" "once destaged, the set no longer holds the removed LUN"
+grep -q "cache fast: lun cached is not configured and holds no dirty data: its entry is freed" "$T/daemon.log" ||
+	fail "the set did not say it freed the entry"
+pass "its entry was freed without a restart"
+reload 1
+out=$(qio -c 'read -P 0x11 0 4M') || fail "read back cached: $out"
+[[ "$out" != *"Pattern verification failed"* ]] || fail "cached configured again reads back wrong data: $out"
+pass "configured again, cached reads back what was written before its removal"
+
+# ---- removed clean: released at once ----
+ctl flush --wait >/dev/null 2>&1 || fail "flush"
+n0=$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free')
+reload 0
+expect_eq "$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free')" \
+	$((n0 + 1)) "removed while clean, cached is closed and its entry freed by the reload itself"
+expect_eq "$(set_luns)" "plain" "the set no longer holds it"
+
+# ---- removed dirty, configured again before the destage ----
+reload 1
+ctl set fast destage_max 65536 >/dev/null || fail "cannot cap the cleaner"
+out=$(qio -c 'write -P 0x22 0 4M') || fail "write to cached: $out"
+reload 0
+n0=$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed')
+reload 1
+expect_eq "$(set_luns)" "cached plain" "configured again while its old volume waits, cached is attached"
+out=$(qio -c 'read -P 0x22 0 4M' -c 'write -P 0x33 4M 1M') || fail "read back cached: $out"
+[[ "$out" != *"Pattern verification failed"* ]] || fail "cached configured again reads back wrong data: $out"
+pass "it reads back what was written before"
+ctl set fast destage_max 0 >/dev/null || fail "cannot lift the destage cap"
+old_closed() { [ "$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed (its entry stays: the LUN is configured again)')" -ge 1 ]; }
+tc_wait_for 60 "the old volume closed once nothing of the LUN is dirty" old_closed
+pass "the old volume was closed, the entry kept for the LUN configured again"
+expect_eq "$(set_luns)" "cached plain" "the set still lists cached (its new volume)"
+out=$(qio -c 'write -P 0x44 8M 2M') || fail "write to cached after the old volume closed: $out"
+[ "$(dirty_of cached)" -gt 0 ] || fail "a write-back write to cached left nothing dirty: the cache does not serve it"
+ctl flush --wait >/dev/null 2>&1 || fail "flush after the old volume closed"
+expect_eq "$(dirty_of cached)" 0 "its new dirty data is destaged by a flush"
+out=$(qio -c 'read -P 0x22 0 4M' -c 'read -P 0x33 4M 1M' -c 'read -P 0x44 8M 2M') || fail "read back: $out"
+[[ "$out" != *"Pattern verification failed"* ]] || fail "cached reads back wrong data: $out"
+pass "everything written to cached reads back"
+tc_stop
+grep -q "stopped cleanly" "$T/daemon.log" || fail "no clean stop"
+pass "stopped cleanly"

@@ -2,14 +2,17 @@
  * lu_job_util.h - the harness the interlock tests share (test_caw_interlock,
  * test_io_fence): SCSI commands submitted on a worker to one nexus, as a
  * front end does, waited for on a semaphore; a COMPARE AND WRITE and an
- * EXTENDED COPY within one LU; the fault wrapper's held counts awaited.
- * Header-only; the includer defines BS (the LU's block size).
+ * EXTENDED COPY within one LU; the fault wrapper's held counts awaited;
+ * the LU on a file behind the fault wrapper they all run on (job_env).
+ * Header-only; the includer defines BS (the LU's block size) and NBLOCKS
+ * (its size in blocks).
  */
 #ifndef TC_LU_JOB_UTIL_H
 #define TC_LU_JOB_UTIL_H
 
 #include "backstore/lu.h"
 #include "bdev/fault.h"
+#include "bdev/file.h"
 #include "common/worker.h"
 #include "tests/unit/scsi_test_util.h"
 
@@ -78,6 +81,80 @@ static inline void nexus_close_on_worker(void *arg)
 }
 
 static struct scsi_nexus *nx; /* the nexus every job goes to */
+
+/* A nexus of initiator to tgt, opened on worker 0 as a front end does. */
+static inline struct scsi_nexus *job_nexus_open(struct scsi_target *tgt, const char *initiator)
+{
+	struct nexus_job nj = { .tgt = tgt, .initiator = initiator };
+	sem_init(&nj.done, 0, 0);
+	worker_post(worker_get(0), nexus_open_on_worker, &nj);
+	sem_wait(&nj.done);
+	return nj.nx;
+}
+
+/* ... and closed there. */
+static inline void job_nexus_close(struct scsi_nexus *n)
+{
+	struct nexus_job nj = { .nx = n };
+	sem_init(&nj.done, 0, 0);
+	worker_post(worker_get(0), nexus_close_on_worker, &nj);
+	sem_wait(&nj.done);
+}
+
+/*
+ * Two workers and an LU of NBLOCKS blocks on a file in a fresh directory,
+ * behind the fault wrapper, mapped as LUN 0 of a target (serial and
+ * io_timeout_ms as given). Exits 2 when something cannot be had.
+ */
+struct job_env {
+	char dir[64], path[96];
+	struct bdev *fault;
+	struct scsi_lu *lu;
+	struct scsi_target *tgt;
+};
+
+static inline void job_env_open(struct job_env *e, const char *tag, const char *serial, uint32_t io_timeout_ms)
+{
+	char err[256];
+	snprintf(e->dir, sizeof(e->dir), "/tmp/tc-%s-XXXXXX", tag);
+	if (!mkdtemp(e->dir)) {
+		perror("mkdtemp");
+		exit(2);
+	}
+	snprintf(e->path, sizeof(e->path), "%s/lun.img", e->dir);
+	if (workers_start(2) < 0) {
+		fprintf(stderr, "cannot start workers (io_uring unavailable?)\n");
+		exit(2);
+	}
+	struct bdev *file = bdev_file_open(e->path, (uint64_t)NBLOCKS * BS, BS, true, err, sizeof(err));
+	e->fault = file ? bdev_fault_wrap(file) : NULL;
+	if (!e->fault) {
+		fprintf(stderr, "%s\n", file ? "cannot wrap the file" : err);
+		exit(2);
+	}
+	struct scsi_lu_config cfg = {
+		.name = "lun0", .serial = serial, .state_dir = e->dir, .block_size = BS,
+		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
+		.target_port_group = 1, .rel_port_id = 1, .io_timeout_ms = io_timeout_ms,
+	};
+	e->lu = scsi_lu_open(&cfg, e->fault, err, sizeof(err));
+	if (!e->lu) {
+		fprintf(stderr, "%s\n", err);
+		exit(2);
+	}
+	e->tgt = scsi_target_new("iqn.2026-12.test:tgt");
+	scsi_target_map(e->tgt, 0, e->lu);
+}
+
+/* Once every nexus is closed: stop the workers, close and remove all. */
+static inline void job_env_close(struct job_env *e)
+{
+	workers_stop();
+	scsi_target_free(e->tgt);
+	scsi_lu_close(e->lu);
+	unlink(e->path);
+	rmdir(e->dir);
+}
 
 static inline struct job *job_new(void)
 {

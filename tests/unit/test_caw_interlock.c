@@ -38,39 +38,11 @@
 
 int main(void)
 {
-	char dir[] = "/tmp/tc-caw-XXXXXX", path[64], err[256];
-	if (!mkdtemp(dir)) {
-		perror("mkdtemp");
-		return 2;
-	}
-	snprintf(path, sizeof(path), "%s/lun.img", dir);
-	if (workers_start(2) < 0) {
-		fprintf(stderr, "cannot start workers (io_uring unavailable?)\n");
-		return 2;
-	}
-	struct bdev *file = bdev_file_open(path, (uint64_t)NBLOCKS * BS, BS, true, err, sizeof(err));
-	struct bdev *f = file ? bdev_fault_wrap(file) : NULL;
-	if (!f) {
-		fprintf(stderr, "%s\n", file ? "cannot wrap the file" : err);
-		return 2;
-	}
-	struct scsi_lu_config cfg = {
-		.name = "lun0", .serial = "TC-CAW-INTERLOCK", .state_dir = dir, .block_size = BS,
-		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
-		.target_port_group = 1, .rel_port_id = 1,
-	};
-	struct scsi_lu *lu = scsi_lu_open(&cfg, f, err, sizeof(err));
-	if (!lu) {
-		fprintf(stderr, "%s\n", err);
-		return 2;
-	}
-	struct scsi_target *tgt = scsi_target_new("iqn.2026-11.test:tgt");
-	scsi_target_map(tgt, 0, lu);
-	struct nexus_job nj = { .tgt = tgt, .initiator = "iqn.2026-11.test:caw" };
-	sem_init(&nj.done, 0, 0);
-	worker_post(worker_get(0), nexus_open_on_worker, &nj);
-	sem_wait(&nj.done);
-	nx = nj.nx;
+	struct job_env e;
+	job_env_open(&e, "caw", "TC-CAW-INTERLOCK", 0);
+	struct bdev *f = e.fault;
+	struct scsi_lu *lu = e.lu;
+	nx = job_nexus_open(e.tgt, "iqn.2026-11.test:caw");
 	/* the new nexus's POWER ON unit attention */
 	uint8_t tur[6] = { 0 };
 	struct job *t = submit(0, tur, 6, 0);
@@ -129,13 +101,8 @@ int main(void)
 	free(hold);
 	free(x);
 
-	worker_post(worker_get(0), nexus_close_on_worker, &nj);
-	sem_wait(&nj.done);
-	workers_stop();
-	scsi_target_free(tgt);
-	scsi_lu_close(lu);
-	unlink(path);
-	rmdir(dir);
+	job_nexus_close(nx);
+	job_env_close(&e);
 	printf("%d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;
 }

@@ -164,40 +164,16 @@ static void fence_round(const char *name, struct scsi_lu *lu, struct bdev *f, in
 
 int main(void)
 {
-	char dir[] = "/tmp/tc-fence-XXXXXX", path[64], err[256];
-	if (!mkdtemp(dir)) {
-		perror("mkdtemp");
+	struct job_env e;
+	job_env_open(&e, "fence", "TC-IO-FENCE", 5000);
+	struct bdev *f = e.fault;
+	struct scsi_lu *lu = e.lu;
+	int fd = open(e.path, O_RDONLY);
+	if (fd < 0) {
+		perror(e.path);
 		return 2;
 	}
-	snprintf(path, sizeof(path), "%s/lun.img", dir);
-	if (workers_start(2) < 0) {
-		fprintf(stderr, "cannot start workers (io_uring unavailable?)\n");
-		return 2;
-	}
-	struct bdev *file = bdev_file_open(path, (uint64_t)NBLOCKS * BS, BS, true, err, sizeof(err));
-	struct bdev *f = file ? bdev_fault_wrap(file) : NULL;
-	int fd = open(path, O_RDONLY);
-	if (!f || fd < 0) {
-		fprintf(stderr, "%s\n", file ? "cannot wrap the file" : err);
-		return 2;
-	}
-	struct scsi_lu_config cfg = {
-		.name = "lun0", .serial = "TC-IO-FENCE", .state_dir = dir, .block_size = BS,
-		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
-		.target_port_group = 1, .rel_port_id = 1, .io_timeout_ms = 5000,
-	};
-	struct scsi_lu *lu = scsi_lu_open(&cfg, f, err, sizeof(err));
-	if (!lu) {
-		fprintf(stderr, "%s\n", err);
-		return 2;
-	}
-	struct scsi_target *tgt = scsi_target_new("iqn.2026-12.test:tgt");
-	scsi_target_map(tgt, 0, lu);
-	struct nexus_job nj = { .tgt = tgt, .initiator = "iqn.2026-12.test:fence" };
-	sem_init(&nj.done, 0, 0);
-	worker_post(worker_get(0), nexus_open_on_worker, &nj);
-	sem_wait(&nj.done);
-	nx = nj.nx;
+	nx = job_nexus_open(e.tgt, "iqn.2026-12.test:fence");
 	uint8_t tur[6] = { 0 };
 	struct job *t = submit(0, tur, 6, 0);
 	wait_job(t);
@@ -292,14 +268,9 @@ int main(void)
 	free(cw);
 	free(dw);
 
-	worker_post(worker_get(0), nexus_close_on_worker, &nj);
-	sem_wait(&nj.done);
-	workers_stop();
-	scsi_target_free(tgt);
-	scsi_lu_close(lu);
+	job_nexus_close(nx);
 	close(fd);
-	unlink(path);
-	rmdir(dir);
+	job_env_close(&e);
 	printf("%d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;
 }

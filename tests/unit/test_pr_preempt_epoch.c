@@ -54,15 +54,6 @@ static bool wait_ms(struct job *j, unsigned ms)
 	return is_done(j);
 }
 
-static struct scsi_nexus *open_nexus(struct scsi_target *tgt, const char *name)
-{
-	struct nexus_job nj = { .tgt = tgt, .initiator = name };
-	sem_init(&nj.done, 0, 0);
-	worker_post(worker_get(0), nexus_open_on_worker, &nj);
-	sem_wait(&nj.done);
-	return nj.nx;
-}
-
 /* A command of nexus n on worker w (not waited for). */
 static struct job *cmd_of(struct scsi_nexus *n, unsigned w, const uint8_t *cdb, size_t len, uint32_t out_len,
 			  const uint8_t *out)
@@ -120,35 +111,11 @@ static bool held(struct bdev *f, uint64_t reads, uint64_t writes)
 
 int main(void)
 {
-	char dir[] = "/tmp/tc-paepoch-XXXXXX", path[64], err[256];
-	if (!mkdtemp(dir)) {
-		perror("mkdtemp");
-		return 2;
-	}
-	snprintf(path, sizeof(path), "%s/lun.img", dir);
-	if (workers_start(2) < 0) {
-		fprintf(stderr, "cannot start workers (io_uring unavailable?)\n");
-		return 2;
-	}
-	struct bdev *file = bdev_file_open(path, (uint64_t)NBLOCKS * BS, BS, true, err, sizeof(err));
-	struct bdev *f = file ? bdev_fault_wrap(file) : NULL;
-	if (!f) {
-		fprintf(stderr, "%s\n", file ? "cannot wrap the file" : err);
-		return 2;
-	}
-	struct scsi_lu_config cfg = {
-		.name = "lun0", .serial = "TC-PA-EPOCH", .state_dir = dir, .block_size = BS,
-		.write_cache = false, .vendor = "TIERCACH", .product = "unit-test", .revision = "0001",
-		.target_port_group = 1, .rel_port_id = 1,
-	};
-	struct scsi_lu *lu = scsi_lu_open(&cfg, f, err, sizeof(err));
-	if (!lu) {
-		fprintf(stderr, "%s\n", err);
-		return 2;
-	}
-	struct scsi_target *tgt = scsi_target_new("iqn.2026-12.test:tgt");
-	scsi_target_map(tgt, 0, lu);
-	struct scsi_nexus *a = open_nexus(tgt, "iqn.2026-12.test:a"), *b = open_nexus(tgt, "iqn.2026-12.test:b");
+	struct job_env e;
+	job_env_open(&e, "paepoch", "TC-PA-EPOCH", 0);
+	struct bdev *f = e.fault;
+	struct scsi_nexus *a = job_nexus_open(e.tgt, "iqn.2026-12.test:a");
+	struct scsi_nexus *b = job_nexus_open(e.tgt, "iqn.2026-12.test:b");
 	tur(a);
 	tur(b);
 	check(prout(a, 6, 0, 0, 0xa1, NULL) == SAM_STAT_GOOD, "A registers");
@@ -203,6 +170,9 @@ int main(void)
 	bdev_fault_set(f, BDEV_FAULT_NONE, 0, 0); /* the held write fails */
 	check(wait_job(w), "A's write ends once the device gives up on it");
 	free(w);
+	job_nexus_close(a);
+	job_nexus_close(b);
+	job_env_close(&e);
 	printf("%d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;
 }

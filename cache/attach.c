@@ -89,7 +89,9 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
 			 "one); its accesses count for the set's", cs->name, lun, ADVISOR_MAX_CURVES);
 	else if (ar < 0)
 		log_warn("cache %s: no memory for lun %s's own curve in the sizing advisor", cs->name, lun);
+	pthread_mutex_lock(&cs->vols_lock);
 	atomic_store(&cs->vols[bid], v);
+	pthread_mutex_unlock(&cs->vols_lock);
 	log_info("cache %s: lun %s attached (%s)", cs->name, lun, cache_mode_name(mode));
 	return (struct bdev *)v;
 }
@@ -128,7 +130,9 @@ int cache_set_prune(struct cache_set *cs)
 		pthread_mutex_lock(&cs->sb.lock);
 		snprintf(lun, sizeof(lun), "%.64s", cs->backing[bid].lun);
 		pthread_mutex_unlock(&cs->sb.lock);
-		if (!lun[0] || cache_vol_of(cs, bid))
+		/* attached, or a volume of it not closed yet (one a reload
+		 * replaced, or parked with commands stuck) */
+		if (!lun[0] || atomic_load(&cs->vols_open[bid]))
 			continue;
 		struct prune_call p;
 		int r, dropped = 0;
@@ -149,7 +153,7 @@ int cache_set_prune(struct cache_set *cs)
 		}
 		/* its slots' FREE records are durable: no recovery gives them back to a LUN that takes the id */
 		pthread_mutex_lock(&cs->sb.lock);
-		if (!cache_vol_of(cs, bid) && !strncmp(cs->backing[bid].lun, lun, sizeof(cs->backing[bid].lun))) {
+		if (!atomic_load(&cs->vols_open[bid]) && !strncmp(cs->backing[bid].lun, lun, sizeof(cs->backing[bid].lun))) {
 			memset(&cs->backing[bid], 0, sizeof(cs->backing[bid]));
 			cs->btab_changed = true;
 			freed++;

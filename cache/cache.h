@@ -134,11 +134,12 @@ int cache_set_prune(struct cache_set *cs);
 /* The set a volume (cache_vol_open's) is in. */
 struct cache_set *cache_vol_cache_set(struct bdev *vol);
 /*
- * Whether the set holds dirty data of the volume's LUN (a pass over the
- * slots; a busy one may be dirty again the moment after). For a removed
+ * Whether the set still needs the volume to destage dirty data of its LUN
+ * (a pass over the slots): false once none is dirty, or once the LUN,
+ * configured again, has a new volume, which destages it. For a removed
  * LUN whose volume waits to be closed. Any thread.
  */
-bool cache_vol_has_dirty(struct bdev *vol);
+bool cache_vol_waits_destage(struct bdev *vol);
 
 /* Destage every dirty extent and wait (timeout_ms 0 = forever). 0 or -errno. Main thread. */
 int cache_set_flush(struct cache_set *cs, unsigned timeout_ms);

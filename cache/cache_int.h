@@ -590,6 +590,16 @@ struct cache_set {
 	_Atomic(struct cache_trace *) trace; /* tierctl trace: NULL when none runs (trace.c) */
 	_Atomic(struct cache_vol *) vols[CACHE_SET_MAX_VOLS]; /* by backing id: cache_vol_of */
 	/*
+	 * A volume is closed while the daemon serves (a reload removed its
+	 * LUN): readers on threads outside RCU (status, the advisor's names)
+	 * hold vols_lock while they look into a volume they found in vols[],
+	 * and vol_close takes it out of vols[] under it. vols_open[id]: the
+	 * volumes of that id not closed yet (a LUN configured again while its
+	 * old volume waits has two); prune frees no entry with one left.
+	 */
+	pthread_mutex_t vols_lock;
+	atomic_uint vols_open[CACHE_SET_MAX_VOLS];
+	/*
 	 * The backing table (attach.c), under sb.lock: by backing id. A
 	 * change sets btab_changed; the next superblock generation writes the
 	 * table into copy 1 - btab_leg[i] of each leg it writes first, and

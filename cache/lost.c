@@ -53,8 +53,12 @@ static void lost_add(struct cache_set *cs, uint32_t bid, const char *lun, uint64
 void cache_lost_note(struct cache_set *cs, uint32_t bid, uint32_t s, uint64_t off, uint32_t first,
 		     uint32_t count)
 {
+	char lun[64] = ""; /* as the lost range keeps it */
+	rcu_read_lock(); /* a worker: vol_close waits a grace period before it frees the volume */
 	struct cache_vol *v = bid < CACHE_SET_MAX_VOLS ? cache_vol_of(cs, bid) : NULL;
-	const char *lun = v ? cache_vol_name(v) : "";
+	if (v)
+		snprintf(lun, sizeof(lun), "%.63s", cache_vol_name(v));
+	rcu_read_unlock();
 	uint32_t end = first + count;
 
 	for (uint32_t b = first; b < end;) {

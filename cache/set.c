@@ -699,6 +699,7 @@ struct cache_set *cache_set_open_devs(const struct cache_set_cfg *cfg, struct bd
 	cs->blank_leg = -1;
 	cs->name = strdup(cfg->name);
 	pthread_mutex_init(&cs->alloc.lock, NULL);
+	pthread_mutex_init(&cs->vols_lock, NULL);
 	pthread_mutex_init(&cs->sb.lock, NULL);
 	pthread_mutex_init(&cs->lost.lock, NULL);
 	pthread_mutex_init(&cs->dwait_lock, NULL);
@@ -903,6 +904,7 @@ void cache_set_close(struct cache_set *cs)
 	free(cs->alloc.grace_bits);
 	free((void *)cs->ck.dirty);
 	pthread_mutex_destroy(&cs->alloc.lock);
+	pthread_mutex_destroy(&cs->vols_lock);
 	pthread_mutex_destroy(&cs->sb.lock);
 	pthread_mutex_destroy(&cs->lost.lock);
 	pthread_mutex_destroy(&cs->dwait_lock);

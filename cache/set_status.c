@@ -29,13 +29,14 @@ int cache_set_advice(struct cache_set *cs, struct advisor_report *r, char (*name
 	if (reset)
 		advisor_reset(cs->advisor);
 	*extent_size = cs->lay.extent_size;
+	pthread_mutex_lock(&cs->vols_lock); /* a volume closed meanwhile stays until unlock */
 	for (int i = 0; i < ADVISOR_MAX_LUNS; i++) {
-		/* read as cache_set_status reads them */
 		struct cache_vol *v = i < CACHE_SET_MAX_VOLS ? cache_vol_of(cs, (uint32_t)i) : NULL;
 		snprintf(names[i], 65, "%s", v ? cache_vol_name(v) : "");
 		if (!v)
 			r->lun[i].on = false;
 	}
+	pthread_mutex_unlock(&cs->vols_lock);
 	return 0;
 }
 
@@ -131,6 +132,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	int lun_of_bid[CACHE_SET_MAX_VOLS];
 	for (int i = 0; i < CACHE_SET_MAX_VOLS; i++)
 		lun_of_bid[i] = -1;
+	pthread_mutex_lock(&cs->vols_lock); /* a volume closed meanwhile stays until unlock */
 	for (int i = 0; i < CACHE_SET_MAX_VOLS && st->nluns < 16; i++) {
 		struct cache_vol *v = cache_vol_of(cs, i);
 		if (!v)
@@ -144,6 +146,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 					&st->lun_destage_retry_ms[k]);
 		st->nluns++;
 	}
+	pthread_mutex_unlock(&cs->vols_lock);
 	/* dirty data per LUN: only slots marked dirty are looked at closer */
 	for (uint32_t s = 0; s < cs->lay.nslots && st->nluns; s++) {
 		uint32_t bits = atomic_load(&cs->slots[s].bits);

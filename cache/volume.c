@@ -94,10 +94,12 @@ struct cache_set *cache_vol_set(struct cache_vol *v) { return v->cs; }
 
 struct cache_set *cache_vol_cache_set(struct bdev *vol) { return ((struct cache_vol *)vol)->cs; }
 
-bool cache_vol_has_dirty(struct bdev *vol)
+bool cache_vol_waits_destage(struct bdev *vol)
 {
 	struct cache_vol *v = (struct cache_vol *)vol;
 	struct cache_set *cs = v->cs;
+	if (cache_vol_of(cs, v->bid) != v)
+		return false; /* the LUN's new volume destages what is dirty of it */
 	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
 		uint32_t bits = atomic_load_explicit(&cs->slots[s].bits, memory_order_relaxed);
 		if ((bits & SB_STATE_MASK) != SB_READY || !(bits & SB_DIRTY))
@@ -390,7 +392,9 @@ static void vol_close(struct bdev *dev)
 	/* a reload may have attached the LUN again meanwhile (its new volume
 	 * took the id): that one stays */
 	struct cache_vol *self = v;
+	pthread_mutex_lock(&cs->vols_lock); /* no status reader is looking into v after */
 	bool mine = atomic_compare_exchange_strong(&cs->vols[v->bid], &self, NULL);
+	pthread_mutex_unlock(&cs->vols_lock);
 	synchronize_rcu();
 	if (cs->advisor && mine)
 		advisor_drop(cs->advisor, v->bid);
@@ -399,6 +403,7 @@ static void vol_close(struct bdev *dev)
 	bdev_close(v->backing); /* stops the owner callbacks before v goes */
 	pthread_mutex_destroy(&v->own_mu);
 	free(v->gen_path);
+	atomic_fetch_sub(&cs->vols_open[v->bid], 1);
 	free(v);
 }
 
@@ -513,6 +518,7 @@ struct cache_vol *cache_vol_new(struct cache_set *cs, const char *lun, struct bd
 	v->dev.block_size = backing->block_size;
 	v->dev.can_unmap = backing->can_unmap;
 	v->dev.rotational = false;
+	atomic_fetch_add(&cs->vols_open[bid], 1); /* until vol_close */
 	return v;
 }
 

@@ -350,23 +350,23 @@ static int park_lu(struct daemon *d, struct scsi_lu *lu, struct bdev *vol)
 	return 0;
 }
 
-/* Close lu, whose volume vol holds no dirty data, and free its entry in the set. */
+/*
+ * Close lu, whose volume vol the set no longer needs for a destage, and
+ * have the set free the entries of LUNs no longer configured (this one's,
+ * unless it is configured again; the set says which it freed).
+ */
 static void release_cached(struct scsi_lu *lu, struct bdev *vol)
 {
 	struct cache_set *cs = cache_vol_cache_set(vol);
 	char name[128];
 	snprintf(name, sizeof(name), "%s", scsi_lu_name(lu));
-	scsi_lu_close(lu); /* closes vol: the set no longer holds it */
+	scsi_lu_close(lu); /* closes vol */
+	log_info("reload: lun %s: its cache volume has nothing left to destage; closed", name);
 	int r = cache_set_prune(cs);
 	if (r < 0)
-		log_warn("reload: lun %s: closed, but the cache set could not free its entry: %s", name,
+		log_warn("reload: lun %s: the cache set could not record the entries it freed: %s", name,
 			 strerror(-r));
-	else if (r > 0)
-		log_info("reload: lun %s: nothing of it is dirty in the cache; closed, and its entry in the set "
-			 "is free", name);
-	else
-		log_info("reload: lun %s: nothing of it is dirty in the cache; closed (its entry stays: the LUN "
-			 "is configured again)", name);
+	watchdog_feed(); /* each release may take a while: closing, the set's purge */
 }
 
 bool daemon_release_parked(struct daemon *d)
@@ -374,7 +374,7 @@ bool daemon_release_parked(struct daemon *d)
 	bool waiting = false;
 	for (int i = 0; i < d->nparked_lus;) {
 		struct bdev *vol = d->parked_vols[i];
-		if (!vol || cache_vol_has_dirty(vol)) {
+		if (!vol || cache_vol_waits_destage(vol)) {
 			waiting |= vol != NULL;
 			i++;
 			continue;
@@ -727,10 +727,9 @@ static void reload_close_luns(struct reload *r)
 				 "(unreachable) until exit", name);
 			if (park_lu(d, lu, NULL) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
-		} else if (r->old_vols[oi] && cache_vol_has_dirty(r->old_vols[oi])) {
+		} else if (r->old_vols[oi] && cache_vol_waits_destage(r->old_vols[oi])) {
 			log_info("reload: lun %s removed and drained; its cache volume stays open (unreachable) "
-				 "until its dirty data is destaged, then it is closed and its entry in the set freed",
-				 name);
+				 "until its dirty data is destaged, then it is closed", name);
 			if (park_lu(d, lu, r->old_vols[oi]) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
 		} else if (r->old_vols[oi]) {

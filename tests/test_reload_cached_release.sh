@@ -11,10 +11,11 @@
 #     and its entry freed, with no reload or restart; configured again, it
 #     reads back what was written (from the backing store);
 #   - cached removed while clean: closed and its entry freed at once;
-#   - cached removed dirty and configured again before it was destaged:
-#     the new volume serves, and when the old one is closed later it leaves
-#     the new one attached: new dirty data of the LUN is still destaged by
-#     a flush (dirty 0 after), and the set lists it.
+#   - cached removed dirty and configured again before it was destaged: a
+#     new volume is attached and the old one closed (the new one destages
+#     the LUN's dirty data), leaving the new one in place: new writes are
+#     cached dirty, a flush destages them (dirty 0), and the backing file
+#     itself holds every write.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 CTL=$TC_ROOT/build/tierctl
@@ -71,11 +72,12 @@ grep -q "reload: lun cached removed and drained; its cache volume stays open (un
 	"$T/daemon.log" || fail "no line for the dirty LUN's volume staying open"
 expect_eq "$(set_luns)" "cached plain" "the removed LUN with dirty data stays attached to the set"
 ctl set fast destage_max 0 >/dev/null || fail "cannot lift the destage cap"
-released() { [ "$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free')" -ge 1 ]; }
-tc_wait_for 60 "the removed LUN released after its destage" released
-expect_eq "$(set_luns)" "plain" "once destaged, the set no longer holds the removed LUN"
-grep -q "cache fast: lun cached is not configured and holds no dirty data: its entry is freed" "$T/daemon.log" ||
-	fail "the set did not say it freed the entry"
+CLOSED='reload: lun cached: its cache volume has nothing left to destage; closed'
+FREED='cache fast: lun cached is not configured and holds no dirty data: its entry is freed'
+released() { [ "$(nlines "$FREED")" -ge 1 ]; }
+tc_wait_for 60 "the removed LUN's entry freed after its destage" released
+expect_eq "$(nlines "$CLOSED")" 1 "once destaged, the removed LUN's volume was closed"
+expect_eq "$(set_luns)" "plain" "the set no longer holds the removed LUN"
 pass "its entry was freed without a restart"
 reload 1
 out=$(qio -c 'read -P 0x11 0 4M') || fail "read back cached: $out"
@@ -84,35 +86,44 @@ pass "configured again, cached reads back what was written before its removal"
 
 # ---- removed clean: released at once ----
 ctl flush --wait >/dev/null 2>&1 || fail "flush"
-n0=$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free')
 reload 0
-expect_eq "$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free')" \
-	$((n0 + 1)) "removed while clean, cached is closed and its entry freed by the reload itself"
+expect_eq "$(nlines "$CLOSED") $(nlines "$FREED")" "2 2" \
+	"removed while clean, cached is closed and its entry freed by the reload itself"
 expect_eq "$(set_luns)" "plain" "the set no longer holds it"
 
 # ---- removed dirty, configured again before the destage ----
 reload 1
 ctl set fast destage_max 65536 >/dev/null || fail "cannot cap the cleaner"
 out=$(qio -c 'write -P 0x22 0 4M') || fail "write to cached: $out"
+[ "$(dirty_of cached)" -gt 0 ] || fail "the write left nothing dirty"
 reload 0
-n0=$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed')
+grep -q "reload: lun cached removed and drained; its cache volume stays open (unreachable) until its dirty data is destaged" \
+	"$T/daemon.log" || fail "no line for the dirty LUN's volume staying open"
+attached=$(nlines 'cache fast: lun cached attached')
 reload 1
-expect_eq "$(set_luns)" "cached plain" "configured again while its old volume waits, cached is attached"
-out=$(qio -c 'read -P 0x22 0 4M' -c 'write -P 0x33 4M 1M') || fail "read back cached: $out"
+expect_eq "$(nlines 'cache fast: lun cached attached')" $((attached + 1)) "configured again, cached gets a new volume"
+old_closed() { [ "$(nlines "$CLOSED")" -ge 3 ]; }
+tc_wait_for 30 "the old volume closed, its LUN's dirty data now the new one's to destage" old_closed
+pass "the old volume was closed"
+expect_eq "$(nlines "$FREED")" 2 "the entry of the LUN configured again was kept"
+expect_eq "$(set_luns)" "cached plain" "the set lists cached (its new volume)"
+out=$(qio -c 'read -P 0x22 0 4M' -c 'write -P 0x33 4M 1M' -c 'write -P 0x44 8M 2M') || fail "cached: $out"
 [[ "$out" != *"Pattern verification failed"* ]] || fail "cached configured again reads back wrong data: $out"
 pass "it reads back what was written before"
+# the cleaner is still capped: what was just written waits in the cache
+[ "$(dirty_of cached)" -ge $((3 << 20)) ] ||
+	fail "write-back writes to cached left $(dirty_of cached) bytes dirty: the cache does not hold them"
+pass "new writes to cached are held in the cache ($(dirty_of cached) bytes dirty)"
 ctl set fast destage_max 0 >/dev/null || fail "cannot lift the destage cap"
-old_closed() { [ "$(nlines 'reload: lun cached: nothing of it is dirty in the cache; closed (its entry stays: the LUN is configured again)')" -ge 1 ]; }
-tc_wait_for 60 "the old volume closed once nothing of the LUN is dirty" old_closed
-pass "the old volume was closed, the entry kept for the LUN configured again"
-expect_eq "$(set_luns)" "cached plain" "the set still lists cached (its new volume)"
-out=$(qio -c 'write -P 0x44 8M 2M') || fail "write to cached after the old volume closed: $out"
-[ "$(dirty_of cached)" -gt 0 ] || fail "a write-back write to cached left nothing dirty: the cache does not serve it"
 ctl flush --wait >/dev/null 2>&1 || fail "flush after the old volume closed"
-expect_eq "$(dirty_of cached)" 0 "its new dirty data is destaged by a flush"
-out=$(qio -c 'read -P 0x22 0 4M' -c 'read -P 0x33 4M 1M' -c 'read -P 0x44 8M 2M') || fail "read back: $out"
-[[ "$out" != *"Pattern verification failed"* ]] || fail "cached reads back wrong data: $out"
-pass "everything written to cached reads back"
+expect_eq "$(dirty_of cached)" 0 "its dirty data is destaged by a flush"
+python3 - "$T/cached.img" <<'PY' || fail "the backing file does not hold what was written to cached"
+import sys
+d = open(sys.argv[1], 'rb').read(10 << 20)
+for off, n, b in ((0, 4 << 20, 0x22), (4 << 20, 1 << 20, 0x33), (8 << 20, 2 << 20, 0x44)):
+    assert d[off:off + n] == bytes([b]) * n, (off, b)
+PY
+pass "the backing file holds every write to cached"
 tc_stop
 grep -q "stopped cleanly" "$T/daemon.log" || fail "no clean stop"
 pass "stopped cleanly"

@@ -226,7 +226,7 @@ write_conf 0 1 0
 hup
 grep -q "lun cached removed and drained" "$T/daemon.log" || fail "no drain line for the cached LUN"
 # closed once nothing of it is dirty (at once, or when the cleaner is done)
-cached_released() { grep -q "reload: lun cached: nothing of it is dirty in the cache; closed, and its entry in the set is free" "$T/daemon.log"; }
+cached_released() { grep -q "cache fast: lun cached is not configured and holds no dirty data: its entry is freed" "$T/daemon.log"; }
 tc_wait_for 60 "the removed cached LUN closed and its entry freed" cached_released
 expect_eq "$(luns_of "$iqn" | tr '\n' ' ')" "0 " "the cached LUN 2 is gone after its removal"
 

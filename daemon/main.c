@@ -218,6 +218,8 @@ static void teardown(struct daemon *d)
 	free(d->old_cfgs);
 	free(d->old_targets);
 	free(d->parked_lus);
+	for (int i = 0; i < d->nparked_lus; i++)
+		free(d->parked_vols[i].backing);
 	free(d->parked_vols);
 	config_free(cfg);
 }

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -334,20 +335,73 @@ static void publish_wait(struct scsi_target *const *t, int nt)
 	}
 }
 
-/* vol: lu's cache volume, when that is all it waits for (else NULL) */
-static int park_lu(struct daemon *d, struct scsi_lu *lu, struct bdev *vol)
+/* The file or device behind a backing store's path: false if none (an RBD image). */
+static bool backing_id(const char *path, unsigned long long *dev, unsigned long long *ino)
+{
+	struct stat st;
+	if (!path || stat(path, &st) < 0)
+		return false;
+	*dev = S_ISBLK(st.st_mode) ? (unsigned long long)st.st_rdev : (unsigned long long)st.st_dev;
+	*ino = S_ISBLK(st.st_mode) ? 0 : (unsigned long long)st.st_ino;
+	return true;
+}
+
+/* vol: lu's cache volume, when that is all it waits for (else NULL); l: its LUN */
+static int park_lu(struct daemon *d, struct scsi_lu *lu, struct bdev *vol, const struct cfg_lun *l)
 {
 	struct scsi_lu **v = realloc(d->parked_lus, sizeof(*v) * (size_t)(d->nparked_lus + 1));
 	if (!v)
 		return -1;
 	d->parked_lus = v;
-	struct bdev **pv = realloc(d->parked_vols, sizeof(*pv) * (size_t)(d->nparked_lus + 1));
+	struct parked_vol *pv = realloc(d->parked_vols, sizeof(*pv) * (size_t)(d->nparked_lus + 1));
 	if (!pv)
 		return -1;
 	d->parked_vols = pv;
-	d->parked_vols[d->nparked_lus] = vol;
+	pv = &d->parked_vols[d->nparked_lus];
+	memset(pv, 0, sizeof(*pv));
+	pv->vol = vol;
+	if (vol && l) {
+		snprintf(pv->name, sizeof(pv->name), "%s", l->name);
+		pv->backing = strdup(l->backing ? l->backing : "");
+		pv->have_id = backing_id(l->backing, &pv->dev, &pv->ino);
+	}
 	d->parked_lus[d->nparked_lus++] = lu;
 	return 0;
+}
+
+/*
+ * A new LUN l may not take the backing store of a removed LUN whose dirty
+ * data a parked volume still destages (it would land over l's writes),
+ * unless l is that LUN, configured again on the same set (its new volume
+ * serves from the cached copies and destages them). false after logging
+ * why.
+ */
+static bool backing_free(struct daemon *d, const struct config *n, const struct cfg_lun *l)
+{
+	unsigned long long dev = 0, ino = 0;
+	bool have_id = backing_id(l->backing, &dev, &ino);
+	for (int i = 0; i < d->nparked_lus; i++) {
+		const struct parked_vol *pv = &d->parked_vols[i];
+		if (!pv->vol || !cache_vol_waits_destage(pv->vol))
+			continue;
+		bool same = have_id && pv->have_id ? dev == pv->dev && ino == pv->ino
+						   : !strcmp(pv->backing, l->backing ? l->backing : "");
+		if (!same)
+			continue;
+		struct cache_set *cs = NULL;
+		for (int k = 0; l->cache && k < n->ncaches; k++)
+			if (!strcmp(n->caches[k].name, l->cache))
+				cs = d->sets ? d->sets[k] : NULL;
+		if (!strcmp(pv->name, l->name) && cs == cache_vol_cache_set(pv->vol))
+			continue;
+		log_err("%s:%d: [lun %s] uses the backing store of lun %s, which a reload removed while the cache "
+			"still held data of it not written there: that data would land over this LUN's writes. "
+			"Configure it as [lun %s] on its cache again, or reload once the log says \"reload: lun %s: its "
+			"cache volume has nothing left to destage\"", n->path, l->line, l->name, pv->name, pv->name,
+			pv->name);
+		return false;
+	}
+	return true;
 }
 
 /*
@@ -373,7 +427,7 @@ bool daemon_release_parked(struct daemon *d)
 {
 	bool waiting = false;
 	for (int i = 0; i < d->nparked_lus;) {
-		struct bdev *vol = d->parked_vols[i];
+		struct bdev *vol = d->parked_vols[i].vol;
 		if (!vol || cache_vol_waits_destage(vol)) {
 			waiting |= vol != NULL;
 			i++;
@@ -382,6 +436,7 @@ bool daemon_release_parked(struct daemon *d)
 		release_cached(d->parked_lus[i], vol);
 		d->nparked_lus--;
 		d->parked_lus[i] = d->parked_lus[d->nparked_lus];
+		free(d->parked_vols[i].backing);
 		d->parked_vols[i] = d->parked_vols[d->nparked_lus];
 	}
 	return waiting;
@@ -481,7 +536,8 @@ static int reload_diff_luns(struct reload *r)
 			r->o_lu_kept[oi] = true;
 			continue;
 		}
-		if (daemon_open_lun(n, &n->luns[i], d->sets, r->serials[i], &r->lus[i], &r->vols[i]) < 0)
+		if (!backing_free(d, n, &n->luns[i]) ||
+		    daemon_open_lun(n, &n->luns[i], d->sets, r->serials[i], &r->lus[i], &r->vols[i]) < 0)
 			return -1;
 		r->lu_new[i] = true;
 		r->luns_added++;
@@ -720,17 +776,17 @@ static void reload_close_luns(struct reload *r)
 			log_warn("reload: lun %s: %u command(s) still in flight after %u s; it stays open "
 				 "(unreachable) until exit", name, scsi_lu_inflight(lu), RELOAD_DRAIN_MS / 1000);
 			end = now_ms(); /* the others get one last look each, not another 30 s */
-			if (park_lu(d, lu, NULL) < 0)
+			if (park_lu(d, lu, NULL, NULL) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
 		} else if (o->tcmu_enable) {
 			log_info("reload: lun %s removed and drained; LIO (TCMU) may still use it, so it stays open "
 				 "(unreachable) until exit", name);
-			if (park_lu(d, lu, NULL) < 0)
+			if (park_lu(d, lu, NULL, NULL) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
 		} else if (r->old_vols[oi] && cache_vol_waits_destage(r->old_vols[oi])) {
 			log_info("reload: lun %s removed and drained; its cache volume stays open (unreachable) "
 				 "until its dirty data is destaged, then it is closed", name);
-			if (park_lu(d, lu, r->old_vols[oi]) < 0)
+			if (park_lu(d, lu, r->old_vols[oi], &o->luns[oi]) < 0)
 				log_err("reload: lun %s: out of memory; it is leaked", name);
 		} else if (r->old_vols[oi]) {
 			log_info("reload: lun %s removed and drained", name);
@@ -767,7 +823,7 @@ static void reload_refuse(struct reload *r)
 	for (int i = 0; r->lus && r->lu_new && i < r->nl; i++)
 		if (r->lu_new[i] && r->lus[i]) {
 			/* a cache volume on a running set stays open until exit */
-			if (r->vols[i] && park_lu(r->d, r->lus[i], NULL) == 0)
+			if (r->vols[i] && park_lu(r->d, r->lus[i], NULL, NULL) == 0)
 				continue;
 			scsi_lu_close(r->lus[i]);
 		}

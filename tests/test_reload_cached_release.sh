@@ -11,6 +11,9 @@
 #     and its entry freed, with no reload or restart; configured again, it
 #     reads back what was written (from the backing store);
 #   - cached removed while clean: closed and its entry freed at once;
+#   - cached removed dirty: a reload that puts another LUN on its backing
+#     file, or cached itself without the cache, is refused (the destage
+#     would land over that LUN's writes);
 #   - cached removed dirty and configured again before it was destaged: a
 #     new volume is attached and the old one closed (the new one destages
 #     the LUN's dirty data), leaving the new one in place: new writes are
@@ -21,13 +24,15 @@ tc_tmpdir
 CTL=$TC_ROOT/build/tierctl
 IQN=iqn.2026-12.io.tiercache:rel
 port=$(tc_free_port)
-write_conf() { # WITH-CACHED
+write_conf() { # 0: no LUN 1; 1: cached; 2: "other" over cached's file; 3: cached without the cache
 	{
 		tc_conf_head "$port"
 		printf '\n[target %s]\nlun0 = plain\n' "$IQN"
-		[ "$1" = 1 ] && echo "lun1 = cached"
+		case $1 in 1 | 3) echo "lun1 = cached" ;; 2) echo "lun1 = other" ;; esac
 		printf '\n[lun plain]\nbacking = %s\nsize = 16M\ncache = fast\n' "$T/plain.img"
 		[ "$1" = 1 ] && printf '\n[lun cached]\nbacking = %s\nsize = 32M\ncache = fast\n' "$T/cached.img"
+		[ "$1" = 2 ] && printf '\n[lun other]\nbacking = %s\nsize = 32M\n' "$T/cached.img"
+		[ "$1" = 3 ] && printf '\n[lun cached]\nbacking = %s\nsize = 32M\n' "$T/cached.img"
 		cat <<CONF
 
 [cache fast]
@@ -49,13 +54,22 @@ print(next((l["dirty_bytes"] for l in json.load(sys.stdin)["caches"][0]["luns"] 
 }
 nlines() { grep -c "$1" "$T/daemon.log"; }
 reload() { # WITH-CACHED
-	local want=$(($(nlines 'reload: [0-9]* LUN(s) added') + 1))
+	local want=$(($(nlines 'reload: [0-9]* LUN(s) added') + 1)) refusals=$(nlines 'reload refused')
 	write_conf "$1"
 	kill -HUP "$TC_PID" || fail "cannot send SIGHUP"
 	tc_wait_for 60 "reload number $want's summary" \
 		sh -c "[ \$(grep -c 'reload: [0-9]* LUN(s) added' '$T/daemon.log') -ge $want ]"
-	grep -q "reload refused" "$T/daemon.log" && fail "a reload was refused: $(grep 'reload refused' "$T/daemon.log")"
+	[ "$(nlines 'reload refused')" = "$refusals" ] || fail "the reload was refused: $(grep -B1 'reload refused' "$T/daemon.log" | tail -2)"
 	return 0
+}
+# refused LUN WHAT: a reload of the file as it is now is refused, saying why LUN may not be
+refused() {
+	local want=$(($(nlines 'reload refused') + 1))
+	kill -HUP "$TC_PID" || fail "cannot send SIGHUP"
+	tc_wait_for 60 "the reload refused" sh -c "[ \$(grep -c 'reload refused' '$T/daemon.log') -ge $want ]"
+	grep -qF "[lun $1] uses the backing store of lun cached, which a reload removed while the cache still held data of it" \
+		"$T/daemon.log" || fail "$2: refused without saying why"
+	pass "$2: the reload is refused (the removed LUN's destage would land over it)"
 }
 url=iscsi://127.0.0.1:$port/$IQN/1
 qio() { qemu-io -f raw "$@" "$url" 2>&1; }
@@ -99,6 +113,10 @@ out=$(qio -c 'write -P 0x22 0 4M') || fail "write to cached: $out"
 reload 0
 grep -q "reload: lun cached removed and drained; its cache volume stays open (unreachable) until its dirty data is destaged" \
 	"$T/daemon.log" || fail "no line for the dirty LUN's volume staying open"
+write_conf 2
+refused other "another LUN over the file of cached while its dirty data waits"
+write_conf 3
+refused cached "cached configured again without the cache while its dirty data waits"
 attached=$(nlines 'cache fast: lun cached attached')
 reload 1
 expect_eq "$(nlines 'cache fast: lun cached attached')" $((attached + 1)) "configured again, cached gets a new volume"

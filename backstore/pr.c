@@ -790,13 +790,18 @@ static void pa_forget(struct scsi_lu *lu)
 	}
 }
 
+/* The target port a preempted registration names: NULL (any) for ALL_TG_PT. */
+static const char *pa_tport(const struct pa_port *pp)
+{
+	return pp->all_tg_pt ? NULL : pp->t_port;
+}
+
 /* Locked. */
 static unsigned pa_busy(struct scsi_lu *lu, const struct pa_wait *pw)
 {
 	unsigned busy = 0;
 	for (unsigned i = 0; i < pw->n; i++)
-		busy += lu_port_inflight_locked(lu, pw->port[i].i_port, pw->port[i].all_tg_pt ? NULL : pw->port[i].t_port,
-						pw->cmd->nexus, pw->ep);
+		busy += lu_port_inflight_locked(lu, pw->port[i].i_port, pa_tport(&pw->port[i]), pw->cmd->nexus, pw->ep);
 	return busy;
 }
 
@@ -913,8 +918,7 @@ static enum scsi_rc preempt_abort(struct scsi_cmd *cmd, uint8_t type, uint64_t k
 		/* off a worker (a tool's nexus): this thread may sleep */
 		uint64_t end = lu_now_ns() + PR_DRAIN_MS * 1000000ull;
 		for (i = 0; busy && i < pw->n; i++)
-			lu_drain_port(lu, pw->port[i].i_port, pw->port[i].all_tg_pt ? NULL : pw->port[i].t_port, cmd->nexus,
-				      pw->ep, end);
+			lu_drain_port(lu, pw->port[i].i_port, pa_tport(&pw->port[i]), cmd->nexus, pw->ep, end);
 		free(pw);
 		return SCSI_RC_DONE;
 	}

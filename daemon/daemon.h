@@ -54,20 +54,20 @@ struct daemon {
 	int nold_cfgs;
 	struct scsi_target **old_targets;
 	int nold_targets;
-	/* LUs a reload removed but could not close yet; parked_vols[i], its
-	 * cache volume when it waits only for its dirty data to be destaged
-	 * (daemon_release_parked closes it then; vol NULL otherwise), with
-	 * the LUN's name and backing store, which no new LUN may take
-	 * meanwhile but that LUN itself on the same set */
-	struct scsi_lu **parked_lus;
-	struct parked_vol {
+	/* LUs a reload removed but could not close yet; vol, its cache
+	 * volume when it waits only for its dirty data to be destaged
+	 * (daemon_release_parked closes it then; NULL otherwise), with the
+	 * LUN's name and backing store, which no new LUN may take meanwhile
+	 * but that LUN itself on the same set */
+	struct parked_lu {
+		struct scsi_lu *lu;
 		struct bdev *vol;
 		char name[65];
 		char *backing;
 		bool have_id;           /* dev, ino: the backing store's file or device */
 		unsigned long long dev, ino;
-	} *parked_vols;
-	int nparked_lus;
+	} *parked;
+	int nparked;
 	const char *path;
 	bool debug;
 };

@@ -204,8 +204,8 @@ static void teardown(struct daemon *d)
 	free(d->portal_listen);
 	for (int i = 0; i < d->nold_targets; i++)
 		scsi_target_free(d->old_targets[i]);
-	for (int i = 0; i < d->nparked_lus; i++)
-		scsi_lu_close(d->parked_lus[i]);
+	for (int i = 0; i < d->nparked; i++)
+		scsi_lu_close(d->parked[i].lu);
 	for (int i = 0; d->sets && i < cfg->ncaches; i++)
 		cache_set_close(d->sets[i]);
 	free(d->sets);
@@ -217,10 +217,9 @@ static void teardown(struct daemon *d)
 	free(d->old_mem);
 	free(d->old_cfgs);
 	free(d->old_targets);
-	free(d->parked_lus);
-	for (int i = 0; i < d->nparked_lus; i++)
-		free(d->parked_vols[i].backing);
-	free(d->parked_vols);
+	for (int i = 0; i < d->nparked; i++)
+		free(d->parked[i].backing);
+	free(d->parked);
 	config_free(cfg);
 }
 

@@ -349,23 +349,19 @@ static bool backing_id(const char *path, unsigned long long *dev, unsigned long 
 /* vol: lu's cache volume, when that is all it waits for (else NULL); l: its LUN */
 static int park_lu(struct daemon *d, struct scsi_lu *lu, struct bdev *vol, const struct cfg_lun *l)
 {
-	struct scsi_lu **v = realloc(d->parked_lus, sizeof(*v) * (size_t)(d->nparked_lus + 1));
-	if (!v)
-		return -1;
-	d->parked_lus = v;
-	struct parked_vol *pv = realloc(d->parked_vols, sizeof(*pv) * (size_t)(d->nparked_lus + 1));
+	struct parked_lu *pv = realloc(d->parked, sizeof(*pv) * (size_t)(d->nparked + 1));
 	if (!pv)
 		return -1;
-	d->parked_vols = pv;
-	pv = &d->parked_vols[d->nparked_lus];
+	d->parked = pv;
+	pv = &d->parked[d->nparked++];
 	memset(pv, 0, sizeof(*pv));
+	pv->lu = lu;
 	pv->vol = vol;
 	if (vol && l) {
 		snprintf(pv->name, sizeof(pv->name), "%s", l->name);
 		pv->backing = strdup(l->backing ? l->backing : "");
 		pv->have_id = backing_id(l->backing, &pv->dev, &pv->ino);
 	}
-	d->parked_lus[d->nparked_lus++] = lu;
 	return 0;
 }
 
@@ -380,18 +376,16 @@ static bool backing_free(struct daemon *d, const struct config *n, const struct 
 {
 	unsigned long long dev = 0, ino = 0;
 	bool have_id = backing_id(l->backing, &dev, &ino);
-	for (int i = 0; i < d->nparked_lus; i++) {
-		const struct parked_vol *pv = &d->parked_vols[i];
+	for (int i = 0; i < d->nparked; i++) {
+		const struct parked_lu *pv = &d->parked[i];
 		if (!pv->vol || !cache_vol_waits_destage(pv->vol))
 			continue;
 		bool same = have_id && pv->have_id ? dev == pv->dev && ino == pv->ino
 						   : !strcmp(pv->backing, l->backing ? l->backing : "");
 		if (!same)
 			continue;
-		struct cache_set *cs = NULL;
-		for (int k = 0; l->cache && k < n->ncaches; k++)
-			if (!strcmp(n->caches[k].name, l->cache))
-				cs = d->sets ? d->sets[k] : NULL;
+		const struct cfg_cache *cc = l->cache ? config_find_cache(n, l->cache) : NULL;
+		struct cache_set *cs = cc && d->sets ? d->sets[cc - n->caches] : NULL;
 		if (!strcmp(pv->name, l->name) && cs == cache_vol_cache_set(pv->vol))
 			continue;
 		log_err("%s:%d: [lun %s] uses the backing store of lun %s, which a reload removed while the cache "
@@ -426,18 +420,16 @@ static void release_cached(struct scsi_lu *lu, struct bdev *vol)
 bool daemon_release_parked(struct daemon *d)
 {
 	bool waiting = false;
-	for (int i = 0; i < d->nparked_lus;) {
-		struct bdev *vol = d->parked_vols[i].vol;
-		if (!vol || cache_vol_waits_destage(vol)) {
-			waiting |= vol != NULL;
+	for (int i = 0; i < d->nparked;) {
+		struct parked_lu *p = &d->parked[i];
+		if (!p->vol || cache_vol_waits_destage(p->vol)) {
+			waiting |= p->vol != NULL;
 			i++;
 			continue;
 		}
-		release_cached(d->parked_lus[i], vol);
-		d->nparked_lus--;
-		d->parked_lus[i] = d->parked_lus[d->nparked_lus];
-		free(d->parked_vols[i].backing);
-		d->parked_vols[i] = d->parked_vols[d->nparked_lus];
+		release_cached(p->lu, p->vol);
+		free(p->backing);
+		*p = d->parked[--d->nparked];
 	}
 	return waiting;
 }

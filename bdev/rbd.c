@@ -2,8 +2,8 @@
  * rbd.c - a bdev on a Ceph RBD image, through librbd's asynchronous calls:
  * open and close, the image's size, and the list tierctl status reads.
  *
- * backing = rbd:POOL/IMAGE. One cluster connection (rados_t) per image, opened
- * with rbd_cache = false, so librbd never acknowledges a write the OSDs do not
+ * backing = rbd:POOL/IMAGE. One cluster connection (rados_t) per cluster,
+ * shared by its images (rbd_client.c), opened with rbd_cache = false, so librbd never acknowledges a write the OSDs do not
  * hold; BDEV_FLUSH and every BDEV_F_FUA write still end with rbd_aio_flush (a
  * FUA write completes only after its flush), which is librbd's documented
  * durability barrier whatever the cache settings of the ceph.conf.
@@ -146,19 +146,18 @@ static void rbd_teardown(struct rbd_bdev *rb)
 		rbd_update_unwatch(rb->image, rb->watch_handle);
 		rb->watching = false;
 	}
-	if (rb->image) {
-		rbd_close(rb->image);
-		rb->image = NULL;
-	}
-	if (rb->ioctx) {
-		rados_ioctx_destroy(rb->ioctx);
-		rb->ioctx = NULL;
-	}
-	if (rb->cluster) {
-		rados_shutdown(rb->cluster);
-		rb->cluster = NULL;
-	}
+	struct rbd_handles h = { .client = rb->client, .cluster = rb->cluster, .ioctx = rb->ioctx,
+				 .image = rb->image };
+	rbd_handles_close(&h);
+	rb->client = NULL;
+	rb->cluster = NULL;
+	rb->ioctx = NULL;
+	rb->image = NULL;
+	/* whatever the fence parked and no fresh client took: failed */
+	rbd_unpark(rb, false, false, -ESHUTDOWN);
+	rbd_client_leave(rb);
 	pthread_cond_destroy(&rb->poll_cond);
+	pthread_mutex_destroy(&rb->park_mu);
 	pthread_mutex_destroy(&rb->poll_lock);
 	pthread_mutex_destroy(&rb->shared_lock);
 	free(rb);
@@ -291,6 +290,7 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	}
 	pthread_mutex_init(&rb->poll_lock, NULL);
 	pthread_mutex_init(&rb->shared_lock, NULL);
+	pthread_mutex_init(&rb->park_mu, NULL);
 	rb->test_stall = getenv("TIERCACHE_TEST_CLUSTER_STALL");
 	pthread_cond_init(&rb->poll_cond, NULL);
 	memcpy(rb->pool, spec, (size_t)(slash - spec));
@@ -310,8 +310,10 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	struct rbd_handles h;
 	int r;
 	uint64_t isize;
-	if (rbd_handles_open(rb, 0, &h, &isize, err, errlen) < 0)
+	rbd_client_join(rb);
+	if (rbd_handles_open(rb, NULL, &h, &isize, err, errlen) < 0)
 		goto fail;
+	rb->client = h.client;
 	rb->cluster = h.cluster;
 	rb->ioctx = h.ioctx;
 	rb->image = h.image;

@@ -1,12 +1,23 @@
 /*
- * rbd_client.c - the Ceph client under an RBD bdev: connect as the
+ * rbd_client.c - the Ceph client under the RBD bdevs: connect as the
  * configured user with the settings durability and a lost cluster need,
  * open the pool and the image on it, and replace a fenced client.
  *
- * A fenced client (blocklisted after another gateway broke our lock) stays
- * fenced: rbd_lock.c notices and calls rbd_reopen, which connects a
- * fresh client (a new address, so the blocklist entry does not match it)
- * and swaps it in under the handoff described in rbd_int.h.
+ * One client per cluster: every image whose configuration file, user and
+ * operation timeout are the same shares one librados client (its messenger
+ * threads, its sessions to the monitors and OSDs), so a gateway's threads
+ * and sockets do not grow with its images. The cost: Ceph fences a client,
+ * not an image. When another gateway takes one image over, it breaks that
+ * image's lock and blocklists our client, which fences every image on it.
+ * The first image to notice marks the client fenced and wakes the lock
+ * threads of the others (rbd_client_fenced); each calls rbd_reopen, which
+ * opens its image on the cluster's current client, connecting a fresh one
+ * (a new address, so the blocklist entry does not match it) when the
+ * current one is the fenced one, and swaps it in under the handoff
+ * described in rbd_int.h. The images this gateway still owned are owned
+ * again on the fresh client (rbd_lock.c), and their requests the fence
+ * failed are resubmitted there (rbd_io.c); the fenced client is shut down
+ * when the last image has left it.
  *
  * Some of librbd's and librados' teardown waits without a timeout;
  * rbd_run_bounded gives such a call a thread of its own and stops waiting
@@ -23,17 +34,139 @@
 #include <time.h>
 #include <unistd.h>
 
-static void handles_close(struct rbd_handles *h)
+/* ---- the clients, one per cluster ------------------------------------- */
+
+struct rbd_client {
+	rados_t cl;
+	struct rbd_cluster *rc;
+	unsigned refs;              /* handles open on it (under reg_mu) */
+	atomic_bool fenced;         /* found blocklisted: new handles go elsewhere */
+};
+
+/* The images sharing a configuration file, user and timeout. */
+struct rbd_cluster {
+	struct rbd_cluster *next;
+	char conf_path[4096];
+	char user[RBD_NAME_MAX];
+	unsigned op_timeout_s;
+	unsigned users;             /* images joined (under reg_mu) */
+	struct rbd_bdev *images;    /* them, through next_user (under reg_mu) */
+	struct rbd_client *cur;     /* where new handles open; NULL: none yet (under reg_mu) */
+	unsigned made;              /* clients connected so far (under connect_mu) */
+	pthread_mutex_t connect_mu; /* one connect at a time: the others then share it */
+};
+
+/* Order: connect_mu, then reg_mu, then an image's lock mutex (rbd_lock_kick). */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rbd_cluster *clusters;
+
+static struct rbd_cluster *rc_of(struct rbd_bdev *rb)
+{
+	return rb->rc;
+}
+
+static void client_put(struct rbd_client *c)
+{
+	pthread_mutex_lock(&reg_mu);
+	bool last = --c->refs == 0;
+	if (last && c->rc->cur == c)
+		c->rc->cur = NULL;
+	pthread_mutex_unlock(&reg_mu);
+	if (last) {
+		rados_shutdown(c->cl);
+		free(c);
+	}
+}
+
+void rbd_handles_close(struct rbd_handles *h)
 {
 	if (h->image)
 		rbd_close(h->image);
 	if (h->ioctx)
 		rados_ioctx_destroy(h->ioctx);
-	if (h->cluster)
-		rados_shutdown(h->cluster);
+	if (h->client)
+		client_put(h->client);
 	h->image = NULL;
 	h->ioctx = NULL;
 	h->cluster = NULL;
+	h->client = NULL;
+}
+
+void rbd_client_join(struct rbd_bdev *rb)
+{
+	pthread_mutex_lock(&reg_mu);
+	struct rbd_cluster *rc = clusters;
+	while (rc && (strcmp(rc->conf_path, rb->conf_path) || strcmp(rc->user, rb->user) ||
+		      rc->op_timeout_s != rb->op_timeout_s))
+		rc = rc->next;
+	if (!rc) {
+		rc = calloc(1, sizeof(*rc));
+		if (!rc)
+			abort(); /* a few hundred bytes at open */
+		snprintf(rc->conf_path, sizeof(rc->conf_path), "%s", rb->conf_path);
+		snprintf(rc->user, sizeof(rc->user), "%s", rb->user);
+		rc->op_timeout_s = rb->op_timeout_s;
+		pthread_mutex_init(&rc->connect_mu, NULL);
+		rc->next = clusters;
+		clusters = rc;
+	}
+	rc->users++;
+	rb->next_user = rc->images;
+	rc->images = rb;
+	rb->rc = rc;
+	pthread_mutex_unlock(&reg_mu);
+}
+
+void rbd_client_leave(struct rbd_bdev *rb)
+{
+	struct rbd_cluster *rc = rc_of(rb);
+	if (!rc)
+		return;
+	pthread_mutex_lock(&reg_mu);
+	for (struct rbd_bdev **pp = &rc->images; *pp; pp = &(*pp)->next_user)
+		if (*pp == rb) {
+			*pp = rb->next_user;
+			break;
+		}
+	rb->rc = NULL;
+	bool gone = --rc->users == 0 && !rc->cur;
+	if (gone)
+		for (struct rbd_cluster **pp = &clusters; *pp; pp = &(*pp)->next)
+			if (*pp == rc) {
+				*pp = rc->next;
+				break;
+			}
+	pthread_mutex_unlock(&reg_mu);
+	/* the client (and the entry's cur) outlive the last image until its
+	 * handles close; an entry with a client stays for the next open */
+	if (gone) {
+		pthread_mutex_destroy(&rc->connect_mu);
+		free(rc);
+	}
+}
+
+void rbd_client_fenced(struct rbd_bdev *rb)
+{
+	struct rbd_client *c = rb->client;
+	if (!c || atomic_exchange(&c->fenced, true))
+		return;
+	pthread_mutex_lock(&reg_mu);
+	for (struct rbd_bdev *o = c->rc->images; o; o = o->next_user)
+		if (o != rb && __atomic_load_n(&o->client, __ATOMIC_RELAXED) == c)
+			rbd_lock_kick(o);
+	pthread_mutex_unlock(&reg_mu);
+}
+
+void rbd_client_set_lock(struct rbd_bdev *rb, struct rbd_lock *lk)
+{
+	pthread_mutex_lock(&reg_mu);
+	__atomic_store_n(&rb->lock, lk, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&reg_mu);
+}
+
+bool rbd_client_is_fenced(struct rbd_bdev *rb)
+{
+	return rb->client && atomic_load(&rb->client->fenced);
 }
 
 static int conf_set(struct rbd_bdev *rb, rados_t cl, const char *key, const char *val, char *err,
@@ -63,40 +196,37 @@ static void admin_socket_suffix(rados_t cl, unsigned nth)
 }
 
 /*
- * Connect a new client as rb's user with rb's configuration (the nth since
- * open, 0 at open), open the pool and the image: 0 with *h and the image's
- * size in *size, or -errno with a sentence in err and *h all NULL.
+ * Connect a new client as rb's user with rb's configuration (the nth of its
+ * cluster entry, 0 first): 0 with *out, or -errno with a sentence in err.
  */
-int rbd_handles_open(struct rbd_bdev *rb, unsigned nth, struct rbd_handles *h, uint64_t *size,
-		     char *err, size_t errlen)
+static int client_connect(struct rbd_bdev *rb, unsigned nth, rados_t *out, char *err, size_t errlen)
 {
-	memset(h, 0, sizeof(*h));
-	int r = rados_create(&h->cluster, rb->user);
+	rados_t cl;
+	int r = rados_create(&cl, rb->user);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: cannot create a Ceph client for client.%s: %s", rb->spec, rb->user,
 			 strerror(-r));
-		h->cluster = NULL;
 		return r;
 	}
-	r = rados_conf_read_file(h->cluster, rb->conf_path);
+	r = rados_conf_read_file(cl, rb->conf_path);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: cannot parse the Ceph configuration %s: %s", rb->spec,
 			 rb->conf_path, strerror(-r));
 		goto fail;
 	}
 	if (nth)
-		admin_socket_suffix(h->cluster, nth);
+		admin_socket_suffix(cl, nth);
 	char t[16];
 	snprintf(t, sizeof(t), "%u", rb->op_timeout_s);
 	/* durability: no write-back cache in librbd; a lost cluster: errors, not hangs */
-	if ((r = conf_set(rb, h->cluster, "rbd_cache", "false", err, errlen)) < 0 ||
-	    (r = conf_set(rb, h->cluster, "rados_osd_op_timeout", t, err, errlen)) < 0 ||
-	    (r = conf_set(rb, h->cluster, "rados_mon_op_timeout", t, err, errlen)) < 0 ||
-	    (r = conf_set(rb, h->cluster, "client_mount_timeout", t, err, errlen)) < 0 ||
+	if ((r = conf_set(rb, cl, "rbd_cache", "false", err, errlen)) < 0 ||
+	    (r = conf_set(rb, cl, "rados_osd_op_timeout", t, err, errlen)) < 0 ||
+	    (r = conf_set(rb, cl, "rados_mon_op_timeout", t, err, errlen)) < 0 ||
+	    (r = conf_set(rb, cl, "client_mount_timeout", t, err, errlen)) < 0 ||
 	    /* UNMAP must really zero partial objects (reads after it return zeroes) */
-	    (r = conf_set(rb, h->cluster, "rbd_skip_partial_discard", "false", err, errlen)) < 0)
+	    (r = conf_set(rb, cl, "rbd_skip_partial_discard", "false", err, errlen)) < 0)
 		goto fail;
-	r = rados_connect(h->cluster);
+	r = rados_connect(cl);
 	if (r < 0) {
 		snprintf(err, errlen,
 			 "%s: cannot connect to the Ceph cluster of %s as client.%s: %s; check that the "
@@ -104,6 +234,61 @@ int rbd_handles_open(struct rbd_bdev *rb, unsigned nth, struct rbd_handles *h, u
 			 rb->spec, rb->conf_path, rb->user, strerror(-r));
 		goto fail;
 	}
+	*out = cl;
+	return 0;
+fail:
+	rados_shutdown(cl);
+	return r;
+}
+
+/* A reference on rb's cluster's current client, connecting one when there
+ * is none or the current one is stale (or known fenced). */
+static int client_get(struct rbd_bdev *rb, struct rbd_client *stale, struct rbd_client **out, char *err,
+		      size_t errlen)
+{
+	struct rbd_cluster *rc = rc_of(rb);
+	pthread_mutex_lock(&rc->connect_mu);
+	pthread_mutex_lock(&reg_mu);
+	struct rbd_client *c = rc->cur;
+	if (c && (c == stale || atomic_load(&c->fenced))) {
+		rc->cur = NULL; /* its users keep it until they leave it */
+		c = NULL;
+	}
+	if (c)
+		c->refs++;
+	pthread_mutex_unlock(&reg_mu);
+	if (!c) {
+		c = calloc(1, sizeof(*c));
+		int r = c ? client_connect(rb, rc->made++, &c->cl, err, errlen) : -ENOMEM;
+		if (r < 0) {
+			if (!c)
+				snprintf(err, errlen, "%s: out of memory", rb->spec);
+			free(c);
+			pthread_mutex_unlock(&rc->connect_mu);
+			return r;
+		}
+		c->rc = rc;
+		c->refs = 1;
+		atomic_init(&c->fenced, false);
+		pthread_mutex_lock(&reg_mu);
+		rc->cur = c;
+		pthread_mutex_unlock(&reg_mu);
+	}
+	pthread_mutex_unlock(&rc->connect_mu);
+	*out = c;
+	return 0;
+}
+
+int rbd_handles_open(struct rbd_bdev *rb, struct rbd_client *stale, struct rbd_handles *h,
+		     uint64_t *size, char *err, size_t errlen)
+{
+	memset(h, 0, sizeof(*h));
+	int r = client_get(rb, stale, &h->client, err, errlen);
+	if (r < 0) {
+		h->client = NULL;
+		return r;
+	}
+	h->cluster = h->client->cl;
 	r = rados_ioctx_create(h->cluster, rb->pool, &h->ioctx);
 	if (r < 0) {
 		h->ioctx = NULL;
@@ -126,7 +311,7 @@ int rbd_handles_open(struct rbd_bdev *rb, unsigned nth, struct rbd_handles *h, u
 	}
 	return 0;
 fail:
-	handles_close(h);
+	rbd_handles_close(h);
 	return r;
 }
 
@@ -203,20 +388,23 @@ bool rbd_run_bounded(void (*fn)(void *arg), void *arg, unsigned wait_s)
 static void handles_close_free(void *arg)
 {
 	struct rbd_handles *h = arg;
-	handles_close(h);
+	rbd_handles_close(h);
 	free(h);
 }
 
-int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen)
+int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *old_addrs,
+	       size_t addrs_len, char *err, size_t errlen)
 {
 	struct rbd_handles nh;
 	uint64_t size;
-	int r = rbd_handles_open(rb, rb->reopens + 1, &nh, &size, err, errlen);
+	if (addrs_len)
+		old_addrs[0] = '\0';
+	int r = rbd_handles_open(rb, rb->client, &nh, &size, err, errlen);
 	if (r < 0)
 		return r;
 	struct rbd_handles *old = malloc(sizeof(*old));
 	if (!old) {
-		handles_close(&nh);
+		rbd_handles_close(&nh);
 		snprintf(err, errlen, "%s: out of memory", rb->spec);
 		return -ENOMEM;
 	}
@@ -229,7 +417,7 @@ int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, cha
 	while (atomic_load(&rb->inflight) != 0) {
 		if (cancelled && cancelled(arg)) {
 			atomic_store(&rb->swapping, false);
-			handles_close(&nh);
+			rbd_handles_close(&nh);
 			free(old);
 			snprintf(err, errlen, "%s: reconnect cancelled", rb->spec);
 			return -ECANCELED;
@@ -246,9 +434,17 @@ int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, cha
 		rb->watching = false;
 	}
 	rbd_shared_moved(rb, false);
+	char *a = NULL;
+	if (addrs_len && rados_getaddrs(rb->cluster, &a) == 0 && a)
+		snprintf(old_addrs, addrs_len, "%s", a);
+	free(a);
+	old->client = rb->client;
 	old->cluster = rb->cluster;
 	old->ioctx = rb->ioctx;
 	old->image = rb->image;
+	pthread_mutex_lock(&reg_mu); /* rbd_client_fenced reads other images' client */
+	__atomic_store_n(&rb->client, nh.client, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&reg_mu);
 	rb->cluster = nh.cluster;
 	rb->ioctx = nh.ioctx;
 	rb->image = nh.image;

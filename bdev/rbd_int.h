@@ -44,10 +44,14 @@
 #define RBD_NAME_MAX 256
 
 struct rbd_lock; /* rbd_lock.c */
+struct rbd_client; /* rbd_client.c: one Ceph client shared by the images of a cluster */
+struct rbd_cluster;
 
 struct rbd_bdev {
 	struct bdev dev;            /* first: a struct bdev * is a struct rbd_bdev * */
-	/* the handles: see "Handle handoff" above */
+	/* the handles: see "Handle handoff" above. cluster is client's rados_t */
+	struct rbd_client *client;
+	struct rbd_cluster *rc;     /* the images sharing its client (rbd_client.c) */
 	rados_t cluster;
 	rados_ioctx_t ioctx;
 	rbd_image_t image;
@@ -55,6 +59,13 @@ struct rbd_bdev {
 	atomic_bool swapping;       /* rbd_reopen is replacing them: stay out */
 	atomic_bool fenced;         /* a call returned -ESHUTDOWN: we are blocklisted */
 	unsigned reopens;           /* fresh clients since open (the lock thread's) */
+	/* requests the fence failed, or that came while the handles were being
+	 * replaced: resubmitted on the fresh client, or failed, by
+	 * rbd_unpark (the lock thread, after the swap); "Parking" in rbd_io.c */
+	pthread_mutex_t park_mu;
+	struct bdev_req *parked;    /* newest first, through link */
+	unsigned nparked;
+	struct rbd_bdev *next_user; /* the images on one rbd_client's cluster (rbd_client.c) */
 	char pool[RBD_NAME_MAX];
 	char image_name[RBD_NAME_MAX];
 	char spec[2 * RBD_NAME_MAX + 8]; /* "rbd:POOL/IMAGE", dev.name points here */
@@ -128,20 +139,38 @@ static inline void rbd_handles_exit(struct rbd_bdev *rb)
 
 /* ---- rbd_client.c ---- */
 
-/* One cluster connection with the image open on it. */
+/* One cluster connection (shared) with the image open on it. */
 struct rbd_handles {
+	struct rbd_client *client;
 	rados_t cluster;
 	rados_ioctx_t ioctx;
 	rbd_image_t image;
 };
 
 /*
- * Connect a new client as rb's user with rb's configuration (the nth since
- * open, 0 at open), open the pool and the image: 0 with *h and the image's
- * size in *size, or -errno with a sentence in err and *h all NULL.
+ * Take a reference on the gateway's client for rb's cluster (its
+ * configuration file, user and timeout), connecting one when there is
+ * none, or when the current one is stale (the one the caller found fenced;
+ * NULL at open), then open the pool and the image on it: 0 with *h and the
+ * image's size in *size, or -errno with a sentence in err and *h all NULL.
  */
-int rbd_handles_open(struct rbd_bdev *rb, unsigned nth, struct rbd_handles *h, uint64_t *size,
-		     char *err, size_t errlen);
+int rbd_handles_open(struct rbd_bdev *rb, struct rbd_client *stale, struct rbd_handles *h,
+		     uint64_t *size, char *err, size_t errlen);
+/* Close the image and the pool and drop the reference on the client (the
+ * last one shuts it down). May wait on the cluster. */
+void rbd_handles_close(struct rbd_handles *h);
+
+/* rb uses its cluster's shared client from now on / no more. */
+void rbd_client_join(struct rbd_bdev *rb);
+void rbd_client_leave(struct rbd_bdev *rb);
+/* The client was found fenced (blocklisted): every image on it is told
+ * (rbd_lock_kick) and the next rbd_handles_open with it as stale connects
+ * a fresh one. Any thread inside rb's handles, or the lock thread. */
+void rbd_client_fenced(struct rbd_bdev *rb);
+/* Set or clear rb->lock where rbd_client_fenced looks for it. */
+void rbd_client_set_lock(struct rbd_bdev *rb, struct rbd_lock *lk);
+/* Is rb's client known to be fenced? (the lock thread) */
+bool rbd_client_is_fenced(struct rbd_bdev *rb);
 
 /*
  * Run fn(arg) on a thread of its own and wait at most wait_s for it: true
@@ -158,7 +187,8 @@ bool rbd_run_bounded(void (*fn)(void *arg), void *arg, unsigned wait_s);
  * cluster does not let finish is abandoned). 0, or -errno with a sentence
  * in err; on failure the current handles stay.
  */
-int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen);
+int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *old_addrs,
+	       size_t addrs_len, char *err, size_t errlen);
 
 /* ---- rbd_io.c ---- */
 
@@ -169,6 +199,11 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req);
 void rbd_note_result(struct rbd_bdev *rb, int res);
 /* A worker's exit hook (worker_exit_hook): close its completion channel. */
 void rbd_chan_thread_exit(void);
+/* The lock thread, after a swap of the handles (or a failed try): resubmit
+ * the parked requests on the current handles; those that may_write is
+ * false for (writes) or may_read is false for (reads) are failed with res
+ * instead. Returns how many were resubmitted. */
+unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res);
 
 /* ---- rbd_space.c ---- */
 
@@ -198,6 +233,9 @@ void rbd_shared_stop(struct rbd_bdev *rb);
 
 int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen);
 void rbd_lock_stop(struct rbd_bdev *rb);
+/* Wake the lock thread (its client was found fenced); rbd_client.c's
+ * registry lock held. */
+void rbd_lock_kick(struct rbd_bdev *rb);
 extern const struct bdev_owner_ops bdev_rbd_owner_ops;
 
 static inline struct rbd_bdev *rbd_bdev_of(struct bdev *dev)

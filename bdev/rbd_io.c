@@ -19,6 +19,17 @@
  * NOT READY, LU NOT ACCESSIBLE (target port in standby), as tcmu-runner's
  * rbd handler does. rbd_note_result turns the same results into the
  * connection state `tierctl status` shows.
+ *
+ * Parking: a client is shared by the images of a cluster (rbd_client.c),
+ * so another gateway taking one image over fences them all. A request that
+ * fails with -ESHUTDOWN (blocklisted), or comes while the image's handles
+ * are being replaced, is not failed: it is parked on the image (it leaves
+ * the handles, so the swap does not wait for it) and the lock thread, once
+ * the image is open on a fresh client, sends it again there or fails it
+ * (rbd_unpark: writes only go again while this gateway still owns the
+ * image). A write the fence cut off may have reached some of its objects;
+ * sending all of it again is what any retry does, and nobody else wrote
+ * the image meanwhile when it is still ours (rbd_lock.c's reown).
  */
 #include "bdev/rbd_int.h"
 
@@ -139,10 +150,17 @@ void rbd_note_result(struct rbd_bdev *rb, int res)
 			atomic_store(&rb->conn, BDEV_RBD_CONNECTED);
 			log_info("rbd %s: cluster reachable again", rb->spec);
 		}
-	} else if (err_is_conn_loss(res)) {
-		/* blocklisted: the lock thread reconnects with a fresh client */
-		if (res == -ESHUTDOWN && !atomic_load_explicit(&rb->fenced, memory_order_relaxed))
+	} else if (res == -ESHUTDOWN) {
+		/* blocklisted: the lock thread reconnects with a fresh client, and
+		 * tells the other images on this one */
+		if (!atomic_load_explicit(&rb->fenced, memory_order_relaxed)) {
 			atomic_store(&rb->fenced, true);
+			rbd_client_fenced(rb);
+		}
+		if (atomic_exchange(&rb->conn, BDEV_RBD_LOST) != BDEV_RBD_LOST)
+			log_err("rbd %s: this gateway's Ceph client is fenced (blocklisted); requests wait for "
+				"a fresh one", rb->spec);
+	} else if (err_is_conn_loss(res)) {
 		if (atomic_exchange(&rb->conn, BDEV_RBD_LOST) != BDEV_RBD_LOST)
 			log_err("rbd %s: lost the Ceph cluster (%s); I/O fails with BUSY until it is back",
 				rb->spec, strerror(-res));
@@ -167,6 +185,29 @@ static bool rbd_op_writes(const struct bdev_req *req)
 	return req->op == BDEV_WRITE || req->op == BDEV_UNMAP || req->op == BDEV_WRITE_ZEROES;
 }
 
+/* Park req (its channel still in done_bytes): see "Parking" at the top. */
+static void park(struct rbd_bdev *rb, struct bdev_req *req)
+{
+	req->link = rb->parked; /* newest first: rbd_unpark reverses */
+	rb->parked = req;
+	rb->nparked++;
+}
+
+/* A request inside the handles ended with res: fenced, it is parked and
+ * leaves the handles here; otherwise it goes back to its worker. */
+static void end_inside(struct rbd_bdev *rb, struct bdev_req *req, int res)
+{
+	if (res == -ESHUTDOWN) {
+		rbd_note_result(rb, res);
+		pthread_mutex_lock(&rb->park_mu);
+		park(rb, req);
+		pthread_mutex_unlock(&rb->park_mu);
+		rbd_handles_exit(rb); /* after the park: the swap, then the unpark, come later */
+		return;
+	}
+	complete_later(req, res);
+}
+
 static void rbd_aio_cb(rbd_completion_t c, void *arg)
 {
 	struct bdev_req *req = arg;
@@ -177,8 +218,9 @@ static void rbd_aio_cb(rbd_completion_t c, void *arg)
 	/* held by a full pool until the timeout cancelled it: out of space */
 	if (res == -ETIMEDOUT && rbd_op_writes(req) && atomic_load_explicit(&rb->pool_full, memory_order_relaxed))
 		res = -EDQUOT;
-	rbd_note_result(rb, res);
-	complete_later(req, res);
+	if (res != -ESHUTDOWN)
+		rbd_note_result(rb, res);
+	end_inside(rb, req, res);
 }
 
 /* done() of a request that entered the handles: it leaves them here */
@@ -224,22 +266,27 @@ static void rbd_issue_flush(struct bdev_req *req)
 	r = rbd_aio_flush(rb->image, c);
 	if (r < 0) {
 		rbd_aio_release(c);
-		complete_later(req, r);
+		end_inside(rb, req, r);
 	}
 }
 
-void rbd_submit(struct bdev *dev, struct bdev_req *req)
+/* Submit req, whose channel is in done_bytes already. */
+static void submit_on_chan(struct rbd_bdev *rb, struct bdev_req *req)
 {
-	struct rbd_bdev *rb = rbd_bdev_of(dev);
 	rbd_completion_t c;
 	int r;
 
-	req->done_bytes = (uintptr_t)chan_self();
-	if (!rbd_handles_enter(rb)) {
-		/* the client is being replaced (fenced): BUSY, the host retries */
-		req->io.done = rbd_finish_outside;
-		complete_later(req, -ENOTCONN);
-		return;
+	while (!rbd_handles_enter(rb)) {
+		/* being replaced (fenced): held until the fresh client is in. The
+		 * lock thread clears swapping before it unparks: seen set under
+		 * park_mu, the park comes before that unpark's take */
+		pthread_mutex_lock(&rb->park_mu);
+		if (atomic_load(&rb->swapping)) {
+			park(rb, req);
+			pthread_mutex_unlock(&rb->park_mu);
+			return;
+		}
+		pthread_mutex_unlock(&rb->park_mu);
 	}
 	req->io.done = rbd_finish;
 	if (req->op == BDEV_FLUSH) {
@@ -278,7 +325,7 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req)
 		{
 			static const char zero[4096];
 			r = rbd_aio_writesame(rb->image, req->offset, req->len, zero,
-					      req->len % sizeof(zero) ? dev->block_size : sizeof(zero), c, 0);
+					      req->len % sizeof(zero) ? rb->dev.block_size : sizeof(zero), c, 0);
 		}
 #endif
 		break;
@@ -288,6 +335,41 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req)
 	}
 	if (r < 0) {
 		rbd_aio_release(c);
-		complete_later(req, r);
+		end_inside(rb, req, r);
 	}
+}
+
+void rbd_submit(struct bdev *dev, struct bdev_req *req)
+{
+	req->done_bytes = (uintptr_t)chan_self();
+	submit_on_chan(rbd_bdev_of(dev), req);
+}
+
+unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res)
+{
+	pthread_mutex_lock(&rb->park_mu);
+	struct bdev_req *lifo = rb->parked, *list = NULL;
+	rb->parked = NULL;
+	rb->nparked = 0;
+	pthread_mutex_unlock(&rb->park_mu);
+	while (lifo) { /* oldest first */
+		struct bdev_req *next = lifo->link;
+		lifo->link = list;
+		list = lifo;
+		lifo = next;
+	}
+	unsigned again = 0;
+	while (list) {
+		struct bdev_req *req = list;
+		list = req->link;
+		bool w = rbd_op_writes(req) || req->op == BDEV_FLUSH;
+		if (w ? may_write : may_read) {
+			submit_on_chan(rb, req);
+			again++;
+		} else {
+			req->io.done = rbd_finish_outside;
+			complete_later(req, res);
+		}
+	}
+	return again;
 }

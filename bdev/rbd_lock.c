@@ -86,6 +86,7 @@ struct rbd_lock {
 	bool want_acquire;          /* under mu */
 	bool stopping;              /* under mu */
 	bool reconnecting;          /* under mu: fenced, a fresh client is due */
+	bool reown;                 /* under mu: we owned the image when the fence was noticed */
 	uint64_t next_try_ms;       /* under mu: now_ms() of the next reconnect */
 	unsigned backoff_ms;        /* under mu: the delay after the next failure */
 	void (*fn)(void *arg, const struct bdev_owner_change *c); /* under mu */
@@ -181,10 +182,12 @@ static void set_state(struct rbd_lock *lk, enum bdev_owner_state st, bool announ
  */
 static void fence_noticed(struct rbd_lock *lk, const char *why)
 {
+	bool reown = atomic_load(&lk->state) == BDEV_OWNER_OWNED;
 	pthread_mutex_lock(&lk->mu);
 	bool first = !lk->reconnecting;
 	if (first) {
 		lk->reconnecting = true;
+		lk->reown = reown;
 		lk->next_try_ms = 0;
 		lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	}
@@ -193,6 +196,16 @@ static void fence_noticed(struct rbd_lock *lk, const char *why)
 	pthread_mutex_unlock(&lk->mu);
 	if (!first)
 		return;
+	/* the client is shared: the other images on it move too */
+	rbd_client_fenced(lk->rb);
+	if (reown) {
+		/* not serving from here (a takeover elsewhere may be under way);
+		 * try_reconnect owns the image again when nobody took it */
+		log_warn("%s: this gateway's Ceph client is fenced (%s); the LUN waits for a fresh "
+			 "client and is owned again on it unless another gateway took it", lk->rb->spec, why);
+		set_state(lk, BDEV_OWNER_TRANSITION, true);
+		return;
+	}
 	log_err("%s: this gateway's Ceph client is fenced (%s); the LUN is unavailable here until a "
 		"fresh client is connected", lk->rb->spec, why);
 	atomic_store(&lk->owner_group, 0);
@@ -331,6 +344,21 @@ static void take_lock(struct rbd_lock *lk)
  * the lock (rbd_is_exclusive_lock_owner) is local and learns of a break
  * only when its watch fails, seconds later.
  */
+/* Is the lock owner (a client address "IP:PORT/NONCE") the client whose
+ * addresses are addrs (possibly a vector "[v2:IP:PORT/NONCE,...]")? The
+ * nonces are compared. */
+static bool owner_is(const char *owner, const char *addrs)
+{
+	const char *slash = strrchr(owner, '/');
+	if (!slash || !addrs)
+		return false;
+	size_t l = strlen(slash);
+	for (const char *p = strstr(addrs, slash); p; p = strstr(p + 1, slash))
+		if (p[l] == '\0' || p[l] == ',' || p[l] == ']')
+			return true;
+	return false;
+}
+
 static int holder_is_us(struct rbd_bdev *rb)
 {
 	rbd_lock_mode_t mode;
@@ -342,20 +370,81 @@ static int holder_is_us(struct rbd_bdev *rb)
 	if (r < 0)
 		return r;
 	char *mine = NULL;
-	int us = 0;
-	if (n > 0 && rados_getaddrs(rb->cluster, &mine) == 0 && mine) {
-		/* an owner is a client address "IP:PORT/NONCE"; ours may come as a
-		 * vector "[v2:IP:PORT/NONCE,...]": compare the nonces */
-		const char *slash = strrchr(owners[0], '/');
-		if (slash) {
-			size_t l = strlen(slash);
-			for (const char *p = strstr(mine, slash); p && !us; p = strstr(p + 1, slash))
-				us = p[l] == '\0' || p[l] == ',' || p[l] == ']';
-		}
-	}
+	int us = n > 0 && rados_getaddrs(rb->cluster, &mine) == 0 && owner_is(owners[0], mine);
 	free(mine);
 	rbd_lock_get_owners_cleanup(owners, n);
 	return us;
+}
+
+/*
+ * After a fence, on the fresh client (lock thread, op_mu held): was the
+ * image still locked by our old client (addresses old_addrs)? Then nobody
+ * took it since (a takeover breaks that lock first), so take it over from
+ * our old self at once: no lease to wait out (ours stopped when the fence
+ * was noticed) and no new generation (the cache holds nothing anyone else
+ * overwrote). true when owned again; false leaves the lock alone, or gives
+ * it back.
+ */
+static bool reown(struct rbd_lock *lk, const char *old_addrs)
+{
+	struct rbd_bdev *rb = lk->rb;
+	rbd_lock_mode_t mode;
+	char *owners[4];
+	size_t n = 4;
+	int r = rbd_lock_get_owners(rb->image, &mode, owners, &n);
+	if (r < 0 || n == 0) {
+		log_info("%s: the image's lock is %s; not owning it again", rb->spec,
+			 r < 0 && r != -ENOENT ? strerror(-r) : "free (another gateway broke ours)");
+		return false;
+	}
+	bool ours = owner_is(owners[0], old_addrs);
+	if (ours) {
+		r = rbd_lock_break(rb->image, mode, owners[0]);
+		if (r == -ENOENT)
+			r = 0;
+	}
+	if (!ours)
+		log_info("%s: %s holds the image's lock now; standby here", rb->spec, owners[0]);
+	rbd_lock_get_owners_cleanup(owners, n);
+	if (!ours)
+		return false;
+	if (r == 0)
+		r = rbd_lock_acquire(rb->image, RBD_LOCK_MODE_EXCLUSIVE);
+	uint64_t g = 0;
+	uint32_t tpg = 0;
+	char id[RBD_GW_ID_MAX] = "";
+	if (r == 0)
+		r = read_owner(lk, &g, &tpg, id, sizeof(id));
+	if (r == 0 && (g != atomic_load(&lk->gen) || strcmp(id, lk->gw_id))) {
+		log_err("%s: the owner key says generation %" PRIu64 " by %s, not ours (%" PRIu64 "); "
+			"giving the lock back", rb->spec, g, id, atomic_load(&lk->gen));
+		rbd_lock_release(rb->image);
+		return false;
+	}
+	uint64_t sent = now_ms();
+	int h = r == 0 ? holder_is_us(rb) : r;
+	if (h != 1) {
+		log_err("%s: cannot own the image again on the fresh client (%s)", rb->spec,
+			h < 0 ? strerror(-h) : "another gateway took its lock");
+		if (h == 0 || r == 0)
+			rbd_lock_release(rb->image);
+		return false;
+	}
+	atomic_store(&lk->owner_gen, g);
+	atomic_store(&lk->owner_group, lk->port_group);
+	atomic_store(&lk->lease_until, sent + RBD_LEASE_MS);
+	/* from TRANSITION silently, as if the fence had not been; from LOST
+	 * (reconnects failed meanwhile) as a gain that keeps the cache */
+	int was = atomic_exchange(&lk->state, BDEV_OWNER_TRANSITION);
+	if (was != BDEV_OWNER_TRANSITION) {
+		/* the layers above look while the state still reads TRANSITION */
+		struct bdev_owner_change c = { .state = BDEV_OWNER_OWNED, .gen = g, .prev_gen = g,
+					       .prev_owner_us = true };
+		notify(lk, &c);
+	}
+	atomic_store(&lk->state, BDEV_OWNER_OWNED);
+	log_info("%s: owned again on the fresh client, generation %" PRIu64 " (nobody took it)", rb->spec, g);
+	return true;
 }
 
 /* One poll: still the owner? who owns it? (lock thread, op_mu held) */
@@ -440,8 +529,9 @@ static void try_reconnect(struct rbd_lock *lk)
 	uint32_t tpg = 0;
 	char id[RBD_GW_ID_MAX];
 
-	log_info("%s: connecting a fresh Ceph client", rb->spec);
-	int r = rbd_reopen(rb, lk_stopping, lk, err, sizeof(err));
+	char old_addrs[512];
+	log_info("%s: opening the image on a fresh Ceph client", rb->spec);
+	int r = rbd_reopen(rb, lk_stopping, lk, old_addrs, sizeof(old_addrs), err, sizeof(err));
 	if (r == 0) {
 		r = read_owner(lk, &g, &tpg, id, sizeof(id));
 		if (r == -ESHUTDOWN)
@@ -452,6 +542,14 @@ static void try_reconnect(struct rbd_lock *lk)
 	if (r == -ECANCELED)
 		return;
 	if (r < 0) {
+		/* held requests get BUSY: the host retries */
+		rbd_unpark(rb, false, false, -ENOTCONN);
+		/* an image we owned: unavailable meanwhile, like the others (and
+		 * owned again later if our old client still holds its lock) */
+		if (atomic_load(&lk->state) == BDEV_OWNER_TRANSITION) {
+			atomic_store(&lk->owner_group, 0);
+			set_state(lk, BDEV_OWNER_LOST, true);
+		}
 		pthread_mutex_lock(&lk->mu);
 		unsigned delay = lk->backoff_ms;
 		lk->next_try_ms = now_ms() + delay;
@@ -461,14 +559,28 @@ static void try_reconnect(struct rbd_lock *lk)
 			 (delay + 999) / 1000);
 		return;
 	}
-	atomic_store(&lk->owner_gen, g);
-	atomic_store(&lk->owner_group, tpg);
-	log_info("%s: reconnected with a fresh Ceph client; standby again (the image's owner is port "
-		 "group %u)", rb->spec, tpg);
-	/* STANDBY first, then acquire() is heard again */
-	set_state(lk, BDEV_OWNER_STANDBY, true);
+	pthread_mutex_lock(&lk->mu);
+	bool was_owner = lk->reown;
+	pthread_mutex_unlock(&lk->mu);
+	bool owned = was_owner && reown(lk, old_addrs);
+	if (!owned) {
+		atomic_store(&lk->owner_gen, g);
+		atomic_store(&lk->owner_group, tpg);
+		log_info("%s: reconnected with a fresh Ceph client; standby again (the image's owner is "
+			 "port group %u)", rb->spec, tpg);
+		/* STANDBY first, then acquire() is heard again */
+		set_state(lk, BDEV_OWNER_STANDBY, true);
+	}
+	/* what the fence failed or held: again on the fresh client where that
+	 * is still right (writes only while we own the image, reads of one we
+	 * did not own, or still own), failed otherwise (NOT READY: the host
+	 * goes to the owner's path) */
+	unsigned n = rbd_unpark(rb, owned, owned || !was_owner, -ESHUTDOWN);
+	if (n)
+		log_info("%s: %u request(s) the fence held were sent again on the fresh client", rb->spec, n);
 	pthread_mutex_lock(&lk->mu);
 	lk->reconnecting = false;
+	lk->reown = false;
 	lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	pthread_mutex_unlock(&lk->mu);
 }
@@ -491,8 +603,8 @@ static void *lock_thread(void *arg)
 
 	pthread_mutex_lock(&lk->mu);
 	while (!lk->stopping) {
-		if (!lk->reconnecting && atomic_load(&rb->fenced)) {
-			/* the data path saw -ESHUTDOWN */
+		if (!lk->reconnecting && (atomic_load(&rb->fenced) || rbd_client_is_fenced(rb))) {
+			/* the data path, or another image on our client, saw -ESHUTDOWN */
 			pthread_mutex_unlock(&lk->mu);
 			fence_noticed(lk, "blocklisted (I/O)");
 			pthread_mutex_lock(&lk->mu);
@@ -637,11 +749,11 @@ int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 		atomic_store(&lk->owner_group, tpg);
 		atomic_store(&lk->owner_gen, g);
 	}
-	rb->lock = lk;
+	rbd_client_set_lock(rb, lk);
 	int r = pthread_create(&lk->thr, NULL, lock_thread, lk);
 	if (r) {
 		snprintf(err, errlen, "%s: cannot start the lock thread: %s", rb->spec, strerror(r));
-		rb->lock = NULL;
+		rbd_client_set_lock(rb, NULL);
 		pthread_mutex_destroy(&lk->op_mu);
 		pthread_cond_destroy(&lk->cv);
 		pthread_mutex_destroy(&lk->mu);
@@ -672,11 +784,21 @@ void rbd_lock_stop(struct rbd_bdev *rb)
 		if (r < 0)
 			log_warn("%s: releasing the image's lock failed: %s", rb->spec, strerror(-r));
 	}
+	rbd_client_set_lock(rb, NULL); /* no kick reaches lk after this */
 	pthread_mutex_destroy(&lk->op_mu);
 	pthread_cond_destroy(&lk->cv);
 	pthread_mutex_destroy(&lk->mu);
 	free(lk);
-	rb->lock = NULL;
+}
+
+void rbd_lock_kick(struct rbd_bdev *rb)
+{
+	struct rbd_lock *lk = __atomic_load_n(&rb->lock, __ATOMIC_ACQUIRE);
+	if (!lk)
+		return;
+	pthread_mutex_lock(&lk->mu);
+	pthread_cond_signal(&lk->cv);
+	pthread_mutex_unlock(&lk->mu);
 }
 
 const char *rbd_gateway_id(struct rbd_bdev *rb)

@@ -9,6 +9,12 @@
  *   alua_io read URL LBA BLOCKS BYTE [SECONDS]
  *       READ(10) and check that every byte is BYTE (exit 3 if not; the
  *       first byte found is printed).
+ *   alua_io loop URL LBA BLOCKS STOPFILE
+ *       Until STOPFILE exists: WRITE(10) BLOCKS blocks at LBA filled with
+ *       the next byte of a sequence, then READ(10) them and check every
+ *       byte (exit 3 on a mismatch). Prints "started" after the first
+ *       round; at the end "ops=N maxgap_ms=N" (the
+ *       longest time between two GOOD answers) before the counts.
  *   alua_io rtpg URL
  *       REPORT TARGET PORT GROUPS (extended header): one line per group,
  *       "GROUP STATE" with STATE one of AO ANO S U T, then "pref" if set;
@@ -138,6 +144,52 @@ int main(int argc, char **argv)
 			}
 			scsi_free_scsi_task(t);
 		}
+	} else if (!strcmp(op, "loop") && argc >= 6) {
+		uint32_t lba = (uint32_t)strtoul(argv[3], NULL, 0);
+		int blocks = atoi(argv[4]);
+		const char *stop = argv[5];
+		int bytes = blocks * SECT;
+		unsigned char *buf = malloc((size_t)bytes);
+		unsigned char wcdb[10] = { 0x2a }, rcdb[10] = { 0x28 };
+		put32(wcdb + 2, lba);
+		put32(rcdb + 2, lba);
+		wcdb[8] = rcdb[8] = (unsigned char)blocks;
+		wcdb[7] = rcdb[7] = (unsigned char)(blocks >> 8);
+		unsigned ops = 0;
+		double last = now_s(), maxgap = 0;
+		for (unsigned byte = lba & 0xff; rc == 0 && access(stop, F_OK) != 0; byte = (byte + 1) & 0xff) {
+			memset(buf, (int)byte, (size_t)bytes);
+			struct scsi_task *t = run(c, lun, wcdb, 10, SCSI_XFER_WRITE, bytes, buf, 60);
+			double now = now_s();
+			if (!t) {
+				rc = 2;
+				break;
+			}
+			scsi_free_scsi_task(t);
+			maxgap = now - last > maxgap ? now - last : maxgap;
+			last = now;
+			t = run(c, lun, rcdb, 10, SCSI_XFER_READ, bytes, NULL, 60);
+			now = now_s();
+			if (!t) {
+				rc = 2;
+				break;
+			}
+			maxgap = now - last > maxgap ? now - last : maxgap;
+			last = now;
+			for (int i = 0; i < bytes && rc == 0; i++)
+				if (t->datain.data[i] != byte) {
+					fprintf(stderr, "read back 0x%02x at byte %d after writing 0x%02x\n",
+						t->datain.data[i], i, byte);
+					rc = 3;
+				}
+			scsi_free_scsi_task(t);
+			if ((ops += 2) == 2) {
+				printf("started\n");
+				fflush(stdout);
+			}
+		}
+		free(buf);
+		printf("ops=%u maxgap_ms=%.0f ua=%d transition=%d\n", ops, maxgap * 1000, n_ua, n_transition);
 	} else if ((!strcmp(op, "write") || !strcmp(op, "read")) && argc >= 6) {
 		uint32_t lba = (uint32_t)strtoul(argv[3], NULL, 0);
 		int blocks = atoi(argv[4]);

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# tests/test_rbd_shared_client.sh - the RBD images of one gateway share one
+# Ceph client, and another gateway taking one of them over (which
+# blocklists that client) costs the others no error.
+#
+# Gateway A exports three images of one cluster: x and y with a second
+# gateway B (gateways = 2), z alone (gateways = 1). Checked:
+#  - A holds the locks of x, y and z through one client (one address);
+#  - while five host sessions write, read back and verify y and z through
+#    A (tests/tools/alua_io.c loop: it retries UNIT ATTENTION and NOT READY
+#    transition as multipath does, and fails on anything else), B takes x
+#    over, which blocklists A's client. A opens y and z on a fresh client
+#    and owns them again without a takeover (no lock broken, no lease
+#    waited out, no ASYMMETRIC ACCESS STATE CHANGED): every command of
+#    those sessions ends GOOD with the data it wrote, and the requests the
+#    fence cut off were sent again on the fresh client;
+#  - afterwards x is B's, y and z are A's on one new address.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+. "$TC_ROOT/tests/ceph/lib.sh"
+
+[ -x "$TC_BIN" ] || fail "build/tiercached is missing; run make"
+cc -std=gnu11 -O2 -Wall -Wextra -o "$T/alua_io" "$TC_ROOT/tests/tools/alua_io.c" -liscsi 2>"$T/cc.log" ||
+	fail "cannot build tests/tools/alua_io.c against libiscsi: $(head -1 "$T/cc.log")"
+IO=$T/alua_io
+
+rbd_cluster_up
+for i in x y z; do
+	rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/$i" ||
+		fail "cannot create the RBD image $i"
+done
+pass "RBD images x, y and z created (exclusive-lock)"
+
+IQN=iqn.2026-12.io.tiercache:shared-client
+gw_init A B
+
+gw_conf() { # NAME PORT_GROUP LUNS...
+	local g=$1
+	gw_daemon_conf "$g" "$2"
+	printf '\n[target %s]\n' "$IQN"
+	local n=0 l
+	for l in "${@:3}"; do
+		echo "lun$n = $l"
+		n=$((n + 1))
+	done
+	rbd_conf_lun x x "serial = SHAREDCLX" "gateways = 2" "cache = nvme"
+	rbd_conf_lun y y "serial = SHAREDCLY" "gateways = 2" "cache = nvme"
+	[ "$g" = A ] && rbd_conf_lun z z "serial = SHAREDCLZ" "cache = nvme"
+	cat <<CONF
+
+[cache nvme]
+legs = $T/$g/leg0 $T/$g/leg1
+size = 64M
+extent = 64K
+mode = write-through
+admit_hits = 1
+seq_cutoff = 0
+CONF
+}
+gw_conf A 1 x y z >"$T/A.conf"
+gw_conf B 2 x y >"$T/B.conf"
+url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/$2"; }
+
+locker() { # IMAGE -> the address holding its lock
+	rbd lock ls --format json "$CEPH_POOL/$1" 2>/dev/null | python3 -c '
+import json, sys
+l = json.load(sys.stdin)
+print(l[0]["address"] if l else "none")'
+}
+
+gw_start A
+gw_start B
+pass "gateways A (port group 1) and B (port group 2) up"
+for l in 0 1 2; do
+	out=$("$IO" write "$(url A $l)" 1024 16 0x5$l 90) || fail "write through A to LUN $l: $out"
+done
+pass "written through A to x, y and z (A owns all three)"
+ax=$(locker x) ay=$(locker y) az=$(locker z)
+[ "$ax" != none ] && [ "$ax" = "$ay" ] && [ "$ay" = "$az" ] ||
+	fail "A holds x, y and z through more than one client: $ax / $ay / $az"
+pass "A holds the locks of x, y and z through one Ceph client ($ax)"
+threads=$(ls "/proc/${PID[A]}/task" | wc -l)
+pass "gateway A runs $threads threads for its three images"
+
+# five sessions on y and z through A, each on its own blocks
+stop=$T/stop
+loops=()
+n=0
+for spec in "1 0" "1 64" "1 128" "2 0" "2 64"; do
+	set -- $spec
+	"$IO" loop "$(url A "$1")" "$2" 16 "$stop" >"$T/loop$n.out" 2>"$T/loop$n.err" &
+	loops+=($!)
+	RBD_KILL_PIDS="$RBD_KILL_PIDS $!"
+	n=$((n + 1))
+done
+started() {
+	local i
+	for i in $(seq 0 $((n - 1))); do
+		grep -q started "$T/loop$i.out" || return 1
+	done
+}
+tc_until 60 started || fail "the host sessions did not get going: $(cat "$T"/loop*.err)"
+pass "$n host sessions writing and verifying y and z through A"
+
+fresh0=$(grep -c "owned again on the fresh client" "$T/A.log")
+out=$("$IO" write "$(url B 0)" 0 16 0x6b 90) || fail "write through B to x: $out"
+pass "B took x over ($out)"
+reowned() { [ "$(grep -c "owned again on the fresh client" "$T/A.log")" -ge $((fresh0 + 2)) ]; }
+tc_until 60 reowned ||
+	fail "A did not own y and z again on a fresh client: $(grep -E 'fenced|fresh|standby' "$T/A.log" | tail -5)"
+pass "A owns y and z again on a fresh client: $(grep "owned again on the fresh" "$T/A.log" | sed 's/.*rbd:/rbd:/' | tr '\n' ';')"
+# a few more rounds on the fresh client, then stop the sessions
+touch "$stop"
+i=0
+for p in "${loops[@]}"; do
+	wait "$p"
+	rc=$?
+	out=$(cat "$T/loop$i.out" | tail -1)
+	[ "$rc" = 0 ] || fail "session $i failed (exit $rc): $(cat "$T/loop$i.err") $out"
+	case $out in
+	*" ua=0 "*) ;;
+	*) fail "session $i saw a UNIT ATTENTION (an access state change) on an image A kept: $out" ;;
+	esac
+	pass "session $i: every command GOOD, every read verified ($out)"
+	i=$((i + 1))
+done
+again=$(grep "the fence held were sent again" "$T/A.log" | sed 's/.*rbd:/rbd:/' | tr '\n' ';')
+[ -n "$again" ] || fail "no request was held through the fence (nothing in flight?): $(grep -E 'fenced' "$T/A.log" | tail -3)"
+pass "requests the fence cut off went again on the fresh client: $again"
+if grep -E "rbd:$CEPH_POOL/[yz]: (breaking the lock|waiting [0-9]+ ms)" "$T/A.log" >"$T/broke"; then
+	fail "A took y or z over instead of owning them again: $(head -2 "$T/broke")"
+fi
+pass "A broke no other gateway's lock and waited out no lease for y or z"
+
+bx=$(locker x) ny=$(locker y) nz=$(locker z)
+[ "$bx" != "$ax" ] && [ "$bx" != none ] || fail "x is not B's: $bx"
+[ "$ny" = "$nz" ] && [ "$ny" != "$ax" ] && [ "$ny" != "$bx" ] && [ "$ny" != none ] ||
+	fail "y and z are not held by one fresh client of A: y $ny, z $nz (old $ax, B $bx)"
+pass "x is B's ($bx); y and z are A's through one fresh client ($ny)"
+for l in 1 2; do
+	out=$("$IO" read "$(url A $l)" 1024 16 0x5$l 90) || fail "read back the first write to LUN $l through A: $out"
+done
+out=$("$IO" read "$(url B 0)" 0 16 0x6b 90) || fail "read back B's write to x through B: $out"
+pass "the writes made before the fence read back through A (y, z) and B (x)"
+# a clean stop closes the three images and the shared client (on the ASan
+# daemon: nothing leaked, nothing used after its free)
+for g in A B; do
+	kill -TERM "${PID[$g]}"
+	tc_until 60 tc_gone "${PID[$g]}" || fail "gateway $g did not stop within 60 s of SIGTERM"
+	wait "${PID[$g]}"
+	rc=$?
+	PID[$g]=
+	[ "$rc" = 0 ] || fail "gateway $g exited with status $rc after SIGTERM: $(tail -3 "$T/$g.log")"
+done
+pass "both gateways stop cleanly on SIGTERM"

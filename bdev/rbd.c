@@ -8,8 +8,9 @@
  * FUA write completes only after its flush), which is librbd's documented
  * durability barrier whatever the cache settings of the ceph.conf.
  *
- * A poller thread per image (woken at once by rbd_update_watch when the
- * image's header changes, otherwise once a second) follows the image size:
+ * A poll per image (on rbd_service.c's threads: at once when
+ * rbd_update_watch says the image's header changed, otherwise once a
+ * second) follows the image size:
  * when `rbd resize` changed it, dev->size is updated and the resize listener
  * (the cache volume, then the LU: CAPACITY DATA HAS CHANGED) is told. Every
  * few seconds without a successful I/O it also probes the OSDs (a stat of
@@ -40,13 +41,11 @@ static pthread_mutex_t listener_lock = PTHREAD_MUTEX_INITIALIZER; /* every rb->o
 void rbd_header_changed(void *arg)
 {
 	struct rbd_bdev *rb = arg;
-	pthread_mutex_lock(&rb->poll_lock);
-	rb->poll_kick = true;
-	pthread_cond_signal(&rb->poll_cond);
-	pthread_mutex_unlock(&rb->poll_lock);
+	atomic_store(&rb->poll_kick, true);
+	rbd_service_kick(&rb->svc);
 }
 
-/* Poller thread, inside the handles. */
+/* A service step, inside the handles. */
 static void rbd_check_size(struct rbd_bdev *rb)
 {
 	uint64_t sz;
@@ -89,35 +88,35 @@ static void rbd_probe(struct rbd_bdev *rb)
 	rbd_note_result(rb, r);
 }
 
-static void *rbd_poller(void *arg)
+/* The size and connection poll's part of a service step. */
+static uint64_t rbd_poll_step(struct rbd_bdev *rb)
 {
-	struct rbd_bdev *rb = arg;
-	unsigned ticks = 0;
+	uint64_t now = now_ms();
+	bool kicked = atomic_exchange(&rb->poll_kick, false);
+	if (!kicked && now < rb->poll_next_ms)
+		return rb->poll_next_ms;
+	rb->poll_next_ms = now + 1000;
+	if (atomic_load(&rb->stopping) || rbd_test_stalled(rb)) /* tests: as if the probe hung */
+		return rb->poll_next_ms;
+	if (!rbd_handles_enter(rb))
+		return rb->poll_next_ms; /* being replaced: the swap kicks us again */
+	rbd_check_size(rb);
+	/* probe when idle, or while lost (to notice the way back) */
+	uint64_t last = atomic_load_explicit(&rb->last_ok_ms, memory_order_relaxed);
+	if (!kicked && ++rb->poll_ticks % 5 == 0 && now_ms() - last > 5000)
+		rbd_probe(rb);
+	rbd_handles_exit(rb);
+	return rb->poll_next_ms;
+}
 
-	while (!atomic_load(&rb->stopping)) {
-		pthread_mutex_lock(&rb->poll_lock);
-		if (!rb->poll_kick && !atomic_load(&rb->stopping)) {
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += 1;
-			pthread_cond_timedwait(&rb->poll_cond, &rb->poll_lock, &ts);
-		}
-		rb->poll_kick = false;
-		pthread_mutex_unlock(&rb->poll_lock);
-		if (atomic_load(&rb->stopping))
-			break;
-		if (rbd_test_stalled(rb))
-			continue; /* tests: as if the probe hung */
-		if (!rbd_handles_enter(rb))
-			continue; /* being replaced: the swap kicks us again */
-		rbd_check_size(rb);
-		/* probe when idle, or while lost (to notice the way back) */
-		uint64_t last = atomic_load_explicit(&rb->last_ok_ms, memory_order_relaxed);
-		if (++ticks % 5 == 0 && now_ms() - last > 5000)
-			rbd_probe(rb);
-		rbd_handles_exit(rb);
-	}
-	return NULL;
+/* The image's service step. */
+static uint64_t rbd_service_step(struct rbd_svc_item *it)
+{
+	struct rbd_bdev *rb = (struct rbd_bdev *)((char *)it - offsetof(struct rbd_bdev, svc));
+	/* the lock first: an owner's lease is renewed on time */
+	uint64_t next = rb->lock ? rbd_lock_step(rb) : UINT64_MAX;
+	uint64_t p = rbd_poll_step(rb);
+	return p < next ? p : next;
 }
 
 static void rbd_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size), void *arg)
@@ -134,14 +133,11 @@ static void rbd_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint
 static void rbd_teardown(struct rbd_bdev *rb)
 {
 	rbd_shared_stop(rb);
+	atomic_store(&rb->stopping, true);
+	rbd_lock_stopping(rb); /* a step waiting in a reconnect gives up */
+	rbd_service_remove(&rb->svc); /* no step runs from here */
 	rbd_lock_stop(rb);
 	registry_del(rb);
-	if (rb->poller_started) {
-		atomic_store(&rb->stopping, true);
-		rbd_header_changed(rb);
-		pthread_join(rb->poller, NULL);
-		rb->poller_started = false;
-	}
 	if (rb->watching) {
 		rbd_update_unwatch(rb->image, rb->watch_handle);
 		rb->watching = false;
@@ -156,9 +152,7 @@ static void rbd_teardown(struct rbd_bdev *rb)
 	/* whatever the fence parked and no fresh client took: failed */
 	rbd_unpark(rb, false, false, -ESHUTDOWN);
 	rbd_client_leave(rb);
-	pthread_cond_destroy(&rb->poll_cond);
 	pthread_mutex_destroy(&rb->park_mu);
-	pthread_mutex_destroy(&rb->poll_lock);
 	pthread_mutex_destroy(&rb->shared_lock);
 	free(rb);
 }
@@ -175,7 +169,7 @@ static void rbd_close_sync(void *arg)
 {
 	struct rbd_bdev *rb = arg;
 	/* Only an owner has writes to flush (a standby's flush would ask the
-	 * owner for the lock and fail with EROFS). The lock thread may be
+	 * owner for the lock and fail with EROFS). The lock work may be
 	 * replacing the handles right now: enter them. */
 	bool owned = !rb->lock || bdev_rbd_owner_ops.state(&rb->dev, NULL) == BDEV_OWNER_OWNED;
 	if (owned && rb->image && rbd_handles_enter(rb)) {
@@ -288,11 +282,9 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 		snprintf(err, errlen, "out of memory opening rbd:%s", spec);
 		return NULL;
 	}
-	pthread_mutex_init(&rb->poll_lock, NULL);
 	pthread_mutex_init(&rb->shared_lock, NULL);
 	pthread_mutex_init(&rb->park_mu, NULL);
 	rb->test_stall = getenv("TIERCACHE_TEST_CLUSTER_STALL");
-	pthread_cond_init(&rb->poll_cond, NULL);
 	memcpy(rb->pool, spec, (size_t)(slash - spec));
 	snprintf(rb->image_name, sizeof(rb->image_name), "%s", slash + 1);
 	snprintf(rb->spec, sizeof(rb->spec), "rbd:%s/%s", rb->pool, rb->image_name);
@@ -350,12 +342,12 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	if (rbd_lock_start(rb, err, errlen) < 0)
 		goto fail;
 
-	r = pthread_create(&rb->poller, NULL, rbd_poller, rb);
-	if (r) {
-		snprintf(err, errlen, "%s: cannot start the size poller: %s", rb->spec, strerror(r));
+	atomic_init(&rb->poll_kick, false);
+	r = rbd_service_add(&rb->svc, rbd_service_step);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot start a service thread: %s", rb->spec, strerror(-r));
 		goto fail;
 	}
-	rb->poller_started = true;
 	if (worker_exit_hook(rbd_chan_thread_exit) < 0) {
 		snprintf(err, errlen, "%s: too many worker exit hooks", rb->spec);
 		goto fail;

@@ -9,8 +9,8 @@
  * and sockets do not grow with its images. The cost: Ceph fences a client,
  * not an image. When another gateway takes one image over, it breaks that
  * image's lock and blocklists our client, which fences every image on it.
- * The first image to notice marks the client fenced and wakes the lock
- * threads of the others (rbd_client_fenced); each calls rbd_reopen, which
+ * The first image to notice marks the client fenced and has the lock work
+ * of the others run now (rbd_client_fenced); each calls rbd_reopen, which
  * opens its image on the cluster's current client, connecting a fresh one
  * (a new address, so the blocklist entry does not match it) when the
  * current one is the fenced one, and swaps it in under the handoff
@@ -56,7 +56,7 @@ struct rbd_cluster {
 	pthread_mutex_t connect_mu; /* one connect at a time: the others then share it */
 };
 
-/* Order: connect_mu, then reg_mu, then an image's lock mutex (rbd_lock_kick). */
+/* Order: connect_mu, then reg_mu, then the service's lock (rbd_service_kick). */
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct rbd_cluster *clusters;
 
@@ -153,14 +153,7 @@ void rbd_client_fenced(struct rbd_bdev *rb)
 	pthread_mutex_lock(&reg_mu);
 	for (struct rbd_bdev *o = c->rc->images; o; o = o->next_user)
 		if (o != rb && __atomic_load_n(&o->client, __ATOMIC_RELAXED) == c)
-			rbd_lock_kick(o);
-	pthread_mutex_unlock(&reg_mu);
-}
-
-void rbd_client_set_lock(struct rbd_bdev *rb, struct rbd_lock *lk)
-{
-	pthread_mutex_lock(&reg_mu);
-	__atomic_store_n(&rb->lock, lk, __ATOMIC_RELEASE);
+			rbd_service_kick(&o->svc);
 	pthread_mutex_unlock(&reg_mu);
 }
 
@@ -462,7 +455,7 @@ int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, cha
 		log_warn("%s: cannot watch the image header (%s); size changes are polled", rb->spec,
 			 strerror(-r));
 	rbd_header_changed(rb); /* the poller looks at the size on the new handle now */
-	rbd_shared_moved(rb, true); /* before the lock thread says STANDBY again */
+	rbd_shared_moved(rb, true); /* before the lock work says STANDBY again */
 
 	unsigned wait_s = rb->op_timeout_s + 5;
 	if (!rbd_run_bounded(handles_close_free, old, wait_s))

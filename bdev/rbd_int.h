@@ -17,9 +17,9 @@
  * (atomics).
  *
  * Handle handoff: the handles (cluster, ioctx, image) are replaced as a unit
- * when the lock thread finds this gateway's client fenced (blocklisted):
+ * when the lock work finds this gateway's client fenced (blocklisted):
  * rbd_reopen connects a fresh client, opens the image on it, then swaps.
- * Every user other than the lock thread (the I/O path, the poller, the
+ * Every user other than the lock work (the I/O path, the poller, the
  * final flush) brackets its use with rbd_handles_enter / rbd_handles_exit:
  * enter increments inflight, then reads swapping (both seq_cst) and backs
  * out when it is set; the swapper sets swapping, waits for inflight to
@@ -27,7 +27,7 @@
  * flag or the swapper sees the user's increment (seq_cst total order), so
  * no handle is ever closed under a user. A request holds its increment from
  * submit to done() (a FUA write's flush uses the same image as its write).
- * The lock thread (and the main thread's take at the first listen, under
+ * The lock work (and the main thread's take at the first listen, under
  * the lock's own mutex) uses the handles directly: the swap runs on it.
  */
 #ifndef TC_BDEV_RBD_INT_H
@@ -44,6 +44,15 @@
 #define RBD_NAME_MAX 256
 
 struct rbd_lock; /* rbd_lock.c */
+
+/* Background work on rbd_service.c's threads: one item, run by one thread
+ * at a time; the fields are the service's (under its lock). */
+struct rbd_svc_item {
+	struct rbd_svc_item *next;
+	uint64_t (*step)(struct rbd_svc_item *it); /* the now_ms() when it is due again */
+	uint64_t due;
+	bool busy, kicked, listed;
+};
 struct rbd_client; /* rbd_client.c: one Ceph client shared by the images of a cluster */
 struct rbd_cluster;
 
@@ -58,14 +67,15 @@ struct rbd_bdev {
 	atomic_uint inflight;       /* users inside the handles (requests until done()) */
 	atomic_bool swapping;       /* rbd_reopen is replacing them: stay out */
 	atomic_bool fenced;         /* a call returned -ESHUTDOWN: we are blocklisted */
-	unsigned reopens;           /* fresh clients since open (the lock thread's) */
+	unsigned reopens;           /* fresh clients since open (the lock work's) */
 	/* requests the fence failed, or that came while the handles were being
 	 * replaced: resubmitted on the fresh client, or failed, by
-	 * rbd_unpark (the lock thread, after the swap); "Parking" in rbd_io.c */
+	 * rbd_unpark (the lock work, after the swap); "Parking" in rbd_io.c */
 	pthread_mutex_t park_mu;
 	struct bdev_req *parked;    /* newest first, through link */
 	unsigned nparked;
 	struct rbd_bdev *next_user; /* the images on one rbd_client's cluster (rbd_client.c) */
+	struct rbd_svc_item svc;    /* the lock work and the poll (rbd_service_step) */
 	char pool[RBD_NAME_MAX];
 	char image_name[RBD_NAME_MAX];
 	char spec[2 * RBD_NAME_MAX + 8]; /* "rbd:POOL/IMAGE", dev.name points here */
@@ -79,12 +89,10 @@ struct rbd_bdev {
 	/* image size tracking (rbd_update_watch + a poll as a fallback) */
 	uint64_t watch_handle;
 	bool watching;
-	pthread_t poller;
-	bool poller_started;
 	atomic_bool stopping;
-	pthread_mutex_t poll_lock;  /* poll_kick; the poller sleeps on poll_cond */
-	pthread_cond_t poll_cond;
-	bool poll_kick;
+	atomic_bool poll_kick;      /* a size check is wanted now */
+	uint64_t poll_next_ms;      /* the service step's: when the next poll is due */
+	unsigned poll_ticks;
 	void (*on_resize)(void *arg, uint64_t new_size); /* bdev_set_resize_listener */
 	void *on_resize_arg;
 
@@ -100,18 +108,18 @@ struct rbd_bdev {
 	/* rbd_lock.c's state (exclusive lock, ownership, ALUA); NULL without */
 	struct rbd_lock *lock;
 	/* rbd_shared.c's watch of a shared blob; NULL without. shared_lock
-	 * guards the pointer: the lock thread's reopen moves the watch under
+	 * guards the pointer: the lock work's reopen moves the watch under
 	 * it while a closing LU may be taking the watch down */
 	pthread_mutex_t shared_lock;
 	struct rbd_shared *shared;
 	/* tests (TIERCACHE_TEST_CLUSTER_STALL): while this file exists, the
-	 * lock thread's polls and the poller's probes hang, as they do when
+	 * lock work's polls and the poller's probes hang, as they do when
 	 * the gateway is cut off from the cluster; NULL otherwise */
 	const char *test_stall;
 };
 
 /* this gateway's id (bdev_rbd_set_gateway), the same across restarts; NULL
- * without ownership (one gateway, no lock thread). Any thread. */
+ * without ownership (one gateway, no lock work). Any thread. */
 #define RBD_GW_ID_MAX 128
 const char *rbd_gateway_id(struct rbd_bdev *rb);
 
@@ -165,11 +173,9 @@ void rbd_client_join(struct rbd_bdev *rb);
 void rbd_client_leave(struct rbd_bdev *rb);
 /* The client was found fenced (blocklisted): every image on it is told
  * (rbd_lock_kick) and the next rbd_handles_open with it as stale connects
- * a fresh one. Any thread inside rb's handles, or the lock thread. */
+ * a fresh one. Any thread inside rb's handles, or the lock work. */
 void rbd_client_fenced(struct rbd_bdev *rb);
-/* Set or clear rb->lock where rbd_client_fenced looks for it. */
-void rbd_client_set_lock(struct rbd_bdev *rb, struct rbd_lock *lk);
-/* Is rb's client known to be fenced? (the lock thread) */
+/* Is rb's client known to be fenced? (the lock work) */
 bool rbd_client_is_fenced(struct rbd_bdev *rb);
 
 /*
@@ -180,7 +186,7 @@ bool rbd_client_is_fenced(struct rbd_bdev *rb);
 bool rbd_run_bounded(void (*fn)(void *arg), void *arg, unsigned wait_s);
 
 /*
- * For the lock thread only: connect a fresh client, open the image on it,
+ * For the lock work only: connect a fresh client, open the image on it,
  * wait for the users of the current handles to leave (giving up with
  * -ECANCELED when cancelled(arg) turns true meanwhile), move the update
  * watch over, swap, and close the old handles (bounded: a close the
@@ -199,7 +205,7 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req);
 void rbd_note_result(struct rbd_bdev *rb, int res);
 /* A worker's exit hook (worker_exit_hook): close its completion channel. */
 void rbd_chan_thread_exit(void);
-/* The lock thread, after a swap of the handles (or a failed try): resubmit
+/* The lock work, after a swap of the handles (or a failed try): resubmit
  * the parked requests on the current handles; those that may_write is
  * false for (writes) or may_read is false for (reads) are failed with res
  * instead. Returns how many were resubmitted. */
@@ -216,14 +222,20 @@ int rbd_space(struct bdev *dev, struct bdev_space *out);
 /* ---- rbd.c ---- */
 
 /* The image's header changed (rbd_update_watch's callback), or a size
- * check is wanted now: wake the poller. */
+ * check is wanted now: the next service step checks. Any thread. */
 void rbd_header_changed(void *arg);
+
+/* ---- rbd_service.c ---- */
+
+/* it's step runs on the service threads from now on (0, or -EAGAIN: no
+ * thread could be started) / no more: remove waits for a step running now. */
+int rbd_service_add(struct rbd_svc_item *it, uint64_t (*step)(struct rbd_svc_item *it));
+void rbd_service_remove(struct rbd_svc_item *it);
+/* Run it's step now (or again right after the one running). Any thread. */
+void rbd_service_kick(struct rbd_svc_item *it);
 
 /* ---- rbd_lock.c ---- */
 
-/* Start the lock thread once the image is open and sized
- * (0, or -1 with a sentence in err); stop it (releasing a held lock) before
- * the image is closed. The owner ops every RBD bdev exports. */
 /* ---- rbd_shared.c ---- */
 extern const struct bdev_shared_ops rbd_shared_ops;
 /* rbd_reopen: before the swap (drop the watch on the old handles), after it (watch again, read again). */
@@ -231,11 +243,16 @@ void rbd_shared_moved(struct rbd_bdev *rb, bool after);
 /* Stop watching (unwatch, close): no callback after it returns. */
 void rbd_shared_stop(struct rbd_bdev *rb);
 
+/* Set up the lock state once the image is open and sized (0, or -1 with a
+ * sentence in err). rbd_lock_stopping ends its waits (before the image
+ * leaves the service); rbd_lock_stop then releases a held lock and frees
+ * the state, before the image is closed. */
+/* The owner ops every RBD bdev exports: bdev_rbd_owner_ops, below. */
 int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen);
+void rbd_lock_stopping(struct rbd_bdev *rb);
 void rbd_lock_stop(struct rbd_bdev *rb);
-/* Wake the lock thread (its client was found fenced); rbd_client.c's
- * registry lock held. */
-void rbd_lock_kick(struct rbd_bdev *rb);
+/* The lock work's part of a service step: the now_ms() when it is due again. */
+uint64_t rbd_lock_step(struct rbd_bdev *rb);
 extern const struct bdev_owner_ops bdev_rbd_owner_ops;
 
 static inline struct rbd_bdev *rbd_bdev_of(struct bdev *dev)

@@ -24,7 +24,7 @@
  * so another gateway taking one image over fences them all. A request that
  * fails with -ESHUTDOWN (blocklisted), or comes while the image's handles
  * are being replaced, is not failed: it is parked on the image (it leaves
- * the handles, so the swap does not wait for it) and the lock thread, once
+ * the handles, so the swap does not wait for it) and the lock work, once
  * the image is open on a fresh client, sends it again there or fails it
  * (rbd_unpark: writes only go again while this gateway still owns the
  * image). A write the fence cut off may have reached some of its objects;
@@ -151,7 +151,7 @@ void rbd_note_result(struct rbd_bdev *rb, int res)
 			log_info("rbd %s: cluster reachable again", rb->spec);
 		}
 	} else if (res == -ESHUTDOWN) {
-		/* blocklisted: the lock thread reconnects with a fresh client, and
+		/* blocklisted: the lock work reconnects with a fresh client, and
 		 * tells the other images on this one */
 		if (!atomic_load_explicit(&rb->fenced, memory_order_relaxed)) {
 			atomic_store(&rb->fenced, true);
@@ -278,7 +278,7 @@ static void submit_on_chan(struct rbd_bdev *rb, struct bdev_req *req)
 
 	while (!rbd_handles_enter(rb)) {
 		/* being replaced (fenced): held until the fresh client is in. The
-		 * lock thread clears swapping before it unparks: seen set under
+		 * lock work clears swapping before it unparks: seen set under
 		 * park_mu, the park comes before that unpark's take */
 		pthread_mutex_lock(&rb->park_mu);
 		if (atomic_load(&rb->swapping)) {

@@ -3,7 +3,10 @@
  * image's exclusive lock, a generation kept in the image, and the state the
  * layers above (cache volume, SCSI LU and its implicit ALUA) read.
  *
- * One thread per image does every blocking librbd call. It
+ * The image's lock work does every blocking librbd call, in steps on
+ * rbd_service.c's threads (rbd_lock_step; one step of an image at a time,
+ * and a wait, such as a takeover's for the old holder's lease, is a due
+ * time, not a thread held). It
  *  - takes the lock when asked (acquire(), or at the first listen() for a
  *    LUN only this gateway exports): the lock of the current holder is
  *    broken first (rbd_lock_break blocklists that client, so it can write
@@ -35,25 +38,29 @@
  * stall for RBD_LEASE_MS (the cluster that slow) answers NOT READY until
  * one gets through.
  *
- * A fenced gateway recovers by itself. When the lock thread finds its
+ * A fenced gateway recovers by itself. When the lock work finds its
  * client blocklisted (a call returns -ESHUTDOWN, librados' EBLOCKLISTED; or
  * the lock we held was broken, which librbd's break does by blocklisting
- * the holder; or the data path saw -ESHUTDOWN), it reports LOST (media
- * commands get NOT READY, LU not accessible) and ignores acquire(), then
- * rbd_client.c's rbd_reopen connects a fresh client (a new address: the
- * blocklist entry names the old one), opens the image on it and hands the
- * I/O path over to it once the requests still on the old client finished
- * (rbd_int.h "Handle handoff"). Then the owner key is read again and the
- * state goes back to STANDBY: ALUA active/non-optimized, and a host's I/O
- * takes the image over as before (a gain on the new client, with the cache
- * volume's usual drop unless the generation says nobody else owned it). A
- * failed reconnect (cluster down) is retried with a backoff of 1 s doubling
- * up to 30 s, LOST meanwhile.
+ * the holder; or the data path, or another image on the same shared
+ * client, saw -ESHUTDOWN), an image it did not own reports LOST (media
+ * commands get NOT READY, LU not accessible) and ignores acquire(); one
+ * it owned reports TRANSITION (NOT READY, retried). Then rbd_client.c's
+ * rbd_reopen opens the image on a fresh client (a new address: the
+ * blocklist entry names the old one) and hands the I/O path over to it
+ * once the requests still on the old client finished or were parked
+ * (rbd_int.h "Handle handoff", rbd_io.c "Parking"). An image we owned
+ * whose lock our old client still holds is owned again at once (reown:
+ * nobody took it, since a takeover breaks that lock first). Otherwise the
+ * owner key is read again and the state goes back to STANDBY: ALUA
+ * active/non-optimized, and a host's I/O takes the image over as before (a
+ * gain on the new client, with the cache volume's usual drop unless the
+ * generation says nobody else owned it). A failed reconnect (cluster down)
+ * is retried with a backoff of 1 s doubling up to 30 s, LOST meanwhile.
  *
  * Locking: lk->mu guards the request flags, the reconnect schedule and the
  * listener; lk->op_mu serializes the blocking librbd calls on the handles
- * (the lock thread's, and the main thread's take at the first listen) with
- * the swap of the handles, which the lock thread does under it. Order:
+ * (the lock work's, and the main thread's take at the first listen) with
+ * the swap of the handles, which the lock work does under it. Order:
  * op_mu before mu. The state, generation and owner group are atomics read
  * lock-free by any thread.
  */
@@ -78,15 +85,14 @@
 
 struct rbd_lock {
 	struct rbd_bdev *rb;
-	pthread_t thr;
-	bool thr_started;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
 	pthread_mutex_t op_mu;      /* librbd calls on the handles vs their swap */
 	bool want_acquire;          /* under mu */
 	bool stopping;              /* under mu */
 	bool reconnecting;          /* under mu: fenced, a fresh client is due */
 	bool reown;                 /* under mu: we owned the image when the fence was noticed */
+	bool taking;                /* under op_mu: the lock is ours, serving waits for serve_at */
+	uint64_t serve_at;          /* under op_mu: now_ms() when the old holder's lease is out */
 	uint64_t next_try_ms;       /* under mu: now_ms() of the next reconnect */
 	unsigned backoff_ms;        /* under mu: the delay after the next failure */
 	void (*fn)(void *arg, const struct bdev_owner_change *c); /* under mu */
@@ -101,7 +107,7 @@ struct rbd_lock {
 	_Atomic uint32_t owner_group;
 	_Atomic uint64_t owner_gen;  /* generation in the key as last read */
 	_Atomic uint64_t lease_until; /* now_ms() until which OWNED may serve (see the top) */
-	uint64_t next_poll_ms;      /* lock thread: when the next poll is due */
+	uint64_t next_poll_ms;      /* lock work: when the next poll is due */
 };
 
 static struct rbd_lock *lock_of(struct bdev *dev)
@@ -153,7 +159,7 @@ static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *i
 	return 0;
 }
 
-/* Tell the listener (lock thread, or the main thread at the first listen). */
+/* Tell the listener (lock work, or the main thread at the first listen). */
 static void notify(struct rbd_lock *lk, const struct bdev_owner_change *c)
 {
 	void (*fn)(void *, const struct bdev_owner_change *);
@@ -178,7 +184,7 @@ static void set_state(struct rbd_lock *lk, enum bdev_owner_state st, bool announ
 
 /*
  * Our client is fenced (any thread, op_mu held or not): LOST, acquire()
- * ignored, and the lock thread connects a fresh client (try_reconnect).
+ * ignored, and the lock work connects a fresh client (try_reconnect).
  */
 static void fence_noticed(struct rbd_lock *lk, const char *why)
 {
@@ -192,7 +198,6 @@ static void fence_noticed(struct rbd_lock *lk, const char *why)
 		lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	}
 	lk->want_acquire = false;
-	pthread_cond_signal(&lk->cv);
 	pthread_mutex_unlock(&lk->mu);
 	if (!first)
 		return;
@@ -223,9 +228,15 @@ static void take_failed(struct rbd_lock *lk, int r)
 
 static int holder_is_us(struct rbd_bdev *rb);
 
+static void take_finish(struct rbd_lock *lk);
+
 /*
- * Take the lock (lock thread, or main thread at the first listen of a
- * single-gateway LUN; op_mu held). The state reads TRANSITION throughout.
+ * Take the lock (a service step, or the main thread at the first listen of
+ * a single-gateway LUN; op_mu held). The state reads TRANSITION throughout.
+ * When another held it, its lease must run out before we serve: then the
+ * lock is ours with taking set, and take_finish is due at serve_at (the
+ * service step waits for it without holding a thread; the main thread
+ * sleeps).
  */
 static void take_lock(struct rbd_lock *lk)
 {
@@ -273,22 +284,23 @@ static void take_lock(struct rbd_lock *lk)
 		/* the old holder may still serve reads from its cache until its
 		 * lease runs out: counted from now, when the lock is ours (the
 		 * break, ours or another's, came before) */
-		uint64_t until = now_ms() + RBD_TAKEOVER_WAIT_MS;
 		log_info("%s: waiting %u ms for the old holder's lease to run out before serving", rb->spec,
 			 RBD_TAKEOVER_WAIT_MS);
-		while (now_ms() < until) {
-			pthread_mutex_lock(&lk->mu);
-			bool stop = lk->stopping;
-			pthread_mutex_unlock(&lk->mu);
-			if (stop) {
-				rbd_lock_release(rb->image);
-				set_state(lk, BDEV_OWNER_STANDBY, false);
-				return;
-			}
-			usleep(20000);
-		}
+		lk->serve_at = now_ms() + RBD_TAKEOVER_WAIT_MS;
+		lk->taking = true;
+		return;
 	}
+	take_finish(lk);
+}
 
+/* The lock is ours and no other holder's lease can run: bump the
+ * generation, tell the layers above, serve (op_mu held). */
+static void take_finish(struct rbd_lock *lk)
+{
+	struct rbd_bdev *rb = lk->rb;
+	int r;
+
+	lk->taking = false;
 	/* held: bump the generation in the image */
 	uint64_t prev_gen;
 	uint32_t prev_tpg;
@@ -377,7 +389,7 @@ static int holder_is_us(struct rbd_bdev *rb)
 }
 
 /*
- * After a fence, on the fresh client (lock thread, op_mu held): was the
+ * After a fence, on the fresh client (lock work, op_mu held): was the
  * image still locked by our old client (addresses old_addrs)? Then nobody
  * took it since (a takeover breaks that lock first), so take it over from
  * our old self at once: no lease to wait out (ours stopped when the fence
@@ -447,7 +459,7 @@ static bool reown(struct rbd_lock *lk, const char *old_addrs)
 	return true;
 }
 
-/* One poll: still the owner? who owns it? (lock thread, op_mu held) */
+/* One poll: still the owner? who owns it? (lock work, op_mu held) */
 static void poll_once(struct rbd_lock *lk)
 {
 	struct rbd_bdev *rb = lk->rb;
@@ -520,7 +532,7 @@ static bool lk_stopping(void *arg)
 	return s;
 }
 
-/* Fenced: connect a fresh client and go back to STANDBY (lock thread, op_mu held). */
+/* Fenced: connect a fresh client and go back to STANDBY (lock work, op_mu held). */
 static void try_reconnect(struct rbd_lock *lk)
 {
 	struct rbd_bdev *rb = lk->rb;
@@ -585,7 +597,7 @@ static void try_reconnect(struct rbd_lock *lk)
 	pthread_mutex_unlock(&lk->mu);
 }
 
-/* The lock thread, mu held: run op under op_mu, without mu (op_mu comes
+/* A service step, mu held: run op under op_mu, without mu (op_mu comes
  * first in the lock order, and mu is never held across a cluster call). */
 static void run_op(struct rbd_lock *lk, void (*op)(struct rbd_lock *lk))
 {
@@ -596,57 +608,82 @@ static void run_op(struct rbd_lock *lk, void (*op)(struct rbd_lock *lk))
 	pthread_mutex_lock(&lk->mu);
 }
 
-static void *lock_thread(void *arg)
+/* The old holder's lease is out (op_mu held): serve, unless stopping. */
+static void take_finish_or_stop(struct rbd_lock *lk)
 {
-	struct rbd_lock *lk = arg;
+	pthread_mutex_lock(&lk->mu);
+	bool stop = lk->stopping;
+	pthread_mutex_unlock(&lk->mu);
+	if (stop) {
+		lk->taking = false;
+		rbd_lock_release(lk->rb->image);
+		set_state(lk, BDEV_OWNER_STANDBY, false);
+		return;
+	}
+	take_finish(lk);
+}
+
+/* One action of the lock work when one is due: returns when the next is
+ * due (now or earlier: another may be due at once). */
+static uint64_t step_once(struct rbd_lock *lk)
+{
 	struct rbd_bdev *rb = lk->rb;
+	uint64_t now = now_ms(), due;
+
+	pthread_mutex_lock(&lk->op_mu);
+	if (lk->taking) {
+		/* nothing else until we serve (the state reads TRANSITION) */
+		due = lk->serve_at;
+		if (now >= due)
+			take_finish_or_stop(lk);
+		pthread_mutex_unlock(&lk->op_mu);
+		return now >= due ? now : due;
+	}
+	pthread_mutex_unlock(&lk->op_mu);
 
 	pthread_mutex_lock(&lk->mu);
-	while (!lk->stopping) {
-		if (!lk->reconnecting && (atomic_load(&rb->fenced) || rbd_client_is_fenced(rb))) {
-			/* the data path, or another image on our client, saw -ESHUTDOWN */
-			pthread_mutex_unlock(&lk->mu);
-			fence_noticed(lk, "blocklisted (I/O)");
-			pthread_mutex_lock(&lk->mu);
-			continue;
-		}
-		uint64_t wait_ms = RBD_LOCK_POLL_MS;
-		if (!lk->reconnecting && !lk->want_acquire) {
-			/* polls by the clock, not by wakeups: the lease is renewed on time */
-			uint64_t now = now_ms();
-			if (now >= lk->next_poll_ms) {
-				lk->next_poll_ms = now + RBD_LOCK_POLL_MS;
-				pthread_mutex_unlock(&lk->mu);
-				pthread_mutex_lock(&lk->op_mu);
-				poll_once(lk);
-				pthread_mutex_unlock(&lk->op_mu);
-				pthread_mutex_lock(&lk->mu);
-				continue;
-			}
-			wait_ms = lk->next_poll_ms - now;
-		}
-		if (lk->reconnecting) {
-			uint64_t now = now_ms();
-			if (now >= lk->next_try_ms) {
-				run_op(lk, try_reconnect);
-				continue;
-			}
-			if (lk->next_try_ms - now < wait_ms)
-				wait_ms = lk->next_try_ms - now;
-		} else if (lk->want_acquire) {
-			lk->want_acquire = false;
-			run_op(lk, take_lock);
-			continue;
-		}
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts); /* lk->cv waits on it: a step of the wall clock does not stall the lease */
-		ts.tv_nsec += (long)wait_ms * 1000000L;
-		ts.tv_sec += ts.tv_nsec / 1000000000L;
-		ts.tv_nsec %= 1000000000L;
-		pthread_cond_timedwait(&lk->cv, &lk->mu, &ts);
+	if (lk->stopping) {
+		pthread_mutex_unlock(&lk->mu);
+		return UINT64_MAX;
+	}
+	if (!lk->reconnecting && (atomic_load(&rb->fenced) || rbd_client_is_fenced(rb))) {
+		/* the data path, or another image on our client, saw -ESHUTDOWN */
+		pthread_mutex_unlock(&lk->mu);
+		fence_noticed(lk, "blocklisted (I/O)");
+		return now;
+	}
+	if (lk->reconnecting) {
+		due = lk->next_try_ms;
+		if (now >= due)
+			run_op(lk, try_reconnect);
+		pthread_mutex_unlock(&lk->mu);
+		return now >= due ? now : due;
+	}
+	if (lk->want_acquire) {
+		lk->want_acquire = false;
+		run_op(lk, take_lock);
+		pthread_mutex_unlock(&lk->mu);
+		return now;
+	}
+	/* polls by the clock, not by wakeups: the lease is renewed on time */
+	due = lk->next_poll_ms;
+	if (now >= due) {
+		lk->next_poll_ms = due = now + RBD_LOCK_POLL_MS;
+		run_op(lk, poll_once);
 	}
 	pthread_mutex_unlock(&lk->mu);
-	return NULL;
+	return due;
+}
+
+uint64_t rbd_lock_step(struct rbd_bdev *rb)
+{
+	struct rbd_lock *lk = rb->lock;
+	for (int round = 0; round < 8; round++) {
+		uint64_t due = step_once(lk);
+		if (due > now_ms())
+			return due;
+	}
+	return 0; /* more to do: again at once, after the other images' turns */
 }
 
 /* ---- bdev_owner_ops ------------------------------------------------------ */
@@ -677,12 +714,15 @@ static void rbd_owner_acquire(struct bdev *dev)
 		return;
 	pthread_mutex_lock(&lk->mu);
 	/* fenced: nothing to take until the fresh client is in (LOST stays) */
+	bool kick = false;
 	if (!lk->reconnecting && !lk->stopping &&
 	    atomic_compare_exchange_strong(&lk->state, &st, BDEV_OWNER_TRANSITION)) {
 		lk->want_acquire = true;
-		pthread_cond_signal(&lk->cv);
+		kick = true;
 	}
 	pthread_mutex_unlock(&lk->mu);
+	if (kick)
+		rbd_service_kick(&lk->rb->svc);
 }
 
 static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c),
@@ -698,6 +738,14 @@ static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struc
 	if (lk->gateways <= 1 && atomic_load(&lk->state) == BDEV_OWNER_STANDBY) {
 		pthread_mutex_lock(&lk->op_mu);
 		take_lock(lk);
+		/* the main thread waits out the old holder's lease itself */
+		while (lk->taking) {
+			uint64_t now = now_ms();
+			if (now >= lk->serve_at)
+				take_finish_or_stop(lk);
+			else
+				usleep((useconds_t)((lk->serve_at - now) * 1000));
+		}
 		pthread_mutex_unlock(&lk->op_mu);
 	}
 }
@@ -726,11 +774,6 @@ int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 	}
 	lk->rb = rb;
 	pthread_mutex_init(&lk->mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&lk->cv, &ca);
-	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&lk->op_mu, NULL);
 	lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	lk->gateways = 1;
@@ -749,22 +792,13 @@ int rbd_lock_start(struct rbd_bdev *rb, char *err, size_t errlen)
 		atomic_store(&lk->owner_group, tpg);
 		atomic_store(&lk->owner_gen, g);
 	}
-	rbd_client_set_lock(rb, lk);
-	int r = pthread_create(&lk->thr, NULL, lock_thread, lk);
-	if (r) {
-		snprintf(err, errlen, "%s: cannot start the lock thread: %s", rb->spec, strerror(r));
-		rbd_client_set_lock(rb, NULL);
-		pthread_mutex_destroy(&lk->op_mu);
-		pthread_cond_destroy(&lk->cv);
-		pthread_mutex_destroy(&lk->mu);
-		free(lk);
-		return -1;
-	}
-	lk->thr_started = true;
+	(void)err;
+	(void)errlen;
+	rb->lock = lk; /* the service steps use it once rbd.c adds the image */
 	return 0;
 }
 
-void rbd_lock_stop(struct rbd_bdev *rb)
+void rbd_lock_stopping(struct rbd_bdev *rb)
 {
 	struct rbd_lock *lk = rb->lock;
 	if (!lk)
@@ -772,33 +806,28 @@ void rbd_lock_stop(struct rbd_bdev *rb)
 	pthread_mutex_lock(&lk->mu);
 	lk->stopping = true;
 	lk->fn = NULL;
-	pthread_cond_signal(&lk->cv);
 	pthread_mutex_unlock(&lk->mu);
-	if (lk->thr_started)
-		pthread_join(lk->thr, NULL);
+}
+
+void rbd_lock_stop(struct rbd_bdev *rb)
+{
+	struct rbd_lock *lk = rb->lock;
+	if (!lk)
+		return;
+	rbd_lock_stopping(rb);
 	/* a clean stop hands the lock over without anyone being blocklisted;
-	 * nothing is served here from the moment it may be another's */
-	if (atomic_load(&lk->state) == BDEV_OWNER_OWNED) {
+	 * nothing is served here from the moment it may be another's (a
+	 * takeover waiting out the old holder's lease holds it too) */
+	if (atomic_load(&lk->state) == BDEV_OWNER_OWNED || lk->taking) {
 		atomic_store(&lk->lease_until, 0);
 		int r = rbd_lock_release(rb->image);
 		if (r < 0)
 			log_warn("%s: releasing the image's lock failed: %s", rb->spec, strerror(-r));
 	}
-	rbd_client_set_lock(rb, NULL); /* no kick reaches lk after this */
+	rb->lock = NULL;
 	pthread_mutex_destroy(&lk->op_mu);
-	pthread_cond_destroy(&lk->cv);
 	pthread_mutex_destroy(&lk->mu);
 	free(lk);
-}
-
-void rbd_lock_kick(struct rbd_bdev *rb)
-{
-	struct rbd_lock *lk = __atomic_load_n(&rb->lock, __ATOMIC_ACQUIRE);
-	if (!lk)
-		return;
-	pthread_mutex_lock(&lk->mu);
-	pthread_cond_signal(&lk->cv);
-	pthread_mutex_unlock(&lk->mu);
 }
 
 const char *rbd_gateway_id(struct rbd_bdev *rb)

@@ -20,12 +20,13 @@
  * Announcements are RADOS notifies on that object. Each gateway watches
  * it on the same client as its image I/O: a gateway that does not answer
  * in time is blocklisted by address, which is also what stops its I/O (a
- * takeover's lock break does the same), and its lock thread then gets a
- * fresh client; rbd_shared_moved watches again on that client and has the
+ * takeover's lock break does the same; the client is shared by all the
+ * gateway's images, which all move), and its lock work then gets a fresh
+ * client; rbd_shared_moved watches again on that client and has the
  * layer above read the blob again before the device serves.
  *
  * librados calls the watch callback on its own thread; the callback only
- * queues the notify, and a thread of ours runs the caller's fn and
+ * queues the notify, and a step on rbd_service.c's threads runs the caller's fn and
  * acknowledges after it returns (fn reads the blob: a blocking call in
  * librados' callback thread is not ours to make). The test hook
  * TIERCACHE_TEST_SHARED_DELAY_MS delays each acknowledgement.
@@ -66,11 +67,11 @@ struct rbd_shared {
 	_Atomic uint64_t me;    /* our client's instance id (the watch's) */
 	bool watching;
 	rados_ioctx_t watch_io; /* the ioctx the watch is on */
-	pthread_t thr;
+	struct rbd_svc_item svc;    /* notice_step: the queued notices */
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
 	struct notice *head, **tail;
 	bool stopping;
+	uint64_t retry_at;          /* the notice step's: watching again failed, wait till then */
 	unsigned delay_ms;
 };
 
@@ -469,8 +470,8 @@ static void notice_push(struct rbd_shared *s, struct notice *n)
 	n->next = NULL;
 	*s->tail = n;
 	s->tail = &n->next;
-	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
+	rbd_service_kick(&s->svc);
 }
 
 static void push_reload(struct rbd_shared *s, bool rewatch)
@@ -518,7 +519,7 @@ static void watch_err(void *arg, uint64_t cookie, int err)
 	push_reload(s, true);
 }
 
-/* Watch the object on the current handles (they are ours: the lock thread's, or before I/O). */
+/* Watch the object on the current handles (they are ours: the lock work's, or before I/O). */
 static int watch_on(struct rbd_shared *s)
 {
 	struct rbd_bdev *rb = s->rb;
@@ -533,16 +534,17 @@ static int watch_on(struct rbd_shared *s)
 	return r;
 }
 
-static void *notice_thread(void *arg)
+/* The watch's service step: the queued notices, oldest first. */
+static uint64_t notice_step(struct rbd_svc_item *it)
 {
-	struct rbd_shared *s = arg;
+	struct rbd_shared *s = (struct rbd_shared *)((char *)it - offsetof(struct rbd_shared, svc));
 	for (;;) {
 		pthread_mutex_lock(&s->mu);
-		while (!s->head && !s->stopping)
-			pthread_cond_wait(&s->cv, &s->mu);
-		if (s->stopping) {
+		uint64_t now = now_ms();
+		if (s->stopping || !s->head || now < s->retry_at) {
+			uint64_t due = !s->stopping && s->head ? s->retry_at : UINT64_MAX;
 			pthread_mutex_unlock(&s->mu);
-			break;
+			return due;
 		}
 		struct notice *n = s->head;
 		s->head = n->next;
@@ -570,7 +572,9 @@ static void *notice_thread(void *arg)
 			} else {
 				log_warn("%s: cannot watch %s again (%s); retrying in 1 s", s->rb->spec, s->oid,
 					 strerror(-r));
-				sleep(1);
+				pthread_mutex_lock(&s->mu);
+				s->retry_at = now_ms() + 1000;
+				pthread_mutex_unlock(&s->mu);
 				push_reload(s, true);
 			}
 		} else {
@@ -586,7 +590,6 @@ static void *notice_thread(void *arg)
 		}
 		free(n);
 	}
-	return NULL;
 }
 
 static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, const void *msg, size_t len),
@@ -610,9 +613,7 @@ static int sh_watch(struct bdev *dev, const char *name, int (*fn)(void *arg, con
 	const char *d = getenv("TIERCACHE_TEST_SHARED_DELAY_MS");
 	s->delay_ms = d ? (unsigned)atoi(d) : 0;
 	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
-	if (pthread_create(&s->thr, NULL, notice_thread, s) != 0) {
-		pthread_cond_destroy(&s->cv);
+	if (rbd_service_add(&s->svc, notice_step) < 0) {
 		pthread_mutex_destroy(&s->mu);
 		free(s);
 		return -EAGAIN;
@@ -671,21 +672,19 @@ void rbd_shared_stop(struct rbd_bdev *rb)
 	s->watching = false;
 	pthread_mutex_lock(&s->mu);
 	s->stopping = true;
-	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
-	pthread_join(s->thr, NULL);
+	rbd_service_remove(&s->svc); /* waits for a step running now */
 	while (s->head) {
 		struct notice *n = s->head;
 		s->head = n->next;
 		free(n);
 	}
-	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
 }
 
 /*
- * The lock thread, inside rbd_reopen: the old handles are about to go
+ * The lock work, inside rbd_reopen: the old handles are about to go
  * (before the swap: drop the watch on them) or a fresh client took their
  * place (after it: watch there, and have the blob read again before the
  * device serves: the caller runs fn itself, on this thread).

@@ -14,7 +14,10 @@
 #    waited out, no ASYMMETRIC ACCESS STATE CHANGED): every command of
 #    those sessions ends GOOD with the data it wrote, and the requests the
 #    fence cut off were sent again on the fresh client;
-#  - afterwards x is B's, y and z are A's on one new address.
+#  - afterwards x is B's, y and z are A's on one new address;
+#  - a reload that adds 24 more images to A adds no thread (within the
+#    service pool's reserve of 4) and no Ceph client: their locks are held
+#    by the same address as y's.
 . "$(dirname "$0")/lib.sh"
 tc_tmpdir
 . "$TC_ROOT/tests/ceph/lib.sh"
@@ -142,7 +145,31 @@ for l in 1 2; do
 done
 out=$("$IO" read "$(url B 0)" 0 16 0x6b 90) || fail "read back B's write to x through B: $out"
 pass "the writes made before the fence read back through A (y, z) and B (x)"
-# a clean stop closes the three images and the shared client (on the ASan
+# 24 more images on A: no thread and no client per image
+extra=24
+for i in $(seq 1 $extra); do
+	rbd create --size 16M --image-feature layering,exclusive-lock "$CEPH_POOL/e$i" ||
+		fail "cannot create the RBD image e$i"
+done
+before=$(ls "/proc/${PID[A]}/task" | wc -l)
+{
+	gw_conf A 1 x y z $(seq -f 'e%g' 1 $extra)
+	for i in $(seq 1 $extra); do rbd_conf_lun "e$i" "e$i" "serial = SHAREDCLE$i"; done
+} >"$T/A.conf"
+kill -HUP "${PID[A]}"
+reloaded() { grep -qE 'reload: [0-9]+ LUN\(s\) added|reload refused' "$T/A.log"; }
+tc_wait_for 120 "A's reload summary" reloaded
+grep -q "reload refused" "$T/A.log" && fail "A refused the reload: $(grep 'reload refused' "$T/A.log")"
+out=$("$IO" write "$(url A $((2 + extra)))" 0 16 0x7e 90) || fail "write to the last new image: $out"
+after=$(ls "/proc/${PID[A]}/task" | wc -l)
+[ "$after" -le $((before + 4)) ] ||
+	fail "A went from $before to $after threads with $extra more images"
+pass "A runs $after threads with $((3 + extra)) images ($before with 3)"
+clients=$(for i in y z $(seq -f 'e%g' 1 $extra); do locker "$i"; done | sort -u)
+[ "$clients" = "$ny" ] || fail "A's images are held by more than one client: $(echo $clients)"
+pass "all $((2 + extra)) of A's images are held through its one client ($ny)"
+
+# a clean stop closes the images and the shared client (on the ASan
 # daemon: nothing leaked, nothing used after its free)
 for g in A B; do
 	kill -TERM "${PID[$g]}"

@@ -42,7 +42,7 @@ void rbd_header_changed(void *arg)
 {
 	struct rbd_bdev *rb = arg;
 	atomic_store(&rb->poll_kick, true);
-	rbd_service_kick(&rb->svc);
+	rbd_service_kick(&rb->poll_svc);
 }
 
 /* A service step, inside the handles. */
@@ -88,9 +88,11 @@ static void rbd_probe(struct rbd_bdev *rb)
 	rbd_note_result(rb, r);
 }
 
-/* The size and connection poll's part of a service step. */
-static uint64_t rbd_poll_step(struct rbd_bdev *rb)
+/* The size and connection poll's service step: an item of its own, so a
+ * probe the cluster holds up does not delay the lock work's lease renewal. */
+static uint64_t rbd_poll_step(struct rbd_svc_item *it)
 {
+	struct rbd_bdev *rb = (struct rbd_bdev *)((char *)it - offsetof(struct rbd_bdev, poll_svc));
 	uint64_t now = now_ms();
 	bool kicked = atomic_exchange(&rb->poll_kick, false);
 	if (!kicked && now < rb->poll_next_ms)
@@ -109,14 +111,11 @@ static uint64_t rbd_poll_step(struct rbd_bdev *rb)
 	return rb->poll_next_ms;
 }
 
-/* The image's service step. */
-static uint64_t rbd_service_step(struct rbd_svc_item *it)
+/* The lock work's service step. */
+static uint64_t rbd_lock_svc_step(struct rbd_svc_item *it)
 {
 	struct rbd_bdev *rb = (struct rbd_bdev *)((char *)it - offsetof(struct rbd_bdev, svc));
-	/* the lock first: an owner's lease is renewed on time */
-	uint64_t next = rb->lock ? rbd_lock_step(rb) : UINT64_MAX;
-	uint64_t p = rbd_poll_step(rb);
-	return p < next ? p : next;
+	return rb->lock ? rbd_lock_step(rb) : UINT64_MAX;
 }
 
 static void rbd_set_resize_listener(struct bdev *dev, void (*fn)(void *arg, uint64_t size), void *arg)
@@ -136,6 +135,7 @@ static void rbd_teardown(struct rbd_bdev *rb)
 	atomic_store(&rb->stopping, true);
 	rbd_lock_stopping(rb); /* a step waiting in a reconnect gives up */
 	rbd_service_remove(&rb->svc); /* no step runs from here */
+	rbd_service_remove(&rb->poll_svc);
 	rbd_lock_stop(rb);
 	registry_del(rb);
 	if (rb->watching) {
@@ -150,7 +150,7 @@ static void rbd_teardown(struct rbd_bdev *rb)
 	rb->ioctx = NULL;
 	rb->image = NULL;
 	/* whatever the fence parked and no fresh client took: failed */
-	rbd_unpark(rb, false, false, -ESHUTDOWN);
+	rbd_unpark(rb, false, false, -ESHUTDOWN, NULL);
 	rbd_client_leave(rb);
 	pthread_mutex_destroy(&rb->park_mu);
 	pthread_mutex_destroy(&rb->shared_lock);
@@ -343,7 +343,9 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 		goto fail;
 
 	atomic_init(&rb->poll_kick, false);
-	r = rbd_service_add(&rb->svc, rbd_service_step);
+	r = rbd_service_add(&rb->svc, rbd_lock_svc_step);
+	if (r == 0)
+		r = rbd_service_add(&rb->poll_svc, rbd_poll_step);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: cannot start a service thread: %s", rb->spec, strerror(-r));
 		goto fail;

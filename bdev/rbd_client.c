@@ -50,11 +50,19 @@ struct rbd_cluster {
 	char user[RBD_NAME_MAX];
 	unsigned op_timeout_s;
 	unsigned users;             /* images joined (under reg_mu) */
+	unsigned clients;           /* its clients alive, current or not (under reg_mu) */
 	struct rbd_bdev *images;    /* them, through next_user (under reg_mu) */
 	struct rbd_client *cur;     /* where new handles open; NULL: none yet (under reg_mu) */
 	unsigned made;              /* clients connected so far (under connect_mu) */
 	pthread_mutex_t connect_mu; /* one connect at a time: the others then share it */
+	uint64_t failed_at;         /* now_ms() of the last failed connect (under connect_mu) */
+	int failed_err;
+	char failed_msg[512];
 };
+
+/* A reconnect within this long of a failed connect fails at once with its
+ * error (the images' own backoff retries later). */
+#define RBD_CONNECT_HOLDOFF_MS 5000
 
 /* Order: connect_mu, then reg_mu, then the service's lock (rbd_service_kick). */
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -65,17 +73,47 @@ static struct rbd_cluster *rc_of(struct rbd_bdev *rb)
 	return rb->rc;
 }
 
+/* Take rc off the registry when nothing uses it any more (reg_mu held):
+ * true when the caller must free it. */
+static bool rc_unused_locked(struct rbd_cluster *rc)
+{
+	if (rc->users || rc->clients)
+		return false;
+	for (struct rbd_cluster **pp = &clusters; *pp; pp = &(*pp)->next)
+		if (*pp == rc) {
+			*pp = rc->next;
+			break;
+		}
+	return true;
+}
+
+static void rc_free(struct rbd_cluster *rc)
+{
+	pthread_mutex_destroy(&rc->connect_mu);
+	free(rc);
+}
+
 static void client_put(struct rbd_client *c)
 {
+	struct rbd_cluster *rc = c->rc;
+	bool gone = false;
 	pthread_mutex_lock(&reg_mu);
 	bool last = --c->refs == 0;
-	if (last && c->rc->cur == c)
-		c->rc->cur = NULL;
+	if (last) {
+		if (rc->cur == c)
+			rc->cur = NULL;
+		rc->clients--;
+		gone = rc_unused_locked(rc);
+	}
 	pthread_mutex_unlock(&reg_mu);
 	if (last) {
+		/* an old client's handles may close long after (an abandoned
+		 * close): the entry lives until its last client is gone */
 		rados_shutdown(c->cl);
 		free(c);
 	}
+	if (gone)
+		rc_free(rc);
 }
 
 void rbd_handles_close(struct rbd_handles *h)
@@ -129,20 +167,11 @@ void rbd_client_leave(struct rbd_bdev *rb)
 			break;
 		}
 	rb->rc = NULL;
-	bool gone = --rc->users == 0 && !rc->cur;
-	if (gone)
-		for (struct rbd_cluster **pp = &clusters; *pp; pp = &(*pp)->next)
-			if (*pp == rc) {
-				*pp = rc->next;
-				break;
-			}
+	rc->users--;
+	bool gone = rc_unused_locked(rc);
 	pthread_mutex_unlock(&reg_mu);
-	/* the client (and the entry's cur) outlive the last image until its
-	 * handles close; an entry with a client stays for the next open */
-	if (gone) {
-		pthread_mutex_destroy(&rc->connect_mu);
-		free(rc);
-	}
+	if (gone)
+		rc_free(rc);
 }
 
 void rbd_client_fenced(struct rbd_bdev *rb)
@@ -152,7 +181,7 @@ void rbd_client_fenced(struct rbd_bdev *rb)
 		return;
 	pthread_mutex_lock(&reg_mu);
 	for (struct rbd_bdev *o = c->rc->images; o; o = o->next_user)
-		if (o != rb && __atomic_load_n(&o->client, __ATOMIC_RELAXED) == c)
+		if (__atomic_load_n(&o->client, __ATOMIC_RELAXED) == c)
 			rbd_service_kick(&o->svc);
 	pthread_mutex_unlock(&reg_mu);
 }
@@ -234,13 +263,25 @@ fail:
 	return r;
 }
 
-/* A reference on rb's cluster's current client, connecting one when there
- * is none or the current one is stale (or known fenced). */
+/*
+ * A reference on rb's cluster's current client, connecting one when there
+ * is none or the current one is stale (or known fenced). A connect can
+ * take the whole mount timeout when the cluster is down: a reconnect
+ * (stale set: a service step) does not queue behind one under way, nor
+ * try again within RBD_CONNECT_HOLDOFF_MS of one that failed, so a lost
+ * cluster holds one service thread, not one per image (-EINPROGRESS: try
+ * again in a moment). An open (the main thread) waits its turn.
+ */
 static int client_get(struct rbd_bdev *rb, struct rbd_client *stale, struct rbd_client **out, char *err,
 		      size_t errlen)
 {
 	struct rbd_cluster *rc = rc_of(rb);
-	pthread_mutex_lock(&rc->connect_mu);
+	if (!stale) {
+		pthread_mutex_lock(&rc->connect_mu);
+	} else if (pthread_mutex_trylock(&rc->connect_mu) != 0) {
+		snprintf(err, errlen, "%s: another image is connecting a fresh client", rb->spec);
+		return -EINPROGRESS;
+	}
 	pthread_mutex_lock(&reg_mu);
 	struct rbd_client *c = rc->cur;
 	if (c && (c == stale || atomic_load(&c->fenced))) {
@@ -250,6 +291,13 @@ static int client_get(struct rbd_bdev *rb, struct rbd_client *stale, struct rbd_
 	if (c)
 		c->refs++;
 	pthread_mutex_unlock(&reg_mu);
+	if (!c && stale && rc->failed_at && now_ms() - rc->failed_at < RBD_CONNECT_HOLDOFF_MS) {
+		snprintf(err, errlen, "%s (%llu ms ago)", rc->failed_msg,
+			 (unsigned long long)(now_ms() - rc->failed_at));
+		int r = rc->failed_err;
+		pthread_mutex_unlock(&rc->connect_mu);
+		return r;
+	}
 	if (!c) {
 		c = calloc(1, sizeof(*c));
 		int r = c ? client_connect(rb, rc->made++, &c->cl, err, errlen) : -ENOMEM;
@@ -257,14 +305,19 @@ static int client_get(struct rbd_bdev *rb, struct rbd_client *stale, struct rbd_
 			if (!c)
 				snprintf(err, errlen, "%s: out of memory", rb->spec);
 			free(c);
+			rc->failed_at = now_ms();
+			rc->failed_err = r;
+			snprintf(rc->failed_msg, sizeof(rc->failed_msg), "%s", err);
 			pthread_mutex_unlock(&rc->connect_mu);
 			return r;
 		}
+		rc->failed_at = 0;
 		c->rc = rc;
 		c->refs = 1;
 		atomic_init(&c->fenced, false);
 		pthread_mutex_lock(&reg_mu);
 		rc->cur = c;
+		rc->clients++;
 		pthread_mutex_unlock(&reg_mu);
 	}
 	pthread_mutex_unlock(&rc->connect_mu);
@@ -385,13 +438,10 @@ static void handles_close_free(void *arg)
 	free(h);
 }
 
-int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *old_addrs,
-	       size_t addrs_len, char *err, size_t errlen)
+int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen)
 {
 	struct rbd_handles nh;
 	uint64_t size;
-	if (addrs_len)
-		old_addrs[0] = '\0';
 	int r = rbd_handles_open(rb, rb->client, &nh, &size, err, errlen);
 	if (r < 0)
 		return r;
@@ -427,10 +477,6 @@ int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, cha
 		rb->watching = false;
 	}
 	rbd_shared_moved(rb, false);
-	char *a = NULL;
-	if (addrs_len && rados_getaddrs(rb->cluster, &a) == 0 && a)
-		snprintf(old_addrs, addrs_len, "%s", a);
-	free(a);
 	old->client = rb->client;
 	old->cluster = rb->cluster;
 	old->ioctx = rb->ioctx;

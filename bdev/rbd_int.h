@@ -75,7 +75,8 @@ struct rbd_bdev {
 	struct bdev_req *parked;    /* newest first, through link */
 	unsigned nparked;
 	struct rbd_bdev *next_user; /* the images on one rbd_client's cluster (rbd_client.c) */
-	struct rbd_svc_item svc;    /* the lock work and the poll (rbd_service_step) */
+	struct rbd_svc_item svc;    /* the lock work (rbd_lock_step) */
+	struct rbd_svc_item poll_svc; /* the size and connection poll (rbd.c) */
 	char pool[RBD_NAME_MAX];
 	char image_name[RBD_NAME_MAX];
 	char spec[2 * RBD_NAME_MAX + 8]; /* "rbd:POOL/IMAGE", dev.name points here */
@@ -193,8 +194,7 @@ bool rbd_run_bounded(void (*fn)(void *arg), void *arg, unsigned wait_s);
  * cluster does not let finish is abandoned). 0, or -errno with a sentence
  * in err; on failure the current handles stay.
  */
-int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *old_addrs,
-	       size_t addrs_len, char *err, size_t errlen);
+int rbd_reopen(struct rbd_bdev *rb, bool (*cancelled)(void *arg), void *arg, char *err, size_t errlen);
 
 /* ---- rbd_io.c ---- */
 
@@ -207,9 +207,10 @@ void rbd_note_result(struct rbd_bdev *rb, int res);
 void rbd_chan_thread_exit(void);
 /* The lock work, after a swap of the handles (or a failed try): resubmit
  * the parked requests on the current handles; those that may_write is
- * false for (writes) or may_read is false for (reads) are failed with res
- * instead. Returns how many were resubmitted. */
-unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res);
+ * false for (writes and flushes) or may_read is false for (reads) are
+ * failed with res instead. Returns how many were resubmitted, and in
+ * *writes (may be NULL) how many of them were writes or flushes. */
+unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res, unsigned *writes);
 
 /* ---- rbd_space.c ---- */
 

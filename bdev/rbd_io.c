@@ -345,7 +345,7 @@ void rbd_submit(struct bdev *dev, struct bdev_req *req)
 	submit_on_chan(rbd_bdev_of(dev), req);
 }
 
-unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res)
+unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res, unsigned *writes)
 {
 	pthread_mutex_lock(&rb->park_mu);
 	struct bdev_req *lifo = rb->parked, *list = NULL;
@@ -359,11 +359,15 @@ unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res)
 		lifo = next;
 	}
 	unsigned again = 0;
+	if (writes)
+		*writes = 0;
 	while (list) {
 		struct bdev_req *req = list;
 		list = req->link;
 		bool w = rbd_op_writes(req) || req->op == BDEV_FLUSH;
 		if (w ? may_write : may_read) {
+			if (w && writes)
+				(*writes)++;
 			submit_on_chan(rb, req);
 			again++;
 		} else {

@@ -91,6 +91,7 @@ struct rbd_lock {
 	bool stopping;              /* under mu */
 	bool reconnecting;          /* under mu: fenced, a fresh client is due */
 	bool reown;                 /* under mu: we owned the image when the fence was noticed */
+	char fence_addrs[512];      /* lock work: the fenced client's addresses (for reown) */
 	bool taking;                /* under op_mu: the lock is ours, serving waits for serve_at */
 	uint64_t serve_at;          /* under op_mu: now_ms() when the old holder's lease is out */
 	uint64_t next_try_ms;       /* under mu: now_ms() of the next reconnect */
@@ -186,7 +187,7 @@ static void set_state(struct rbd_lock *lk, enum bdev_owner_state st, bool announ
  * Our client is fenced (any thread, op_mu held or not): LOST, acquire()
  * ignored, and the lock work connects a fresh client (try_reconnect).
  */
-static void fence_noticed(struct rbd_lock *lk, const char *why)
+static void fence_noticed(struct rbd_lock *lk, const char *why, bool blocklisted)
 {
 	bool reown = atomic_load(&lk->state) == BDEV_OWNER_OWNED;
 	pthread_mutex_lock(&lk->mu);
@@ -201,8 +202,18 @@ static void fence_noticed(struct rbd_lock *lk, const char *why)
 	pthread_mutex_unlock(&lk->mu);
 	if (!first)
 		return;
-	/* the client is shared: the other images on it move too */
-	rbd_client_fenced(lk->rb);
+	/* the lock our client holds is what reown looks for (the handles are
+	 * the lock work's own, or the main thread's under op_mu) */
+	char *a = NULL;
+	lk->fence_addrs[0] = '\0';
+	if (rados_getaddrs(lk->rb->cluster, &a) == 0 && a)
+		snprintf(lk->fence_addrs, sizeof(lk->fence_addrs), "%s", a);
+	free(a);
+	/* the client is shared: when Ceph said so, the other images on it
+	 * move too (a lock found broken alone does not move them: each finds
+	 * out on its own at its next call if the client really is fenced) */
+	if (blocklisted)
+		rbd_client_fenced(lk->rb);
 	if (reown) {
 		/* not serving from here (a takeover elsewhere may be under way);
 		 * try_reconnect owns the image again when nobody took it */
@@ -221,7 +232,7 @@ static void fence_noticed(struct rbd_lock *lk, const char *why)
 static void take_failed(struct rbd_lock *lk, int r)
 {
 	if (r == -ESHUTDOWN)
-		fence_noticed(lk, "blocklisted");
+		fence_noticed(lk, "blocklisted", true);
 	else
 		set_state(lk, err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
 }
@@ -422,6 +433,7 @@ static bool reown(struct rbd_lock *lk, const char *old_addrs)
 		return false;
 	if (r == 0)
 		r = rbd_lock_acquire(rb->image, RBD_LOCK_MODE_EXCLUSIVE);
+	bool acquired = r == 0;
 	uint64_t g = 0;
 	uint32_t tpg = 0;
 	char id[RBD_GW_ID_MAX] = "";
@@ -438,7 +450,7 @@ static bool reown(struct rbd_lock *lk, const char *old_addrs)
 	if (h != 1) {
 		log_err("%s: cannot own the image again on the fresh client (%s)", rb->spec,
 			h < 0 ? strerror(-h) : "another gateway took its lock");
-		if (h == 0 || r == 0)
+		if (acquired) /* not ours to keep while we report STANDBY */
 			rbd_lock_release(rb->image);
 		return false;
 	}
@@ -495,8 +507,10 @@ static void poll_once(struct rbd_lock *lk)
 			/* a broken lock means a blocklisted client: librbd's break blocklists
 			 * the holder (reconnecting a client that was not is harmless) */
 			if (r == -ESHUTDOWN || (r == 0 && !owner) || atomic_load(&rb->fenced)) {
+				bool certain = r == -ESHUTDOWN || atomic_load(&rb->fenced);
 				fence_noticed(lk, r == -ESHUTDOWN ? "blocklisted" : !owner ? "lock broken"
-												: "I/O blocklisted");
+												: "I/O blocklisted",
+					      certain);
 				return;
 			}
 			set_state(lk, r < 0 && err_fenced(r) ? BDEV_OWNER_LOST : BDEV_OWNER_STANDBY, true);
@@ -507,7 +521,7 @@ static void poll_once(struct rbd_lock *lk)
 	char id[RBD_GW_ID_MAX];
 	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
 	if (r == -ESHUTDOWN)
-		fence_noticed(lk, "blocklisted");
+		fence_noticed(lk, "blocklisted", true);
 	if (r < 0)
 		return;
 	uint32_t old_tpg = atomic_exchange(&lk->owner_group, tpg);
@@ -541,21 +555,30 @@ static void try_reconnect(struct rbd_lock *lk)
 	uint32_t tpg = 0;
 	char id[RBD_GW_ID_MAX];
 
-	char old_addrs[512];
 	log_info("%s: opening the image on a fresh Ceph client", rb->spec);
-	int r = rbd_reopen(rb, lk_stopping, lk, old_addrs, sizeof(old_addrs), err, sizeof(err));
+	int r = rbd_reopen(rb, lk_stopping, lk, err, sizeof(err));
 	if (r == 0) {
 		r = read_owner(lk, &g, &tpg, id, sizeof(id));
-		if (r == -ESHUTDOWN)
+		if (r == -ESHUTDOWN) {
 			snprintf(err, sizeof(err), "%s: the fresh client is blocklisted too", rb->spec);
-		else
+			rbd_client_fenced(rb); /* the next try, and the other images, get another */
+		} else {
 			r = 0; /* a slow cluster: the polls read the owner later */
+		}
 	}
 	if (r == -ECANCELED)
 		return;
+	if (r == -EINPROGRESS) {
+		/* another image is connecting the fresh client: ours is that one,
+		 * in a moment (no failure: nothing changes meanwhile) */
+		pthread_mutex_lock(&lk->mu);
+		lk->next_try_ms = now_ms() + 20;
+		pthread_mutex_unlock(&lk->mu);
+		return;
+	}
 	if (r < 0) {
 		/* held requests get BUSY: the host retries */
-		rbd_unpark(rb, false, false, -ENOTCONN);
+		rbd_unpark(rb, false, false, -ENOTCONN, NULL);
 		/* an image we owned: unavailable meanwhile, like the others (and
 		 * owned again later if our old client still holds its lock) */
 		if (atomic_load(&lk->state) == BDEV_OWNER_TRANSITION) {
@@ -574,7 +597,7 @@ static void try_reconnect(struct rbd_lock *lk)
 	pthread_mutex_lock(&lk->mu);
 	bool was_owner = lk->reown;
 	pthread_mutex_unlock(&lk->mu);
-	bool owned = was_owner && reown(lk, old_addrs);
+	bool owned = was_owner && reown(lk, lk->fence_addrs);
 	if (!owned) {
 		atomic_store(&lk->owner_gen, g);
 		atomic_store(&lk->owner_group, tpg);
@@ -587,9 +610,10 @@ static void try_reconnect(struct rbd_lock *lk)
 	 * is still right (writes only while we own the image, reads of one we
 	 * did not own, or still own), failed otherwise (NOT READY: the host
 	 * goes to the owner's path) */
-	unsigned n = rbd_unpark(rb, owned, owned || !was_owner, -ESHUTDOWN);
+	unsigned nw = 0, n = rbd_unpark(rb, owned, owned || !was_owner, -ESHUTDOWN, &nw);
 	if (n)
-		log_info("%s: %u request(s) the fence held were sent again on the fresh client", rb->spec, n);
+		log_info("%s: %u request(s) the fence held were sent again on the fresh client (%u write(s) "
+			 "or flush(es))", rb->spec, n, nw);
 	pthread_mutex_lock(&lk->mu);
 	lk->reconnecting = false;
 	lk->reown = false;
@@ -649,7 +673,7 @@ static uint64_t step_once(struct rbd_lock *lk)
 	if (!lk->reconnecting && (atomic_load(&rb->fenced) || rbd_client_is_fenced(rb))) {
 		/* the data path, or another image on our client, saw -ESHUTDOWN */
 		pthread_mutex_unlock(&lk->mu);
-		fence_noticed(lk, "blocklisted (I/O)");
+		fence_noticed(lk, "blocklisted (I/O)", true);
 		return now;
 	}
 	if (lk->reconnecting) {

@@ -120,7 +120,8 @@ static void *svc_thread(void *arg)
 			idle_since = now_ms();
 			continue;
 		}
-		if (svc.threads > 1 && now - idle_since >= RBD_SERVICE_IDLE_MS)
+		/* idle a while: gone, unless it is the reserve (no other idle) */
+		if (svc.threads > 1 && svc.idle > 0 && now - idle_since >= RBD_SERVICE_IDLE_MS)
 			break;
 		uint64_t wait = it ? it->due - now : 1000;
 		if (wait > 1000)

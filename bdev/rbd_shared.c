@@ -647,17 +647,23 @@ static void sh_unwatch(struct bdev *dev)
 
 void rbd_shared_stop(struct rbd_bdev *rb)
 {
-	/* taken off first: a reopen moving the watch finishes before we go on,
-	 * and one that comes later finds nothing to move */
+	/* under shared_lock throughout: a reopen moving the watch waits for us
+	 * before its swap (so the handles the watch is on stay open), and one
+	 * that comes later finds nothing to move */
 	pthread_mutex_lock(&rb->shared_lock);
 	struct rbd_shared *s = rb->shared;
-	rb->shared = NULL;
-	pthread_mutex_unlock(&rb->shared_lock);
-	if (!s)
+	if (!s) {
+		pthread_mutex_unlock(&rb->shared_lock);
 		return;
+	}
+	/* no notice step from here (one would watch again) */
+	pthread_mutex_lock(&s->mu);
+	s->stopping = true;
+	pthread_mutex_unlock(&s->mu);
+	rbd_service_remove(&s->svc); /* waits for a step running now */
 	/* not under s->mu: a callback in flight takes it to queue its notice,
 	 * and the flush waits for that callback */
-	if (s->watching && rbd_handles_enter(rb)) {
+	if (s->watching) {
 		int u = rados_unwatch2(s->watch_io, s->cookie);
 		rados_watch_flush(rb->cluster); /* no callback of librados' after this */
 		/* not a member any more (our restart has nothing to fence); not
@@ -667,13 +673,10 @@ void rbd_shared_stop(struct rbd_bdev *rb)
 		if (e < 0)
 			log_warn("%s: cannot remove this gateway from the members of %s: %s", rb->spec, s->oid,
 				 strerror(-e));
-		rbd_handles_exit(rb);
 	}
 	s->watching = false;
-	pthread_mutex_lock(&s->mu);
-	s->stopping = true;
-	pthread_mutex_unlock(&s->mu);
-	rbd_service_remove(&s->svc); /* waits for a step running now */
+	rb->shared = NULL;
+	pthread_mutex_unlock(&rb->shared_lock);
 	while (s->head) {
 		struct notice *n = s->head;
 		s->head = n->next;

@@ -4,16 +4,19 @@
 # blocklists that client) costs the others no error.
 #
 # Gateway A exports three images of one cluster: x and y with a second
-# gateway B (gateways = 2), z alone (gateways = 1). Checked:
+# gateway B (gateways = 2, y cached write-through on A), z alone
+# (gateways = 1, no cache: its reads come from Ceph). Checked:
 #  - A holds the locks of x, y and z through one client (one address);
-#  - while five host sessions write, read back and verify y and z through
-#    A (tests/tools/alua_io.c loop: it retries UNIT ATTENTION and NOT READY
-#    transition as multipath does, and fails on anything else), B takes x
-#    over, which blocklists A's client. A opens y and z on a fresh client
-#    and owns them again without a takeover (no lock broken, no lease
-#    waited out, no ASYMMETRIC ACCESS STATE CHANGED): every command of
-#    those sessions ends GOOD with the data it wrote, and the requests the
-#    fence cut off were sent again on the fresh client;
+#  - while five host sessions write y and z through A (three also read
+#    each write back; tests/tools/alua_io.c loop and wloop: they retry
+#    UNIT ATTENTION and NOT READY transition as multipath does, and fail
+#    on anything else; each round goes to fresh blocks), B takes x over,
+#    which blocklists A's client. A opens y and z on a fresh client and
+#    owns them again without a takeover (no lock broken, no lease waited
+#    out, no ASYMMETRIC ACCESS STATE CHANGED): every command of those
+#    sessions ends GOOD, writes the fence cut off were sent again on the
+#    fresh client, and every round's data is in the images in Ceph
+#    (rbd export);
 #  - afterwards x is B's, y and z are A's on one new address;
 #  - a reload that adds 24 more images to A adds no thread (within the
 #    service pool's reserve of 4) and no Ceph client: their locks are held
@@ -48,7 +51,7 @@ gw_conf() { # NAME PORT_GROUP LUNS...
 	done
 	rbd_conf_lun x x "serial = SHAREDCLX" "gateways = 2" "cache = nvme"
 	rbd_conf_lun y y "serial = SHAREDCLY" "gateways = 2" "cache = nvme"
-	[ "$g" = A ] && rbd_conf_lun z z "serial = SHAREDCLZ" "cache = nvme"
+	[ "$g" = A ] && rbd_conf_lun z z "serial = SHAREDCLZ"
 	cat <<CONF
 
 [cache nvme]
@@ -75,7 +78,7 @@ gw_start A
 gw_start B
 pass "gateways A (port group 1) and B (port group 2) up"
 for l in 0 1 2; do
-	out=$("$IO" write "$(url A $l)" 1024 16 0x5$l 90) || fail "write through A to LUN $l: $out"
+	out=$("$IO" write "$(url A $l)" 120000 16 0x5$l 90) || fail "write through A to LUN $l: $out"
 done
 pass "written through A to x, y and z (A owns all three)"
 ax=$(locker x) ay=$(locker y) az=$(locker z)
@@ -85,13 +88,17 @@ pass "A holds the locks of x, y and z through one Ceph client ($ax)"
 threads=$(ls "/proc/${PID[A]}/task" | wc -l)
 pass "gateway A runs $threads threads for its three images"
 
-# five sessions on y and z through A, each on its own blocks
+# five sessions on y and z through A, each writing 4 KiB rounds to fresh
+# blocks of its own 8 MiB (2048 slots: never the same twice in this run)
 stop=$T/stop
 loops=()
 n=0
-for spec in "1 0" "1 64" "1 128" "2 0" "2 64"; do
+SLOTS=2048
+# (the last two only write: a write is in flight when the fence comes)
+sessions=("1 0 loop" "1 16384 loop" "2 0 loop" "1 32768 wloop" "2 16384 wloop")
+for spec in "${sessions[@]}"; do
 	set -- $spec
-	"$IO" loop "$(url A "$1")" "$2" 16 "$stop" >"$T/loop$n.out" 2>"$T/loop$n.err" &
+	"$IO" "$3" "$(url A "$1")" "$2" 8 $SLOTS "$stop" >"$T/loop$n.out" 2>"$T/loop$n.err" &
 	loops+=($!)
 	RBD_KILL_PIDS="$RBD_KILL_PIDS $!"
 	n=$((n + 1))
@@ -105,10 +112,12 @@ started() {
 tc_until 60 started || fail "the host sessions did not get going: $(cat "$T"/loop*.err)"
 pass "$n host sessions writing and verifying y and z through A"
 
-fresh0=$(grep -c "owned again on the fresh client" "$T/A.log")
 out=$("$IO" write "$(url B 0)" 0 16 0x6b 90) || fail "write through B to x: $out"
 pass "B took x over ($out)"
-reowned() { [ "$(grep -c "owned again on the fresh client" "$T/A.log")" -ge $((fresh0 + 2)) ]; }
+reowned() {
+	grep -q "rbd:$CEPH_POOL/y: owned again on the fresh client" "$T/A.log" &&
+		grep -q "rbd:$CEPH_POOL/z: owned again on the fresh client" "$T/A.log"
+}
 tc_until 60 reowned ||
 	fail "A did not own y and z again on a fresh client: $(grep -E 'fenced|fresh|standby' "$T/A.log" | tail -5)"
 pass "A owns y and z again on a fresh client: $(grep "owned again on the fresh" "$T/A.log" | sed 's/.*rbd:/rbd:/' | tr '\n' ';')"
@@ -118,17 +127,55 @@ i=0
 for p in "${loops[@]}"; do
 	wait "$p"
 	rc=$?
-	out=$(cat "$T/loop$i.out" | tail -1)
+	out=$(tail -1 "$T/loop$i.out")
+	set -- ${sessions[$i]}
 	[ "$rc" = 0 ] || fail "session $i failed (exit $rc): $(cat "$T/loop$i.err") $out"
 	case $out in
 	*" ua=0 "*) ;;
 	*) fail "session $i saw a UNIT ATTENTION (an access state change) on an image A kept: $out" ;;
 	esac
-	pass "session $i: every command GOOD, every read verified ($out)"
+	case $out in
+	rounds=[1-9]*) ;;
+	*) fail "session $i did no round: $out" ;;
+	esac
+	gap=${out#*maxgap_ms=}
+	gap=${gap%% *}
+	[ "$gap" -lt 10000 ] || fail "session $i waited $gap ms for one command: $out"
+	pass "session $i ($3): every command GOOD ($out)"
 	i=$((i + 1))
 done
+# the reads above may come from A's cache (y's): every round's write,
+# the ones the fence held and sent again included, is in the images
+rbd export "$CEPH_POOL/y" "$T/1.img" >/dev/null 2>&1 || fail "cannot export y"
+rbd export "$CEPH_POOL/z" "$T/2.img" >/dev/null 2>&1 || fail "cannot export z"
+i=0
+total=0
+for spec in "${sessions[@]}"; do
+	set -- $spec
+	rounds=$(tail -1 "$T/loop$i.out" | sed 's/^rounds=\([0-9]*\).*/\1/')
+	out=$(python3 - "$T/$1.img" "$2" "$rounds" $SLOTS <<'PY'
+import struct, sys
+img, base, rounds, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+bad = []
+with open(img, "rb") as f:
+    for r in range(max(0, rounds - slots), rounds):
+        f.seek((base + (r % slots) * 8) * 512)
+        data = f.read(8 * 512)
+        want = b"".join(struct.pack(">I", r) + bytes([r & 0xff]) * 508 for _ in range(8))
+        if data != want:
+            bad.append(r)
+print(" ".join(map(str, bad[:5])) if bad else "ok")
+PY
+)
+	[ "$out" = ok ] || fail "session $i: rounds $out are not in the image in Ceph (of $rounds)"
+	total=$((total + rounds))
+	i=$((i + 1))
+done
+pass "all $total rounds of the five sessions are in the images in Ceph (rbd export)"
 again=$(grep "the fence held were sent again" "$T/A.log" | sed 's/.*rbd:/rbd:/' | tr '\n' ';')
-[ -n "$again" ] || fail "no request was held through the fence (nothing in flight?): $(grep -E 'fenced' "$T/A.log" | tail -3)"
+writes=$(grep -o "([0-9]* write(s) or flush" "$T/A.log" | tr -dc '0-9\n' | awk '{s += $1} END {print s + 0}')
+[ "$writes" -gt 0 ] ||
+	fail "no write was held through the fence and sent again (nothing in flight?): ${again:-none}"
 pass "requests the fence cut off went again on the fresh client: $again"
 if grep -E "rbd:$CEPH_POOL/[yz]: (breaking the lock|waiting [0-9]+ ms)" "$T/A.log" >"$T/broke"; then
 	fail "A took y or z over instead of owning them again: $(head -2 "$T/broke")"
@@ -141,7 +188,7 @@ bx=$(locker x) ny=$(locker y) nz=$(locker z)
 	fail "y and z are not held by one fresh client of A: y $ny, z $nz (old $ax, B $bx)"
 pass "x is B's ($bx); y and z are A's through one fresh client ($ny)"
 for l in 1 2; do
-	out=$("$IO" read "$(url A $l)" 1024 16 0x5$l 90) || fail "read back the first write to LUN $l through A: $out"
+	out=$("$IO" read "$(url A $l)" 120000 16 0x5$l 90) || fail "read back the first write to LUN $l through A: $out"
 done
 out=$("$IO" read "$(url B 0)" 0 16 0x6b 90) || fail "read back B's write to x through B: $out"
 pass "the writes made before the fence read back through A (y, z) and B (x)"

@@ -9,12 +9,17 @@
  *   alua_io read URL LBA BLOCKS BYTE [SECONDS]
  *       READ(10) and check that every byte is BYTE (exit 3 if not; the
  *       first byte found is printed).
- *   alua_io loop URL LBA BLOCKS STOPFILE
- *       Until STOPFILE exists: WRITE(10) BLOCKS blocks at LBA filled with
- *       the next byte of a sequence, then READ(10) them and check every
- *       byte (exit 3 on a mismatch). Prints "started" after the first
- *       round; at the end "ops=N maxgap_ms=N" (the
- *       longest time between two GOOD answers) before the counts.
+ *   alua_io loop URL LBA BLOCKS SLOTS STOPFILE
+ *       Until STOPFILE exists, round r = 0, 1, ...: WRITE(10) BLOCKS blocks
+ *       at LBA + (r % SLOTS) * BLOCKS, every byte r & 0xff but the first
+ *       four of each block, which hold r (big-endian), then READ(10) them
+ *       and compare (exit 3 on a mismatch). Prints "started" after the
+ *       first round; at the end "rounds=N maxgap_ms=N" (the longest time
+ *       between two GOOD answers) before the counts.
+ *   alua_io wloop URL LBA BLOCKS SLOTS STOPFILE
+ *       The same without the READs (a write is in flight nearly always).
+ *   alua_io sync URL
+ *       SYNCHRONIZE CACHE(10) of the whole LU.
  *   alua_io rtpg URL
  *       REPORT TARGET PORT GROUPS (extended header): one line per group,
  *       "GROUP STATE" with STATE one of AO ANO S U T, then "pref" if set;
@@ -113,7 +118,8 @@ static const char *state_name(int s)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: alua_io write|read URL LBA BLOCKS BYTE [SECONDS] | alua_io rtpg URL\n");
+		fprintf(stderr, "usage: alua_io write|read URL LBA BLOCKS BYTE [SECONDS] | alua_io loop URL LBA "
+				"BLOCKS SLOTS STOPFILE | alua_io sync|rtpg URL\n");
 		return 2;
 	}
 	const char *op = argv[1];
@@ -144,21 +150,37 @@ int main(int argc, char **argv)
 			}
 			scsi_free_scsi_task(t);
 		}
-	} else if (!strcmp(op, "loop") && argc >= 6) {
-		uint32_t lba = (uint32_t)strtoul(argv[3], NULL, 0);
+	} else if (!strcmp(op, "sync")) {
+		unsigned char sc[10] = { 0x35 };
+		struct scsi_task *t = run(c, lun, sc, 10, SCSI_XFER_NONE, 0, NULL, 60);
+		if (!t) {
+			rc = 2;
+		} else {
+			scsi_free_scsi_task(t);
+			printf("ua=%d transition=%d\n", n_ua, n_transition);
+		}
+	} else if ((!strcmp(op, "loop") || !strcmp(op, "wloop")) && argc >= 7) {
+		bool verify = !strcmp(op, "loop");
+		uint32_t base = (uint32_t)strtoul(argv[3], NULL, 0);
 		int blocks = atoi(argv[4]);
-		const char *stop = argv[5];
+		unsigned slots = (unsigned)strtoul(argv[5], NULL, 0);
+		const char *stop = argv[6];
 		int bytes = blocks * SECT;
 		unsigned char *buf = malloc((size_t)bytes);
-		unsigned char wcdb[10] = { 0x2a }, rcdb[10] = { 0x28 };
-		put32(wcdb + 2, lba);
-		put32(rcdb + 2, lba);
-		wcdb[8] = rcdb[8] = (unsigned char)blocks;
-		wcdb[7] = rcdb[7] = (unsigned char)(blocks >> 8);
-		unsigned ops = 0;
+		unsigned rounds = 0;
 		double last = now_s(), maxgap = 0;
-		for (unsigned byte = lba & 0xff; rc == 0 && access(stop, F_OK) != 0; byte = (byte + 1) & 0xff) {
-			memset(buf, (int)byte, (size_t)bytes);
+		for (; rc == 0 && slots && access(stop, F_OK) != 0; rounds++) {
+			/* round r: slot r % SLOTS, every byte r & 0xff but the first
+			 * four of each block, which hold r */
+			uint32_t lba = base + (rounds % slots) * (uint32_t)blocks;
+			unsigned char wcdb[10] = { 0x2a }, rcdb[10] = { 0x28 };
+			put32(wcdb + 2, lba);
+			put32(rcdb + 2, lba);
+			wcdb[8] = rcdb[8] = (unsigned char)blocks;
+			wcdb[7] = rcdb[7] = (unsigned char)(blocks >> 8);
+			memset(buf, (int)(rounds & 0xff), (size_t)bytes);
+			for (int b = 0; b < blocks; b++)
+				put32(buf + b * SECT, rounds);
 			struct scsi_task *t = run(c, lun, wcdb, 10, SCSI_XFER_WRITE, bytes, buf, 60);
 			double now = now_s();
 			if (!t) {
@@ -168,6 +190,13 @@ int main(int argc, char **argv)
 			scsi_free_scsi_task(t);
 			maxgap = now - last > maxgap ? now - last : maxgap;
 			last = now;
+			if (!verify) {
+				if (rounds == 0) {
+					printf("started\n");
+					fflush(stdout);
+				}
+				continue;
+			}
 			t = run(c, lun, rcdb, 10, SCSI_XFER_READ, bytes, NULL, 60);
 			now = now_s();
 			if (!t) {
@@ -176,20 +205,18 @@ int main(int argc, char **argv)
 			}
 			maxgap = now - last > maxgap ? now - last : maxgap;
 			last = now;
-			for (int i = 0; i < bytes && rc == 0; i++)
-				if (t->datain.data[i] != byte) {
-					fprintf(stderr, "read back 0x%02x at byte %d after writing 0x%02x\n",
-						t->datain.data[i], i, byte);
-					rc = 3;
-				}
+			if (t->datain.size != bytes || memcmp(t->datain.data, buf, (size_t)bytes)) {
+				fprintf(stderr, "round %u: LBA %u did not read back as written\n", rounds, lba);
+				rc = 3;
+			}
 			scsi_free_scsi_task(t);
-			if ((ops += 2) == 2) {
+			if (rounds == 0) {
 				printf("started\n");
 				fflush(stdout);
 			}
 		}
 		free(buf);
-		printf("ops=%u maxgap_ms=%.0f ua=%d transition=%d\n", ops, maxgap * 1000, n_ua, n_transition);
+		printf("rounds=%u maxgap_ms=%.0f ua=%d transition=%d\n", rounds, maxgap * 1000, n_ua, n_transition);
 	} else if ((!strcmp(op, "write") || !strcmp(op, "read")) && argc >= 6) {
 		uint32_t lba = (uint32_t)strtoul(argv[3], NULL, 0);
 		int blocks = atoi(argv[4]);

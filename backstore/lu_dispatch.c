@@ -331,13 +331,18 @@ void scsi_cmd_data_sent(struct scsi_cmd *cmd)
  * gateway's cache still holds dirty data of the LUN left from a write-back
  * run before it had several (bdev_owner_ops.unowned_reads); not while
  * taking over (TRANSITION) or cut off (LOST).
+ * SYNCHRONIZE CACHE too, answered at once (sbc_sync_cache): this gateway
+ * holds nothing unwritten of the LUN, and every write any gateway
+ * acknowledged is durable in the store already. Hosts send it down every
+ * path (Linux's sd at shutdown, for each path's disk): it took the image
+ * over before.
  */
-static bool unowned_read_ok(const struct scsi_lu *lu, const struct cmd_desc *d, enum bdev_owner_state st)
+static bool unowned_ok(const struct scsi_lu *lu, const struct cmd_desc *d, enum bdev_owner_state st)
 {
 	if (st != BDEV_OWNER_STANDBY || lu->alua_groups < 2)
 		return false;
 	if (d->opcode != OP_READ_6 && d->opcode != OP_READ_10 && d->opcode != OP_READ_12 &&
-	    d->opcode != OP_READ_16)
+	    d->opcode != OP_READ_16 && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16)
 		return false;
 	/* a cache volume still holding dirty data the store lacks says no */
 	return !lu->owner->unowned_reads || lu->owner->unowned_reads(lu->dev);
@@ -394,15 +399,16 @@ static enum scsi_rc dispatch(struct scsi_cmd *cmd, struct nexus_lu *nl)
 		return SCSI_RC_DONE;
 	}
 	/* shared backing store: media access only while this gateway owns it,
-	 * but for READs (unowned_read_ok) */
+	 * but for READs and SYNCHRONIZE CACHE (unowned_ok) */
 	if (lu->owner && (d->flags & (CMDF_READS | CMDF_WRITES))) {
 		uint64_t gen;
 		enum bdev_owner_state st = lu->owner->state(lu->dev, &gen);
 		if (st != BDEV_OWNER_OWNED) {
-			if (!unowned_read_ok(lu, d, st))
+			if (!unowned_ok(lu, d, st))
 				return spc_alua_refuse(cmd, st);
 			cmd->unowned = true;
-			atomic_fetch_add_explicit(&lu->unowned_reads, 1, memory_order_relaxed);
+			if (d->flags & CMDF_READS)
+				atomic_fetch_add_explicit(&lu->unowned_reads, 1, memory_order_relaxed);
 		}
 	}
 	if ((d->flags & CMDF_WRITES) && d->opcode != OP_SYNC_CACHE_10 && d->opcode != OP_SYNC_CACHE_16 &&

@@ -512,6 +512,10 @@ enum scsi_rc sbc_sync_cache(struct scsi_cmd *cmd)
 
 	if (!sbc_range_ok(cmd, lba, n))
 		return SCSI_RC_DONE;
+	/* a gateway that does not own the shared store has nothing to make
+	 * durable (lu_dispatch.c unowned_ok), and may not flush it */
+	if (cmd->unowned)
+		return SCSI_RC_DONE;
 	/* IMMED is honoured by being fast enough: the flush of the whole
 	 * device is what makes the range durable either way. */
 	sbc_io_submit(io, BDEV_FLUSH, 0, 0, 0, NULL, 0, sbc_io_done);

@@ -18,6 +18,8 @@
 #    fresh client, and every round's data is in the images in Ceph
 #    (rbd export);
 #  - afterwards x is B's, y and z are A's on one new address;
+#  - a SYNCHRONIZE CACHE through B, which does not own y, is answered
+#    GOOD at once and leaves y with A (hosts send it down every path);
 #  - a reload that adds 24 more images to A adds no thread (within the
 #    service pool's reserve of 4) and no Ceph client: their locks are held
 #    by the same address as y's.
@@ -192,6 +194,14 @@ for l in 1 2; do
 done
 out=$("$IO" read "$(url B 0)" 0 16 0x6b 90) || fail "read back B's write to x through B: $out"
 pass "the writes made before the fence read back through A (y, z) and B (x)"
+out=$("$IO" sync "$(url B 1)") || fail "SYNCHRONIZE CACHE of y through B: $out"
+case $out in
+*transition=0*) ;;
+*) fail "a SYNCHRONIZE CACHE through B, which does not own y, waited for a takeover: $out" ;;
+esac
+[ "$(locker y)" = "$ny" ] || fail "a SYNCHRONIZE CACHE through B moved y's lock: $(locker y)"
+pass "SYNCHRONIZE CACHE of y through B (not its owner): GOOD at once, y stays A's ($out)"
+
 # 24 more images on A: no thread and no client per image
 extra=24
 for i in $(seq 1 $extra); do

@@ -20,7 +20,7 @@
 #  - afterwards x is B's, y and z are A's on one new address;
 #  - a SYNCHRONIZE CACHE through B, which does not own y, is answered
 #    GOOD at once and leaves y with A (hosts send it down every path);
-#  - a reload that adds 24 more images to A adds no thread (within the
+#  - a reload that adds 16 more images to A adds no thread (within the
 #    service pool's reserve of 4) and no Ceph client: their locks are held
 #    by the same address as y's.
 . "$(dirname "$0")/lib.sh"
@@ -202,11 +202,16 @@ esac
 [ "$(locker y)" = "$ny" ] || fail "a SYNCHRONIZE CACHE through B moved y's lock: $(locker y)"
 pass "SYNCHRONIZE CACHE of y through B (not its owner): GOOD at once, y stays A's ($out)"
 
-# 24 more images on A: no thread and no client per image
-extra=24
+# 16 more images on A: no thread and no client per image
+extra=16
+creates=()
 for i in $(seq 1 $extra); do
-	rbd create --size 16M --image-feature layering,exclusive-lock "$CEPH_POOL/e$i" ||
-		fail "cannot create the RBD image e$i"
+	rbd create --size 16M --image-feature layering,exclusive-lock "$CEPH_POOL/e$i" &
+	creates+=($!)
+done
+wait "${creates[@]}"
+for i in $(seq 1 $extra); do
+	rbd info "$CEPH_POOL/e$i" >/dev/null 2>&1 || fail "cannot create the RBD image e$i"
 done
 before=$(ls "/proc/${PID[A]}/task" | wc -l)
 {

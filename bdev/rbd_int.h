@@ -73,7 +73,6 @@ struct rbd_bdev {
 	 * rbd_unpark (the lock work, after the swap); "Parking" in rbd_io.c */
 	pthread_mutex_t park_mu;
 	struct bdev_req *parked;    /* newest first, through link */
-	unsigned nparked;
 	struct rbd_bdev *next_user; /* the images on one rbd_client's cluster (rbd_client.c) */
 	struct rbd_svc_item svc;    /* the lock work (rbd_lock_step) */
 	struct rbd_svc_item poll_svc; /* the size and connection poll (rbd.c) */

@@ -190,7 +190,6 @@ static void park(struct rbd_bdev *rb, struct bdev_req *req)
 {
 	req->link = rb->parked; /* newest first: rbd_unpark reverses */
 	rb->parked = req;
-	rb->nparked++;
 }
 
 /* A request inside the handles ended with res: fenced, it is parked and
@@ -350,7 +349,6 @@ unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res,
 	pthread_mutex_lock(&rb->park_mu);
 	struct bdev_req *lifo = rb->parked, *list = NULL;
 	rb->parked = NULL;
-	rb->nparked = 0;
 	pthread_mutex_unlock(&rb->park_mu);
 	while (lifo) { /* oldest first */
 		struct bdev_req *next = lifo->link;

@@ -28,8 +28,7 @@ tc_tmpdir
 . "$TC_ROOT/tests/ceph/lib.sh"
 
 [ -x "$TC_BIN" ] || fail "build/tiercached is missing; run make"
-cc -std=gnu11 -O2 -Wall -Wextra -o "$T/alua_io" "$TC_ROOT/tests/tools/alua_io.c" -liscsi 2>"$T/cc.log" ||
-	fail "cannot build tests/tools/alua_io.c against libiscsi: $(head -1 "$T/cc.log")"
+tc_build_tool alua_io
 IO=$T/alua_io
 
 rbd_cluster_up

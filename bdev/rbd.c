@@ -285,6 +285,8 @@ struct bdev *bdev_rbd_open(const char *spec, const struct bdev_rbd_opts *opts, u
 	pthread_mutex_init(&rb->shared_lock, NULL);
 	pthread_mutex_init(&rb->park_mu, NULL);
 	rb->test_stall = getenv("TIERCACHE_TEST_CLUSTER_STALL");
+	rb->test_hold = getenv("TIERCACHE_TEST_HOLD_WRITE");
+	atomic_init(&rb->test_held, false);
 	memcpy(rb->pool, spec, (size_t)(slash - spec));
 	snprintf(rb->image_name, sizeof(rb->image_name), "%s", slash + 1);
 	snprintf(rb->spec, sizeof(rb->spec), "rbd:%s/%s", rb->pool, rb->image_name);

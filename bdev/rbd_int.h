@@ -116,6 +116,10 @@ struct rbd_bdev {
 	 * lock work's polls and the poller's probes hang, as they do when
 	 * the gateway is cut off from the cluster; NULL otherwise */
 	const char *test_stall;
+	/* tests (TIERCACHE_TEST_HOLD_WRITE, rbd_io.c): while this file
+	 * exists, the image's first write is held inside its handles */
+	const char *test_hold;
+	atomic_bool test_held;
 };
 
 /* this gateway's id (bdev_rbd_set_gateway), the same across restarts; NULL

@@ -36,6 +36,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -269,12 +270,12 @@ static void rbd_issue_flush(struct bdev_req *req)
 	}
 }
 
+static void issue_inside(struct rbd_bdev *rb, struct bdev_req *req);
+static bool test_hold(struct rbd_bdev *rb, struct bdev_req *req);
+
 /* Submit req, whose channel is in done_bytes already. */
 static void submit_on_chan(struct rbd_bdev *rb, struct bdev_req *req)
 {
-	rbd_completion_t c;
-	int r;
-
 	while (!rbd_handles_enter(rb)) {
 		/* being replaced (fenced): held until the fresh client is in. The
 		 * lock work clears swapping before it unparks: seen set under
@@ -287,6 +288,17 @@ static void submit_on_chan(struct rbd_bdev *rb, struct bdev_req *req)
 		}
 		pthread_mutex_unlock(&rb->park_mu);
 	}
+	if (__builtin_expect(rb->test_hold != NULL, 0) && test_hold(rb, req))
+		return;
+	issue_inside(rb, req);
+}
+
+/* Issue req, which has entered rb's handles, to librbd. */
+static void issue_inside(struct rbd_bdev *rb, struct bdev_req *req)
+{
+	rbd_completion_t c;
+	int r;
+
 	req->io.done = rbd_finish;
 	if (req->op == BDEV_FLUSH) {
 		rbd_issue_flush(req);
@@ -336,6 +348,67 @@ static void submit_on_chan(struct rbd_bdev *rb, struct bdev_req *req)
 		rbd_aio_release(c);
 		end_inside(rb, req, r);
 	}
+}
+
+/*
+ * Tests (TIERCACHE_TEST_HOLD_WRITE=PATH): while PATH exists, the first
+ * write to each image is held after it entered the image's handles (so
+ * they cannot be replaced meanwhile) and issued on them once PATH is gone.
+ * A write held across another gateway's takeover is one the fence cuts
+ * off for certain (tests/test_rbd_shared_client.sh). One thread, started
+ * by the first hold, lets them go.
+ */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct bdev_req *held;
+static pthread_once_t held_once = PTHREAD_ONCE_INIT;
+
+static void *held_thread(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		usleep(20 * 1000);
+		pthread_mutex_lock(&held_mu);
+		struct bdev_req *keep = NULL, *go = NULL;
+		while (held) {
+			struct bdev_req *req = held;
+			struct rbd_bdev *rb = rbd_bdev_of(req->dev);
+			held = req->link;
+			bool hold = access(rb->test_hold, F_OK) == 0 && !atomic_load(&rb->stopping);
+			req->link = hold ? keep : go;
+			*(hold ? &keep : &go) = req;
+		}
+		held = keep;
+		pthread_mutex_unlock(&held_mu);
+		while (go) {
+			struct bdev_req *req = go;
+			go = req->link;
+			struct rbd_bdev *rb = rbd_bdev_of(req->dev);
+			log_info("%s: the write held for the test goes now", rb->spec);
+			issue_inside(rb, req);
+		}
+	}
+	return NULL;
+}
+
+static void held_start(void)
+{
+	pthread_t t;
+	if (pthread_create(&t, NULL, held_thread, NULL) == 0)
+		pthread_detach(t);
+}
+
+static bool test_hold(struct rbd_bdev *rb, struct bdev_req *req)
+{
+	if (req->op != BDEV_WRITE || access(rb->test_hold, F_OK) != 0 ||
+	    atomic_exchange(&rb->test_held, true))
+		return false;
+	pthread_once(&held_once, held_start);
+	log_info("%s: a write held for the test (inside the handles)", rb->spec);
+	pthread_mutex_lock(&held_mu);
+	req->link = held;
+	held = req;
+	pthread_mutex_unlock(&held_mu);
+	return true;
 }
 
 void rbd_submit(struct bdev *dev, struct bdev_req *req)

@@ -15,8 +15,9 @@
 #    owns them again without a takeover (no lock broken, no lease waited
 #    out, no ASYMMETRIC ACCESS STATE CHANGED): every command of those
 #    sessions ends GOOD, writes the fence cut off were sent again on the
-#    fresh client, and every round's data is in the images in Ceph
-#    (rbd export);
+#    fresh client (A holds one write to y and one to z across the takeover,
+#    TIERCACHE_TEST_HOLD_WRITE, so there are some every run), and every
+#    round's data is in the images in Ceph (rbd export);
 #  - afterwards x is B's, y and z are A's on one new address;
 #  - a SYNCHRONIZE CACHE through B, which does not own y, is answered
 #    GOOD at once and leaves y with A (hosts send it down every path);
@@ -75,7 +76,7 @@ l = json.load(sys.stdin)
 print(l[0]["address"] if l else "none")'
 }
 
-gw_start A
+gw_start A TIERCACHE_TEST_HOLD_WRITE="$T/hold"
 gw_start B
 pass "gateways A (port group 1) and B (port group 2) up"
 for l in 0 1 2; do
@@ -113,8 +114,30 @@ started() {
 tc_until 60 started || fail "the host sessions did not get going: $(cat "$T"/loop*.err)"
 pass "$n host sessions writing and verifying y and z through A"
 
-out=$("$IO" write "$(url B 0)" 0 16 0x6b 90) || fail "write through B to x: $out"
-pass "B took x over ($out)"
+# A holds the next write to y and to z inside the image's handles
+# (TIERCACHE_TEST_HOLD_WRITE) until its client is fenced: they reach Ceph
+# through the fenced client, so the fence cuts off two writes every run.
+# The sessions' other commands keep going meanwhile.
+touch "$T/hold"
+held() {
+	grep -q "rbd:$CEPH_POOL/y: a write held for the test" "$T/A.log" &&
+		grep -q "rbd:$CEPH_POOL/z: a write held for the test" "$T/A.log"
+}
+tc_until 30 held || fail "A held no write to y and z for the test: $(grep 'held for the test' "$T/A.log")"
+"$IO" write "$(url B 0)" 0 16 0x6b 90 >"$T/bx.out" 2>&1 &
+bxpid=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $bxpid"
+# until A has seen the fence on y and z (its sessions' commands meet it),
+# or B has the lock (Ceph has fenced A's client by then)
+fenced_or_taken() {
+	{ grep -q "rbd:$CEPH_POOL/y: this gateway's Ceph client is fenced" "$T/A.log" &&
+		grep -q "rbd:$CEPH_POOL/z: this gateway's Ceph client is fenced" "$T/A.log"; } ||
+		! kill -0 "$bxpid" 2>/dev/null
+}
+tc_until 90 fenced_or_taken || fail "A did not see the fence: $(grep -E 'fenced' "$T/A.log" | tail -3)"
+rm -f "$T/hold"
+wait "$bxpid" || fail "write through B to x: $(cat "$T/bx.out")"
+pass "B took x over ($(cat "$T/bx.out")) while A held a write to y and to z"
 reowned() {
 	grep -q "rbd:$CEPH_POOL/y: owned again on the fresh client" "$T/A.log" &&
 		grep -q "rbd:$CEPH_POOL/z: owned again on the fresh client" "$T/A.log"
@@ -174,9 +197,11 @@ PY
 done
 pass "all $total rounds of the five sessions are in the images in Ceph (rbd export)"
 again=$(grep "the fence held were sent again" "$T/A.log" | sed 's/.*rbd:/rbd:/' | tr '\n' ';')
-writes=$(grep -o "([0-9]* write(s) or flush" "$T/A.log" | tr -dc '0-9\n' | awk '{s += $1} END {print s + 0}')
-[ "$writes" -gt 0 ] ||
-	fail "no write was held through the fence and sent again (nothing in flight?): ${again:-none}"
+for i in y z; do
+	w=$(grep "rbd:$CEPH_POOL/$i: .* the fence held were sent again" "$T/A.log" |
+		grep -o "([0-9]* write(s) or flush" | tr -dc '0-9\n' | awk '{s += $1} END {print s + 0}')
+	[ "$w" -gt 0 ] || fail "the write to $i the fence cut off was not sent again on the fresh client: ${again:-none}"
+done
 pass "requests the fence cut off went again on the fresh client: $again"
 if grep -E "rbd:$CEPH_POOL/[yz]: (breaking the lock|waiting [0-9]+ ms)" "$T/A.log" >"$T/broke"; then
 	fail "A took y or z over instead of owning them again: $(head -2 "$T/broke")"

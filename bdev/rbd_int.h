@@ -117,7 +117,7 @@ struct rbd_bdev {
 	 * the gateway is cut off from the cluster; NULL otherwise */
 	const char *test_stall;
 	/* tests (TIERCACHE_TEST_HOLD_WRITE, rbd_io.c): while this file
-	 * exists, the image's first write is held inside its handles */
+	 * exists, one write at a time is held inside the image's handles */
 	const char *test_hold;
 	atomic_bool test_held;
 };

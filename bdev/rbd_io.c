@@ -351,8 +351,8 @@ static void issue_inside(struct rbd_bdev *rb, struct bdev_req *req)
 }
 
 /*
- * Tests (TIERCACHE_TEST_HOLD_WRITE=PATH): while PATH exists, the first
- * write to each image is held after it entered the image's handles (so
+ * Tests (TIERCACHE_TEST_HOLD_WRITE=PATH): while PATH exists, one write to
+ * each image at a time is held after it entered the image's handles (so
  * they cannot be replaced meanwhile) and issued on them once PATH is gone.
  * A write held across another gateway's takeover is one the fence cuts
  * off for certain (tests/test_rbd_shared_client.sh). One thread, started
@@ -384,6 +384,7 @@ static void *held_thread(void *arg)
 			go = req->link;
 			struct rbd_bdev *rb = rbd_bdev_of(req->dev);
 			log_info("%s: the write held for the test goes now", rb->spec);
+			atomic_store(&rb->test_held, false);
 			issue_inside(rb, req);
 		}
 	}

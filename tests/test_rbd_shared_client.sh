@@ -255,6 +255,48 @@ clients=$(for i in y z $(seq -f 'e%g' 1 $extra); do locker "$i"; done | sort -u)
 [ "$clients" = "$ny" ] || fail "A's images are held by more than one client: $(echo $clients)"
 pass "all $((2 + extra)) of A's images are held through its one client ($ny)"
 
+# A write the fence held, on an image another gateway took meanwhile, is
+# failed and not sent again: A holds a write to y, B takes y over (which
+# fences A's client once more), then A lets the write go. It meets the
+# fence and is parked; A finds y's lock B's and answers it NOT READY,
+# target port in standby (a host goes to B's path). B's data stays, read
+# through either gateway.
+sent_y() { grep "rbd:$CEPH_POOL/y: .* the fence held were sent again" "$T/A.log"; }
+sent_before=$(sent_y | wc -l)
+touch "$T/hold"
+"$IO" write "$(url A 1)" 130000 16 0xaa 5 >"$T/aw.out" 2>&1 &
+awpid=$!
+RBD_KILL_PIDS="$RBD_KILL_PIDS $awpid"
+held_again() { [ "$(grep -c "rbd:$CEPH_POOL/y: a write held for the test" "$T/A.log")" -ge 2 ]; }
+tc_until 30 held_again || fail "A held no second write to y: $(cat "$T/aw.out")"
+out=$("$IO" write "$(url B 1)" 130000 16 0xbb 90) || fail "write through B to y: $out"
+by=$(locker y)
+[ "$by" != "$ny" ] && [ "$by" != none ] || fail "B's write to y left y's lock with A: $by"
+rm -f "$T/hold"
+wait "$awpid"
+rc=$?
+grep -q "sense 2/04/0b" "$T/aw.out" && [ "$rc" = 2 ] ||
+	fail "A's held write to y, which B took meanwhile, was not failed NOT READY standby (exit $rc): $(cat "$T/aw.out")"
+standby() { grep -q "rbd:$CEPH_POOL/y: reconnected with a fresh Ceph client; standby again" "$T/A.log"; }
+tc_until 30 standby || fail "A did not go standby on y: $(grep "rbd:$CEPH_POOL/y" "$T/A.log" | tail -3)"
+if sent_y | tail -n +$((sent_before + 1)) | grep -v "(0 write(s)" >"$T/sent"; then
+	fail "A sent a held write to y again after B took it: $(cat "$T/sent")"
+fi
+pass "A's held write to y, taken by B meanwhile, failed NOT READY standby ($(tail -1 "$T/aw.out"))"
+out=$("$IO" read "$(url B 1)" 130000 16 0xbb 90) || fail "B's write to y does not read back through B: $out"
+# A, standby on y, either refuses the read (NOT READY, standby) or
+# serves B's data: never its own failed write
+out=$("$IO" read "$(url A 1)" 130000 16 0xbb 5 2>&1)
+rc=$?
+case $rc:$out in
+0:* | 2:*"sense 2/04/0b"*) ;;
+*) fail "a read of y through A after B took it (exit $rc): $out" ;;
+esac
+rbd export "$CEPH_POOL/y" "$T/y.img" >/dev/null 2>&1 || fail "cannot export y"
+got=$(od -v -An -tx1 -j $((130000 * 512)) -N 8192 "$T/y.img" | tr -s ' \n' '\n' | sort -u | tr -d '\n')
+[ "$got" = bb ] || fail "y in Ceph at LBA 130000 holds $got, not B's 0xbb"
+pass "B's write to y is what y holds, in Ceph and read through B; A $([ "$rc" = 0 ] && echo "reads it too" || echo "refuses the read (standby)")"
+
 # a clean stop closes the images and the shared client (on the ASan
 # daemon: nothing leaked, nothing used after its free)
 for g in A B; do

@@ -186,7 +186,12 @@ cmd_up() {
 	fi
 	ceph-mon "${C[@]}" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/mon.keyring" \
 		>"$dir/log/mon.mkfs.log" 2>&1 || die_log "$dir/log/mon.mkfs.log" "ceph-mon --mkfs failed"
-	ceph-mon "${C[@]}" -i a || die_log "$dir/log/mon.a.log" "ceph-mon did not start"
+	# Every map change waits for the monitor's next proposal, 1 s apart by
+	# default: the OSD's boot and the pool take half the start that way.
+	# They are made 50 ms apart here, and Ceph's default is back once the
+	# cluster is up, so the tests see a monitor's real pace.
+	ceph-mon "${C[@]}" -i a --paxos-propose-interval 0.05 ||
+		die_log "$dir/log/mon.a.log" "ceph-mon did not start"
 	local i ok=0
 	for ((i = 0; i < 120; i++)); do
 		ceph "${C[@]}" --connect-timeout 5 mon stat >/dev/null 2>&1 && { ok=1; break; }
@@ -238,6 +243,8 @@ cmd_up() {
 			mgr "profile rbd pool=$pool" >>"$dir/client.keyring" 2>/dev/null ||
 			die "cannot make client.iscsi"
 	fi
+	ceph "${C[@]}" tell mon.a config set paxos_propose_interval 1 >/dev/null 2>&1 ||
+		die "cannot set paxos_propose_interval back to 1 s"
 	{
 		echo "CEPH_CONF=$conf"
 		echo "CEPH_POOL=$pool"

@@ -79,6 +79,7 @@
 #define RBD_LOCK_POLL_MS 1000
 #define RBD_LEASE_MS 3000          /* from the send of a poll that found us the holder */
 #define RBD_TAKEOVER_WAIT_MS 3500  /* after breaking another's lock: its lease runs out */
+#define RBD_SIBLING_RETRY_MS 100    /* held by another LUN of ours on the image: look again */
 #define RBD_RECONNECT_MIN_MS 1000
 #define RBD_RECONNECT_MAX_MS 30000
 #define RBD_OWNER_KEY "tiercache.owner"
@@ -88,6 +89,8 @@ struct rbd_lock {
 	pthread_mutex_t mu;
 	pthread_mutex_t op_mu;      /* librbd calls on the handles vs their swap */
 	bool want_acquire;          /* under mu */
+	bool sibling_wait;          /* under mu: another handle of ours holds the lock (take_lock) */
+	uint64_t sibling_at;        /* under mu: now_ms() of the next take_lock then */
 	bool stopping;              /* under mu */
 	bool reconnecting;          /* under mu: fenced, a fresh client is due */
 	bool reown;                 /* under mu: we owned the image when the fence was noticed */
@@ -199,6 +202,7 @@ static void fence_noticed(struct rbd_lock *lk, const char *why, bool blocklisted
 		lk->backoff_ms = RBD_RECONNECT_MIN_MS;
 	}
 	lk->want_acquire = false;
+	lk->sibling_wait = false;
 	pthread_mutex_unlock(&lk->mu);
 	if (!first)
 		return;
@@ -238,6 +242,7 @@ static void take_failed(struct rbd_lock *lk, int r)
 }
 
 static int holder_is_us(struct rbd_bdev *rb);
+static bool owner_is(const char *owner, const char *addrs);
 
 static void take_finish(struct rbd_lock *lk);
 
@@ -267,6 +272,27 @@ static void take_lock(struct rbd_lock *lk)
 		char *owners[4];
 		size_t n = 4;
 		r = rbd_lock_get_owners(rb->image, &mode, owners, &n);
+		char *mine = NULL;
+		bool sibling = r == 0 && n > 0 && rados_getaddrs(rb->cluster, &mine) == 0 &&
+			       owner_is(owners[0], mine);
+		free(mine);
+		if (sibling) {
+			/* Held through our own client, by another handle: a LUN on
+			 * this image that a reload is replacing (it opens the new
+			 * LUN before it closes the old one). Breaking it would
+			 * blocklist our client and fence every image on it (librbd
+			 * refuses to anyway). TRANSITION until that LUN lets go. */
+			rbd_lock_get_owners_cleanup(owners, n);
+			pthread_mutex_lock(&lk->mu);
+			if (!lk->sibling_wait)
+				log_info("%s: the lock is held by another LUN of this gateway on the image (a "
+					 "reload replacing it); taken once that one lets go", rb->spec);
+			lk->sibling_wait = true;
+			lk->sibling_at = now_ms() + RBD_SIBLING_RETRY_MS;
+			pthread_mutex_unlock(&lk->mu);
+			rbd_service_kick(&rb->svc);
+			return;
+		}
 		if (r == 0 && n > 0) {
 			/* The holder is taken to be gone: a host sends I/O here only
 			 * after its path to the owner failed. Breaking blocklists it.
@@ -680,6 +706,15 @@ static uint64_t step_once(struct rbd_lock *lk)
 		due = lk->next_try_ms;
 		if (now >= due)
 			run_op(lk, try_reconnect);
+		pthread_mutex_unlock(&lk->mu);
+		return now >= due ? now : due;
+	}
+	if (lk->sibling_wait) {
+		due = lk->sibling_at;
+		if (now >= due) {
+			lk->sibling_wait = false;
+			run_op(lk, take_lock);
+		}
 		pthread_mutex_unlock(&lk->mu);
 		return now >= due ? now : due;
 	}

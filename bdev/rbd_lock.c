@@ -251,8 +251,7 @@ static void take_finish(struct rbd_lock *lk);
  * a single-gateway LUN; op_mu held). The state reads TRANSITION throughout.
  * When another held it, its lease must run out before we serve: then the
  * lock is ours with taking set, and take_finish is due at serve_at (the
- * service step waits for it without holding a thread; the main thread
- * sleeps).
+ * service step waits for it without holding a thread).
  */
 static void take_lock(struct rbd_lock *lk)
 {
@@ -793,20 +792,14 @@ static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struc
 	lk->fn = fn;
 	lk->arg = arg;
 	pthread_mutex_unlock(&lk->mu);
-	/* a LUN only this gateway exports takes the lock now and keeps it */
-	if (lk->gateways <= 1 && atomic_load(&lk->state) == BDEV_OWNER_STANDBY) {
-		pthread_mutex_lock(&lk->op_mu);
-		take_lock(lk);
-		/* the main thread waits out the old holder's lease itself */
-		while (lk->taking) {
-			uint64_t now = now_ms();
-			if (now >= lk->serve_at)
-				take_finish_or_stop(lk);
-			else
-				usleep((useconds_t)((lk->serve_at - now) * 1000));
-		}
-		pthread_mutex_unlock(&lk->op_mu);
-	}
+	/* a LUN only this gateway exports takes the lock now and keeps it.
+	 * The lock work takes it, not this thread: after a crash each image
+	 * breaks the dead client's lock (a blocklist, a monitor round trip)
+	 * and waits out its lease, and the images of a gateway do that side
+	 * by side, not one after another. The LUN reads TRANSITION meanwhile;
+	 * the daemon waits for them all before it listens. */
+	if (lk->gateways <= 1)
+		rbd_owner_acquire(dev);
 }
 
 static uint32_t rbd_owner_group(struct bdev *dev)

@@ -129,6 +129,44 @@ static void shutdown_caches(struct daemon *d)
 			cache_set_shutdown(d->sets[i]);
 }
 
+/*
+ * A LUN that takes its image's lock at start (an RBD LUN of this gateway
+ * alone) reads TRANSITION until it holds it; after a crash that includes
+ * breaking the old client's lock and waiting out its lease (3.5 s). The
+ * LUNs' lock work does that side by side; the portal opens once they are
+ * done, so a host's first commands find the LUNs serving. Bounded: a LUN
+ * still waiting after that answers NOT READY (transition), which hosts
+ * retry.
+ */
+#define TAKEOVER_WAIT_MAX_MS 15000
+
+static void wait_takeovers(struct daemon *d)
+{
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		int waiting = 0;
+		for (int i = 0; i < d->cfg->nluns; i++) {
+			struct scsi_lu_ownership o;
+			if (d->lus[i] && scsi_lu_ownership(d->lus[i], &o) && o.state == BDEV_OWNER_TRANSITION)
+				waiting++;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		long ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+		if (!waiting) {
+			if (ms >= 100)
+				log_info("start: every LUN that takes its image's lock holds it, after %ld ms", ms);
+			return;
+		}
+		if (ms >= TAKEOVER_WAIT_MAX_MS) {
+			log_warn("start: %d LUN(s) still taking their image's lock after %ld ms; the portal "
+				 "opens, and they answer NOT READY (transition) until they serve", waiting, ms);
+			return;
+		}
+		usleep(20 * 1000);
+	}
+}
+
 static int open_luns(struct daemon *d)
 {
 	struct config *cfg = d->cfg;
@@ -144,6 +182,7 @@ static int open_luns(struct daemon *d)
 	for (int i = 0; i < cfg->nluns; i++)
 		if (daemon_open_lun(cfg, &cfg->luns[i], d->sets, d->serials[i], &d->lus[i], &d->vols[i]) < 0)
 			return -1;
+	wait_takeovers(d);
 	/* every configured LUN is attached: the sets forget the LUNs removed
 	 * from the configuration whose data in them is all clean */
 	for (int i = 0; i < cfg->ncaches; i++) {

@@ -231,6 +231,16 @@ static void registry_del(struct rbd_bdev *rb)
 	pthread_mutex_unlock(&open_lock);
 }
 
+bool rbd_other_open(const struct rbd_bdev *rb)
+{
+	bool other = false;
+	pthread_mutex_lock(&open_lock);
+	for (const struct rbd_bdev *o = open_list; o && !other; o = o->next_open)
+		other = o != rb && !strcmp(o->spec, rb->spec) && !strcmp(o->conf_path, rb->conf_path);
+	pthread_mutex_unlock(&open_lock);
+	return other;
+}
+
 bool bdev_rbd_status(const char *backing, struct bdev_rbd_status *st)
 {
 	bool found = false;

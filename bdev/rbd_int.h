@@ -27,8 +27,7 @@
  * flag or the swapper sees the user's increment (seq_cst total order), so
  * no handle is ever closed under a user. A request holds its increment from
  * submit to done() (a FUA write's flush uses the same image as its write).
- * The lock work (and the main thread's take at the first listen, under
- * the lock's own mutex) uses the handles directly: the swap runs on it.
+ * The lock work uses the handles directly: the swap runs on it.
  */
 #ifndef TC_BDEV_RBD_INT_H
 #define TC_BDEV_RBD_INT_H
@@ -224,6 +223,10 @@ unsigned rbd_unpark(struct rbd_bdev *rb, bool may_write, bool may_read, int res,
 int rbd_space(struct bdev *dev, struct bdev_space *out);
 
 /* ---- rbd.c ---- */
+
+/* Is another image of this process open on rb's image (the same spec and
+ * configuration file)? A reload renaming a LUN has both open a moment. */
+bool rbd_other_open(const struct rbd_bdev *rb);
 
 /* The image's header changed (rbd_update_watch's callback), or a size
  * check is wanted now: the next service step checks. Any thread. */

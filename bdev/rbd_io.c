@@ -356,11 +356,13 @@ static void issue_inside(struct rbd_bdev *rb, struct bdev_req *req)
  * they cannot be replaced meanwhile) and issued on them once PATH is gone.
  * A write held across another gateway's takeover is one the fence cuts
  * off for certain (tests/test_rbd_shared_client.sh). One thread, started
- * by the first hold, lets them go.
+ * by the first hold, lets them go (failed, if the image is stopping; a
+ * test removes PATH before it stops the daemon).
  */
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct bdev_req *held;
 static pthread_once_t held_once = PTHREAD_ONCE_INIT;
+static bool held_running;
 
 static void *held_thread(void *arg)
 {
@@ -383,8 +385,13 @@ static void *held_thread(void *arg)
 			struct bdev_req *req = go;
 			go = req->link;
 			struct rbd_bdev *rb = rbd_bdev_of(req->dev);
-			log_info("%s: the write held for the test goes now", rb->spec);
 			atomic_store(&rb->test_held, false);
+			if (atomic_load(&rb->stopping)) { /* its handles are closing */
+				req->io.done = rbd_finish;
+				complete_later(req, -ESHUTDOWN);
+				continue;
+			}
+			log_info("%s: the write held for the test goes now", rb->spec);
 			issue_inside(rb, req);
 		}
 	}
@@ -394,8 +401,10 @@ static void *held_thread(void *arg)
 static void held_start(void)
 {
 	pthread_t t;
-	if (pthread_create(&t, NULL, held_thread, NULL) == 0)
+	if (pthread_create(&t, NULL, held_thread, NULL) == 0) {
 		pthread_detach(t);
+		held_running = true;
+	}
 }
 
 static bool test_hold(struct rbd_bdev *rb, struct bdev_req *req)
@@ -404,6 +413,10 @@ static bool test_hold(struct rbd_bdev *rb, struct bdev_req *req)
 	    atomic_exchange(&rb->test_held, true))
 		return false;
 	pthread_once(&held_once, held_start);
+	if (!held_running) { /* nothing would let it go */
+		atomic_store(&rb->test_held, false);
+		return false;
+	}
 	log_info("%s: a write held for the test (inside the handles)", rb->spec);
 	pthread_mutex_lock(&held_mu);
 	req->link = held;

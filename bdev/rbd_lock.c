@@ -59,8 +59,7 @@
  *
  * Locking: lk->mu guards the request flags, the reconnect schedule and the
  * listener; lk->op_mu serializes the blocking librbd calls on the handles
- * (the lock work's, and the main thread's take at the first listen) with
- * the swap of the handles, which the lock work does under it. Order:
+ * (the lock work's) with the swap of the handles, which the lock work does under it. Order:
  * op_mu before mu. The state, generation and owner group are atomics read
  * lock-free by any thread.
  */
@@ -80,6 +79,7 @@
 #define RBD_LEASE_MS 3000          /* from the send of a poll that found us the holder */
 #define RBD_TAKEOVER_WAIT_MS 3500  /* after breaking another's lock: its lease runs out */
 #define RBD_SIBLING_RETRY_MS 100    /* held by another LUN of ours on the image: look again */
+#define RBD_SIBLING_MAX_MS 60000    /* ... for this long (a reload's drain is 30 s), then standby */
 #define RBD_RECONNECT_MIN_MS 1000
 #define RBD_RECONNECT_MAX_MS 30000
 #define RBD_OWNER_KEY "tiercache.owner"
@@ -91,6 +91,7 @@ struct rbd_lock {
 	bool want_acquire;          /* under mu */
 	bool sibling_wait;          /* under mu: another handle of ours holds the lock (take_lock) */
 	uint64_t sibling_at;        /* under mu: now_ms() of the next take_lock then */
+	uint64_t sibling_since;     /* under mu: now_ms() when that wait began; 0 when none */
 	bool stopping;              /* under mu */
 	bool reconnecting;          /* under mu: fenced, a fresh client is due */
 	bool reown;                 /* under mu: we owned the image when the fence was noticed */
@@ -163,7 +164,7 @@ static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *i
 	return 0;
 }
 
-/* Tell the listener (lock work, or the main thread at the first listen). */
+/* Tell the listener (from the lock work). */
 static void notify(struct rbd_lock *lk, const struct bdev_owner_change *c)
 {
 	void (*fn)(void *, const struct bdev_owner_change *);
@@ -203,11 +204,12 @@ static void fence_noticed(struct rbd_lock *lk, const char *why, bool blocklisted
 	}
 	lk->want_acquire = false;
 	lk->sibling_wait = false;
+	lk->sibling_since = 0;
 	pthread_mutex_unlock(&lk->mu);
 	if (!first)
 		return;
 	/* the lock our client holds is what reown looks for (the handles are
-	 * the lock work's own, or the main thread's under op_mu) */
+	 * the lock work's own) */
 	char *a = NULL;
 	lk->fence_addrs[0] = '\0';
 	if (rados_getaddrs(lk->rb->cluster, &a) == 0 && a)
@@ -247,8 +249,8 @@ static bool owner_is(const char *owner, const char *addrs);
 static void take_finish(struct rbd_lock *lk);
 
 /*
- * Take the lock (a service step, or the main thread at the first listen of
- * a single-gateway LUN; op_mu held). The state reads TRANSITION throughout.
+ * Take the lock (a service step, op_mu held; for a single-gateway LUN the
+ * first listen asks for it). The state reads TRANSITION throughout.
  * When another held it, its lease must run out before we serve: then the
  * lock is ours with taking set, and take_finish is due at serve_at (the
  * service step waits for it without holding a thread).
@@ -272,26 +274,41 @@ static void take_lock(struct rbd_lock *lk)
 		size_t n = 4;
 		r = rbd_lock_get_owners(rb->image, &mode, owners, &n);
 		char *mine = NULL;
-		bool sibling = r == 0 && n > 0 && rados_getaddrs(rb->cluster, &mine) == 0 &&
-			       owner_is(owners[0], mine);
+		bool sibling = r == 0 && n > 0 && rbd_other_open(rb) &&
+			       rados_getaddrs(rb->cluster, &mine) == 0 && owner_is(owners[0], mine);
 		free(mine);
 		if (sibling) {
-			/* Held through our own client, by another handle: a LUN on
-			 * this image that a reload is replacing (it opens the new
-			 * LUN before it closes the old one). Breaking it would
-			 * blocklist our client and fence every image on it (librbd
-			 * refuses to anyway). TRANSITION until that LUN lets go. */
+			/* Held through our own client by another open handle of
+			 * the image: a LUN that a reload is replacing (it opens
+			 * the new LUN before it closes the old one). Breaking it
+			 * would blocklist our client and fence every image on it
+			 * (librbd refuses to anyway). TRANSITION until that LUN
+			 * lets go; standby if it has not within a minute (a host's
+			 * next write asks again). */
 			rbd_lock_get_owners_cleanup(owners, n);
+			uint64_t now = now_ms();
 			pthread_mutex_lock(&lk->mu);
-			if (!lk->sibling_wait)
+			if (!lk->sibling_since) {
+				lk->sibling_since = now;
 				log_info("%s: the lock is held by another LUN of this gateway on the image (a "
 					 "reload replacing it); taken once that one lets go", rb->spec);
-			lk->sibling_wait = true;
-			lk->sibling_at = now_ms() + RBD_SIBLING_RETRY_MS;
+			}
+			bool give_up = now - lk->sibling_since >= RBD_SIBLING_MAX_MS;
+			lk->sibling_wait = !give_up;
+			lk->sibling_at = now + RBD_SIBLING_RETRY_MS;
+			if (give_up)
+				lk->sibling_since = 0;
 			pthread_mutex_unlock(&lk->mu);
-			rbd_service_kick(&rb->svc);
+			if (give_up) {
+				log_warn("%s: another LUN of this gateway still holds the image's lock after %u s; "
+					 "standby", rb->spec, RBD_SIBLING_MAX_MS / 1000);
+				take_failed(lk, -EBUSY);
+			}
 			return;
 		}
+		pthread_mutex_lock(&lk->mu);
+		lk->sibling_since = 0;
+		pthread_mutex_unlock(&lk->mu);
 		if (r == 0 && n > 0) {
 			/* The holder is taken to be gone: a host sends I/O here only
 			 * after its path to the owner failed. Breaking blocklists it.

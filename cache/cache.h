@@ -104,7 +104,8 @@ struct bdev *cache_vol_open(struct cache_set *cs, const char *lun, struct bdev *
  * small file, e.g. in the state_dir), so a gain that follows our own
  * without anyone else owning the image in between keeps the cache (a warm
  * restart), and any other drops it. Starts following the backing's
- * ownership (a single-gateway image is taken here). Call after
+ * ownership (a single-gateway image's lock is asked for here, and taken
+ * by the lock work: the daemon waits for it before it listens). Call after
  * cache_vol_open, before the LU is opened; main thread, may block. 0, or
  * -1 with a sentence in err. No-op for a volume whose backing is not shared.
  */

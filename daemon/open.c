@@ -145,7 +145,9 @@ int daemon_open_lun(const struct config *cfg, const struct cfg_lun *l, struct ca
 		log_err("%s:%d: [lun %s]: %s", cfg->path, l->line, l->name, err);
 		return -1;
 	}
-	/* an RBD image's lock: taken now by a single gateway, on hosts' I/O by several */
+	/* an RBD image's lock: taken at open by a single gateway (the lock work
+	 * takes it; the daemon waits for that before it listens), on hosts' I/O
+	 * by several */
 	if (is_rbd)
 		bdev_rbd_set_gateway(dev, l->gateways, cfg->port_group, NULL);
 	if (cc) {

@@ -243,7 +243,8 @@ cmd_up() {
 			mgr "profile rbd pool=$pool" >>"$dir/client.keyring" 2>/dev/null ||
 			die "cannot make client.iscsi"
 	fi
-	ceph "${C[@]}" tell mon.a config set paxos_propose_interval 1 >/dev/null 2>&1 ||
+	ceph "${C[@]}" tell mon.a config set paxos_propose_interval 1 >/dev/null 2>&1 &&
+		ceph "${C[@]}" tell mon.a config get paxos_propose_interval 2>/dev/null | grep -q '"1.000000"' ||
 		die "cannot set paxos_propose_interval back to 1 s"
 	{
 		echo "CEPH_CONF=$conf"

@@ -111,6 +111,11 @@ struct rbd_lock {
 	_Atomic uint64_t gen;
 	_Atomic uint32_t owner_group;
 	_Atomic uint64_t owner_gen;  /* generation in the key as last read */
+	/* the key as last read names another gateway that ran the image as its
+	 * only gateway (gateways = 1): it may keep write-back data of it in its
+	 * own cache, so a LUN of several gateways here neither reads past it
+	 * nor takes the image from it (read_owner) */
+	atomic_bool key_single_other;
 	_Atomic uint64_t lease_until; /* now_ms() until which OWNED may serve (see the top) */
 	uint64_t next_poll_ms;      /* lock work: when the next poll is due */
 };
@@ -127,7 +132,9 @@ static bool err_fenced(int r)
 }
 
 /* Parse "GEN TPG GATEWAY" (any field may be missing in a damaged key). */
-static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen)
+/* "GEN TPG ID" or, since the owner's gateway count is kept too,
+ * "GEN TPG ID<tab>g=GATEWAYS" (*gws 0: not said) */
+static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen, unsigned *gws)
 {
 	unsigned long long g = 0;
 	unsigned t = 0;
@@ -135,19 +142,26 @@ static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, s
 
 	*gen = 0;
 	*tpg = 0;
+	*gws = 0;
 	id[0] = '\0';
 	if (sscanf(s, "%llu %u %n", &g, &t, &n) >= 2) {
 		*gen = g;
 		*tpg = t;
 		if (n > 0)
 			snprintf(id, idlen, "%s", s + n);
+		char *tab = strrchr(id, '\t');
+		if (tab) {
+			*tab = '\0';
+			if (sscanf(tab + 1, "g=%u", gws) != 1)
+				*gws = 0;
+		}
 	}
 }
 
 /* Read the owner key; 0 (missing key: generation 0) or -errno. */
 static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen)
 {
-	char buf[64 + RBD_GW_ID_MAX];
+	char buf[80 + RBD_GW_ID_MAX];
 	size_t len = sizeof(buf) - 1;
 	int r = rbd_metadata_get(lk->rb->image, RBD_OWNER_KEY, buf, &len);
 
@@ -155,12 +169,21 @@ static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *i
 		*gen = 0;
 		*tpg = 0;
 		id[0] = '\0';
+		atomic_store(&lk->key_single_other, false);
 		return 0;
 	}
 	if (r < 0)
 		return r;
 	buf[len < sizeof(buf) ? len : sizeof(buf) - 1] = '\0';
-	parse_owner(buf, gen, tpg, id, idlen);
+	unsigned gws;
+	parse_owner(buf, gen, tpg, id, idlen, &gws);
+	bool single = gws == 1 && id[0] && strcmp(id, lk->gw_id) != 0;
+	if (!atomic_exchange(&lk->key_single_other, single) && single && lk->gateways > 1)
+		log_err("%s: gateway %s runs this image as its only gateway (gateways = 1) and may keep "
+			"write-back data of it in its cache; this LUN (gateways = %u) neither takes it nor reads "
+			"past it (NOT READY, standby). Give the LUN the same gateways on every gateway; once %s "
+			"has flushed its cache or is gone for good, `rbd image-meta remove %s/%s %s` lifts this",
+			lk->rb->spec, id, lk->gateways, id, lk->rb->pool, lk->rb->image_name, RBD_OWNER_KEY);
 	return 0;
 }
 
@@ -249,6 +272,31 @@ static bool owner_is(const char *owner, const char *addrs);
 static void take_finish(struct rbd_lock *lk);
 
 /*
+ * A LUN of several gateways does not take an image that another gateway
+ * last owned as its only gateway (the key says gateways = 1): that one may
+ * keep write-back data of the image in its own cache, which taking the
+ * image (or reading Ceph past it) would lose or miss. The configurations
+ * disagree; standby until they match. false after saying so (lock work,
+ * op_mu held).
+ */
+static bool single_owner_ok(struct rbd_lock *lk)
+{
+	uint64_t g;
+	uint32_t tpg;
+	char id[RBD_GW_ID_MAX];
+	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
+	if (r < 0) {
+		log_err("%s: cannot read the image's owner key: %s", lk->rb->spec, strerror(-r));
+		take_failed(lk, r);
+		return false;
+	}
+	if (!atomic_load(&lk->key_single_other))
+		return true;
+	take_failed(lk, -EBUSY); /* read_owner said why */
+	return false;
+}
+
+/*
  * Take the lock (a service step, op_mu held; for a single-gateway LUN the
  * first listen asks for it). The state reads TRANSITION throughout.
  * When another held it, its lease must run out before we serve: then the
@@ -268,6 +316,8 @@ static void take_lock(struct rbd_lock *lk)
 		take_failed(lk, r);
 		return;
 	}
+	if (!owner && lk->gateways > 1 && !single_owner_ok(lk))
+		return;
 	if (!owner) {
 		rbd_lock_mode_t mode;
 		char *owners[4];
@@ -359,10 +409,10 @@ static void take_finish(struct rbd_lock *lk)
 	uint32_t prev_tpg;
 	char prev_id[RBD_GW_ID_MAX];
 	r = read_owner(lk, &prev_gen, &prev_tpg, prev_id, sizeof(prev_id));
-	char val[64 + RBD_GW_ID_MAX];
+	char val[80 + RBD_GW_ID_MAX];
 	uint64_t gen = prev_gen + 1;
 	if (r == 0) {
-		snprintf(val, sizeof(val), "%" PRIu64 " %u %s", gen, lk->port_group, lk->gw_id);
+		snprintf(val, sizeof(val), "%" PRIu64 " %u %s\tg=%u", gen, lk->port_group, lk->gw_id, lk->gateways);
 		r = rbd_metadata_set(rb->image, RBD_OWNER_KEY, val);
 	}
 	if (r < 0) {
@@ -787,6 +837,10 @@ static void rbd_owner_acquire(struct bdev *dev)
 
 	if (st == BDEV_OWNER_OWNED || st == BDEV_OWNER_TRANSITION)
 		return;
+	/* declined while another gateway runs the image alone (single_owner_ok;
+	 * the poll reads the key again every second) */
+	if (lk->gateways > 1 && atomic_load(&lk->key_single_other))
+		return;
 	pthread_mutex_lock(&lk->mu);
 	/* fenced: nothing to take until the fresh client is in (LOST stays) */
 	bool kick = false;
@@ -815,8 +869,24 @@ static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struc
 	 * and waits out its lease, and the images of a gateway do that side
 	 * by side, not one after another. The LUN reads TRANSITION meanwhile;
 	 * the daemon waits for them all before it listens. */
-	if (lk->gateways <= 1)
+	if (lk->gateways <= 1) {
 		rbd_owner_acquire(dev);
+	} else {
+		/* the owner key as this gateway sees it (its id is set now) */
+		uint64_t g;
+		uint32_t tpg;
+		char id[RBD_GW_ID_MAX];
+		pthread_mutex_lock(&lk->op_mu);
+		read_owner(lk, &g, &tpg, id, sizeof(id));
+		pthread_mutex_unlock(&lk->op_mu);
+	}
+}
+
+/* Reads here while another gateway owns the image: not past a gateway
+ * that runs it alone (single_owner_ok). */
+static bool rbd_unowned_reads(struct bdev *dev)
+{
+	return !atomic_load_explicit(&lock_of(dev)->key_single_other, memory_order_relaxed);
 }
 
 static uint32_t rbd_owner_group(struct bdev *dev)
@@ -829,6 +899,7 @@ const struct bdev_owner_ops bdev_rbd_owner_ops = {
 	.acquire = rbd_owner_acquire,
 	.listen = rbd_owner_listen,
 	.owner_group = rbd_owner_group,
+	.unowned_reads = rbd_unowned_reads,
 	.shared = &rbd_shared_ops,
 };
 

@@ -306,7 +306,11 @@ static struct bdev *vol_owner_lower(struct bdev *dev)
 
 static bool vol_owner_unowned_reads(struct bdev *dev)
 {
-	return !atomic_load_explicit(&((struct cache_vol *)dev)->dirty_when_tracked, memory_order_relaxed);
+	struct cache_vol *v = (struct cache_vol *)dev;
+	const struct bdev_owner_ops *o = vol_bowner(dev);
+	if (o->unowned_reads && !o->unowned_reads(v->backing))
+		return false;
+	return !atomic_load_explicit(&v->dirty_when_tracked, memory_order_relaxed);
 }
 
 const struct bdev_owner_ops vol_owner_ops = {

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tests/test_rbd_gateways_mismatch.sh - a LUN configured for several
+# gateways never reads past, nor takes the image from, a gateway that runs
+# the image as its only gateway.
+#
+# Gateway A exports image m alone (gateways = 1) with a write-back cache:
+# what hosts write may sit only in A's cache for a while. Gateway B is
+# misconfigured with gateways = 2 on the same image. B must not answer a
+# READ from Ceph past A's cache (it could be stale), nor break A's lock on
+# a write (A's cached writes would be cut off from the image). Checked:
+#  - a READ and a WRITE through B are refused NOT READY, target port in
+#    standby (a host goes to A's path), A keeps the lock, and B's log
+#    says why and how to fix it;
+#  - A still serves what it was written;
+#  - after A stops, the image's owner key still names A's single-gateway
+#    run, so B still refuses (A's cache may hold dirty data until A comes
+#    back); removing the key, as the log says, lets B take the image.
+. "$(dirname "$0")/lib.sh"
+tc_tmpdir
+. "$TC_ROOT/tests/ceph/lib.sh"
+
+[ -x "$TC_BIN" ] || fail "build/tiercached is missing; run make"
+tc_build_tool alua_io
+IO=$T/alua_io
+
+rbd_cluster_up
+rbd create --size 64M --image-feature layering,exclusive-lock "$CEPH_POOL/m" || fail "cannot create the RBD image m"
+IQN=iqn.2026-12.io.tiercache:mismatch
+gw_init A B
+{
+	gw_daemon_conf A 1
+	printf '\n[target %s]\nlun0 = m\n' "$IQN"
+	rbd_conf_lun m m "serial = MISMATCH1" "cache = wb"
+	cat <<CONF
+
+[cache wb]
+legs = $T/A/leg0 $T/A/leg1
+size = 64M
+extent = 64K
+mode = write-back
+CONF
+} >"$T/A.conf"
+{
+	gw_daemon_conf B 2
+	printf '\n[target %s]\nlun0 = m\n' "$IQN"
+	rbd_conf_lun m m "serial = MISMATCH1" "gateways = 2"
+} >"$T/B.conf"
+url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
+locker() {
+	rbd lock ls --format json "$CEPH_POOL/m" 2>/dev/null | python3 -c '
+import json, sys
+l = json.load(sys.stdin)
+print(l[0]["address"] if l else "none")'
+}
+
+gw_start A
+out=$("$IO" write "$(url A)" 1000 16 0xa1 30) || fail "write through A: $out"
+a=$(locker)
+[ "$a" != none ] || fail "A holds no lock on m"
+pass "A runs m alone with a write-back cache and holds its lock ($a)"
+
+gw_start B
+refused() { # WHAT OUT RC
+	[ "$3" = 2 ] && [[ "$2" == *"sense 2/04/0b"* ]] ||
+		fail "$1 through B was not refused NOT READY standby (exit $3): $2"
+}
+out=$("$IO" read "$(url B)" 1000 16 0xa1 5 2>&1)
+refused "a READ" "$out" $?
+out=$("$IO" write "$(url B)" 2000 16 0xb2 5 2>&1)
+refused "a WRITE" "$out" $?
+[ "$(locker)" = "$a" ] || fail "B's write moved m's lock: $(locker), was $a"
+grep -q "runs this image as its only gateway (gateways = 1)" "$T/B.log" ||
+	fail "B did not say why it refused: $(grep "rbd:$CEPH_POOL/m" "$T/B.log" | tail -3)"
+pass "B (gateways = 2) refuses reads and writes NOT READY standby and leaves A's lock alone"
+out=$("$IO" read "$(url A)" 1000 16 0xa1 30) || fail "read through A: $out"
+pass "A still serves what it was written"
+
+kill -TERM "${PID[A]}"
+wait "${PID[A]}"
+rc=$?
+PID[A]=
+[ "$rc" = 0 ] || fail "A did not stop cleanly (exit $rc)"
+out=$("$IO" write "$(url B)" 2000 16 0xb2 5 2>&1)
+refused "a WRITE after A stopped" "$out" $?
+pass "with A stopped, B still refuses (A's cache may hold the image's newest data)"
+
+rbd image-meta remove "$CEPH_POOL/m" tiercache.owner || fail "cannot remove the owner key"
+# B reads the key again within a second; standby answers until then
+b_writes() { "$IO" write "$(url B)" 2000 16 0xb2 60 >"$T/bw.out" 2>&1; }
+tc_until 30 b_writes || fail "write through B once the key is gone: $(cat "$T/bw.out")"
+out=$("$IO" read "$(url B)" 2000 16 0xb2 60) || fail "read back through B: $out"
+pass "once the key is removed (as B's log says), B takes m and serves it"
+
+kill -TERM "${PID[B]}"
+wait "${PID[B]}"
+rc=$?
+PID[B]=
+[ "$rc" = 0 ] || fail "B did not stop cleanly (exit $rc)"
+pass "B stops cleanly"

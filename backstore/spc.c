@@ -277,7 +277,8 @@ enum scsi_rc spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
 		lu->owner->acquire(lu->dev);
 		/* declined (the driver will not take it: rbd_lock.c's
 		 * single_owner_ok): standby, so the host keeps to the owner */
-		if (st == BDEV_OWNER_STANDBY && lu->owner->state(lu->dev, NULL) == BDEV_OWNER_STANDBY)
+		uint64_t gen;
+		if (st == BDEV_OWNER_STANDBY && lu->owner->state(lu->dev, &gen) == BDEV_OWNER_STANDBY)
 			return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_STANDBY);
 	}
 	return scsi_fail(cmd, SK_NOT_READY,

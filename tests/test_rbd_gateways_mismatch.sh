@@ -7,7 +7,9 @@
 # what hosts write may sit only in A's cache for a while. Gateway B is
 # misconfigured with gateways = 2 on the same image. B must not answer a
 # READ from Ceph past A's cache (it could be stale), nor break A's lock on
-# a write (A's cached writes would be cut off from the image). Checked:
+# a write (A's cached writes would be cut off from the image). B's LUN has
+# a write-through cache of its own (its unowned reads ask the image's
+# driver through the cache volume). Checked:
 #  - a READ and a WRITE through B are refused NOT READY, target port in
 #    standby (a host goes to A's path), A keeps the lock, and B's log
 #    says why and how to fix it;
@@ -43,7 +45,15 @@ CONF
 {
 	gw_daemon_conf B 2
 	printf '\n[target %s]\nlun0 = m\n' "$IQN"
-	rbd_conf_lun m m "serial = MISMATCH1" "gateways = 2"
+	rbd_conf_lun m m "serial = MISMATCH1" "gateways = 2" "cache = wt"
+	cat <<CONF
+
+[cache wt]
+legs = $T/B/leg0 $T/B/leg1
+size = 64M
+extent = 64K
+mode = write-through
+CONF
 } >"$T/B.conf"
 url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
 locker() {

@@ -273,14 +273,8 @@ enum scsi_rc spc_alua_refuse(struct scsi_cmd *cmd, enum bdev_owner_state st)
 	/* Never blocks: the driver takes the lock on its own thread. A host
 	 * sends writes here only once its path to the owner failed, so the
 	 * owner is taken to be gone (this is implicit failover). */
-	if (st == BDEV_OWNER_STANDBY || st == BDEV_OWNER_LOST) {
+	if (st == BDEV_OWNER_STANDBY || st == BDEV_OWNER_LOST)
 		lu->owner->acquire(lu->dev);
-		/* declined (the driver will not take it: rbd_lock.c's
-		 * single_owner_ok): standby, so the host keeps to the owner */
-		uint64_t gen;
-		if (st == BDEV_OWNER_STANDBY && lu->owner->state(lu->dev, &gen) == BDEV_OWNER_STANDBY)
-			return scsi_fail(cmd, SK_NOT_READY, ASC_LU_NOT_ACCESSIBLE_STANDBY);
-	}
 	return scsi_fail(cmd, SK_NOT_READY,
 			 st == BDEV_OWNER_LOST ? ASC_LU_NOT_ACCESSIBLE_UNAVAILABLE : ASC_LU_NOT_ACCESSIBLE_TRANSITION);
 }

@@ -83,6 +83,7 @@
 #define RBD_RECONNECT_MIN_MS 1000
 #define RBD_RECONNECT_MAX_MS 30000
 #define RBD_OWNER_KEY "tiercache.owner"
+#define RBD_OWNER_GW_KEY "tiercache.owner_gateways"
 
 struct rbd_lock {
 	struct rbd_bdev *rb;
@@ -116,6 +117,8 @@ struct rbd_lock {
 	 * own cache, so a LUN of several gateways here neither reads past it
 	 * nor takes the image from it (read_owner) */
 	atomic_bool key_single_other;
+	bool mode_read;             /* under op_mu: read_owner_mode looked at mode_gen */
+	uint64_t mode_gen;
 	_Atomic uint64_t lease_until; /* now_ms() until which OWNED may serve (see the top) */
 	uint64_t next_poll_ms;      /* lock work: when the next poll is due */
 };
@@ -132,9 +135,7 @@ static bool err_fenced(int r)
 }
 
 /* Parse "GEN TPG GATEWAY" (any field may be missing in a damaged key). */
-/* "GEN TPG ID" or, since the owner's gateway count is kept too,
- * "GEN TPG ID<tab>g=GATEWAYS" (*gws 0: not said) */
-static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen, unsigned *gws)
+static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen)
 {
 	unsigned long long g = 0;
 	unsigned t = 0;
@@ -142,26 +143,19 @@ static void parse_owner(const char *s, uint64_t *gen, uint32_t *tpg, char *id, s
 
 	*gen = 0;
 	*tpg = 0;
-	*gws = 0;
 	id[0] = '\0';
 	if (sscanf(s, "%llu %u %n", &g, &t, &n) >= 2) {
 		*gen = g;
 		*tpg = t;
 		if (n > 0)
 			snprintf(id, idlen, "%s", s + n);
-		char *tab = strrchr(id, '\t');
-		if (tab) {
-			*tab = '\0';
-			if (sscanf(tab + 1, "g=%u", gws) != 1)
-				*gws = 0;
-		}
 	}
 }
 
 /* Read the owner key; 0 (missing key: generation 0) or -errno. */
 static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *id, size_t idlen)
 {
-	char buf[80 + RBD_GW_ID_MAX];
+	char buf[64 + RBD_GW_ID_MAX];
 	size_t len = sizeof(buf) - 1;
 	int r = rbd_metadata_get(lk->rb->image, RBD_OWNER_KEY, buf, &len);
 
@@ -169,20 +163,52 @@ static int read_owner(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *i
 		*gen = 0;
 		*tpg = 0;
 		id[0] = '\0';
-		atomic_store(&lk->key_single_other, false);
 		return 0;
 	}
 	if (r < 0)
 		return r;
 	buf[len < sizeof(buf) ? len : sizeof(buf) - 1] = '\0';
-	unsigned gws;
-	parse_owner(buf, gen, tpg, id, idlen, &gws);
-	bool single = gws == 1 && id[0] && strcmp(id, lk->gw_id) != 0;
-	if (!atomic_exchange(&lk->key_single_other, single) && single && lk->gateways > 1)
+	parse_owner(buf, gen, tpg, id, idlen);
+	return 0;
+}
+
+/*
+ * A LUN of several gateways: is the image's last owner (generation gen,
+ * gateway id, as read from the owner key) another gateway that ran it as
+ * its only gateway? That count is kept in its own key, RBD_OWNER_GW_KEY
+ * ("GEN GATEWAYS", written before the owner key and trusted only for the
+ * same generation), so that the owner key keeps the format older releases
+ * read. Sets key_single_other, and says why the first time it is set.
+ * Read again only when the generation moves. 0 or -errno (lock work, or
+ * the main thread at listen, op_mu held).
+ */
+static int read_owner_mode(struct rbd_lock *lk, uint64_t gen, const char *id)
+{
+	if (lk->gateways <= 1)
+		return 0;
+	if (lk->mode_read && gen == lk->mode_gen)
+		return 0;
+	bool single = false;
+	if (gen && id[0] && strcmp(id, lk->gw_id) != 0) {
+		char buf[64];
+		size_t len = sizeof(buf) - 1;
+		int r = rbd_metadata_get(lk->rb->image, RBD_OWNER_GW_KEY, buf, &len);
+		if (r < 0 && r != -ENOENT)
+			return r;
+		unsigned long long g = 0;
+		unsigned n = 0;
+		if (r == 0) {
+			buf[len < sizeof(buf) ? len : sizeof(buf) - 1] = '\0';
+			single = sscanf(buf, "%llu %u", &g, &n) == 2 && g == gen && n == 1;
+		}
+	}
+	lk->mode_read = true;
+	lk->mode_gen = gen;
+	if (!atomic_exchange(&lk->key_single_other, single) && single)
 		log_err("%s: gateway %s runs this image as its only gateway (gateways = 1) and may keep "
 			"write-back data of it in its cache; this LUN (gateways = %u) neither takes it nor reads "
-			"past it (NOT READY, standby). Give the LUN the same gateways on every gateway; once %s "
-			"has flushed its cache or is gone for good, `rbd image-meta remove %s/%s %s` lifts this",
+			"past it (NOT READY). Give the LUN the same gateways on every gateway; once %s has "
+			"flushed its cache or is gone for good, `rbd image-meta remove %s/%s %s` lifts this",
 			lk->rb->spec, id, lk->gateways, id, lk->rb->pool, lk->rb->image_name, RBD_OWNER_KEY);
 	return 0;
 }
@@ -285,6 +311,8 @@ static bool single_owner_ok(struct rbd_lock *lk)
 	uint32_t tpg;
 	char id[RBD_GW_ID_MAX];
 	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
+	if (r == 0)
+		r = read_owner_mode(lk, g, id);
 	if (r < 0) {
 		log_err("%s: cannot read the image's owner key: %s", lk->rb->spec, strerror(-r));
 		take_failed(lk, r);
@@ -292,7 +320,7 @@ static bool single_owner_ok(struct rbd_lock *lk)
 	}
 	if (!atomic_load(&lk->key_single_other))
 		return true;
-	take_failed(lk, -EBUSY); /* read_owner said why */
+	take_failed(lk, -EBUSY); /* read_owner_mode said why */
 	return false;
 }
 
@@ -409,10 +437,25 @@ static void take_finish(struct rbd_lock *lk)
 	uint32_t prev_tpg;
 	char prev_id[RBD_GW_ID_MAX];
 	r = read_owner(lk, &prev_gen, &prev_tpg, prev_id, sizeof(prev_id));
-	char val[80 + RBD_GW_ID_MAX];
+	/* a single gateway that took the image since single_owner_ok looked:
+	 * give the lock back rather than serve over it */
+	if (r == 0 && lk->gateways > 1) {
+		r = read_owner_mode(lk, prev_gen, prev_id);
+		if (r == 0 && atomic_load(&lk->key_single_other)) {
+			rbd_lock_release(rb->image);
+			take_failed(lk, -EBUSY);
+			return;
+		}
+	}
+	char val[64 + RBD_GW_ID_MAX];
 	uint64_t gen = prev_gen + 1;
 	if (r == 0) {
-		snprintf(val, sizeof(val), "%" PRIu64 " %u %s\tg=%u", gen, lk->port_group, lk->gw_id, lk->gateways);
+		/* the count first: a reader trusts it only for the owner key's generation */
+		snprintf(val, sizeof(val), "%" PRIu64 " %u", gen, lk->gateways);
+		r = rbd_metadata_set(rb->image, RBD_OWNER_GW_KEY, val);
+	}
+	if (r == 0) {
+		snprintf(val, sizeof(val), "%" PRIu64 " %u %s", gen, lk->port_group, lk->gw_id);
 		r = rbd_metadata_set(rb->image, RBD_OWNER_KEY, val);
 	}
 	if (r < 0) {
@@ -612,6 +655,8 @@ static void poll_once(struct rbd_lock *lk)
 	uint32_t tpg;
 	char id[RBD_GW_ID_MAX];
 	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
+	if (r == 0)
+		r = read_owner_mode(lk, g, id);
 	if (r == -ESHUTDOWN)
 		fence_noticed(lk, "blocklisted", true);
 	if (r < 0)
@@ -872,12 +917,14 @@ static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struc
 	if (lk->gateways <= 1) {
 		rbd_owner_acquire(dev);
 	} else {
-		/* the owner key as this gateway sees it (its id is set now) */
+		/* who last owned the image, as this gateway (its id is set now)
+		 * sees it: not past a gateway that runs it alone */
 		uint64_t g;
 		uint32_t tpg;
 		char id[RBD_GW_ID_MAX];
 		pthread_mutex_lock(&lk->op_mu);
-		read_owner(lk, &g, &tpg, id, sizeof(id));
+		if (read_owner(lk, &g, &tpg, id, sizeof(id)) == 0)
+			read_owner_mode(lk, g, id);
 		pthread_mutex_unlock(&lk->op_mu);
 	}
 }

@@ -201,7 +201,6 @@ struct shared_dev {
 	_Atomic int unowned;        /* READs submitted with BDEV_F_UNOWNED */
 	_Atomic int owned_reads;    /* READs submitted without */
 	_Atomic bool no_unowned;    /* what unowned_reads answers, negated */
-	_Atomic bool declines;      /* acquire leaves the state as it is */
 	void (*fn)(void *arg, const struct bdev_owner_change *c);
 	void *arg;
 };
@@ -232,8 +231,7 @@ static void sh_acquire(struct bdev *dev)
 {
 	struct shared_dev *d = (struct shared_dev *)dev;
 	atomic_fetch_add(&d->acquires, 1);
-	if (!atomic_load(&d->declines))
-		atomic_store(&d->state, BDEV_OWNER_TRANSITION);
+	atomic_store(&d->state, BDEV_OWNER_TRANSITION);
 }
 
 static void sh_listen(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c), void *arg)
@@ -389,21 +387,12 @@ static void shared_lu_reports_implicit_alua(const char *dir)
 	      "READ on a non-owner whose cache holds data the store lacks: takes over, NOT READY 02/04/0A");
 	atomic_store(&d->no_unowned, false);
 	atomic_store(&d->state, BDEV_OWNER_STANDBY);
-	/* a driver that declines the takeover (rbd_lock.c: another gateway runs
-	 * the image alone): standby, not transition, so the host keeps to the
-	 * owner's path */
-	atomic_store(&d->declines, true);
-	c = rw10(nx, 0x2a, 0, 1, bs);
-	check(sense_is(&c, 0x2, 0x04, 0x0b) && atomic_load(&d->acquires) == 3 &&
-		      atomic_load(&d->state) == BDEV_OWNER_STANDBY,
-	      "WRITE on a non-owner whose driver declines the takeover: NOT READY 02/04/0B (standby)");
-	atomic_store(&d->declines, false);
 	/* other media access on the non-owner: takes over, NOT READY transition */
 	c = rw10(nx, 0x2a, 0, 1, bs);
-	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 4,
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 3,
 	      "WRITE on a non-owner starts the takeover and gets NOT READY 02/04/0A (transition)");
 	c = rw10(nx, 0x28, 0, 1, bs);
-	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 4 && atomic_load(&d->unowned) == 1,
+	check(sense_is(&c, 0x2, 0x04, 0x0a) && atomic_load(&d->acquires) == 3 && atomic_load(&d->unowned) == 1,
 	      "READ during the transition: 02/04/0A, no second takeover started");
 	c = rtpg(nx);
 	g2 = rtpg_group(buf, rd32(buf), 2);

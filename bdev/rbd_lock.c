@@ -213,6 +213,14 @@ static int read_owner_mode(struct rbd_lock *lk, uint64_t gen, const char *id)
 	return 0;
 }
 
+/* The owner key, then (several gateways) what its owner ran it as; id has
+ * RBD_GW_ID_MAX bytes. 0 or -errno. */
+static int read_owner_both(struct rbd_lock *lk, uint64_t *gen, uint32_t *tpg, char *id)
+{
+	int r = read_owner(lk, gen, tpg, id, RBD_GW_ID_MAX);
+	return r < 0 ? r : read_owner_mode(lk, *gen, id);
+}
+
 /* Tell the listener (from the lock work). */
 static void notify(struct rbd_lock *lk, const struct bdev_owner_change *c)
 {
@@ -310,9 +318,7 @@ static bool single_owner_ok(struct rbd_lock *lk)
 	uint64_t g;
 	uint32_t tpg;
 	char id[RBD_GW_ID_MAX];
-	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
-	if (r == 0)
-		r = read_owner_mode(lk, g, id);
+	int r = read_owner_both(lk, &g, &tpg, id);
 	if (r < 0) {
 		log_err("%s: cannot read the image's owner key: %s", lk->rb->spec, strerror(-r));
 		take_failed(lk, r);
@@ -654,9 +660,7 @@ static void poll_once(struct rbd_lock *lk)
 	uint64_t g;
 	uint32_t tpg;
 	char id[RBD_GW_ID_MAX];
-	int r = read_owner(lk, &g, &tpg, id, sizeof(id));
-	if (r == 0)
-		r = read_owner_mode(lk, g, id);
+	int r = read_owner_both(lk, &g, &tpg, id);
 	if (r == -ESHUTDOWN)
 		fence_noticed(lk, "blocklisted", true);
 	if (r < 0)
@@ -923,8 +927,7 @@ static void rbd_owner_listen(struct bdev *dev, void (*fn)(void *arg, const struc
 		uint32_t tpg;
 		char id[RBD_GW_ID_MAX];
 		pthread_mutex_lock(&lk->op_mu);
-		if (read_owner(lk, &g, &tpg, id, sizeof(id)) == 0)
-			read_owner_mode(lk, g, id);
+		read_owner_both(lk, &g, &tpg, id);
 		pthread_mutex_unlock(&lk->op_mu);
 	}
 }

@@ -56,16 +56,10 @@ mode = write-through
 CONF
 } >"$T/B.conf"
 url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/0"; }
-locker() {
-	rbd lock ls --format json "$CEPH_POOL/m" 2>/dev/null | python3 -c '
-import json, sys
-l = json.load(sys.stdin)
-print(l[0]["address"] if l else "none")'
-}
 
 gw_start A
 out=$("$IO" write "$(url A)" 1000 16 0xa1 30) || fail "write through A: $out"
-a=$(locker)
+a=$(rbd_locker m)
 [ "$a" != none ] || fail "A holds no lock on m"
 pass "A runs m alone with a write-back cache and holds its lock ($a)"
 
@@ -79,18 +73,14 @@ out=$("$IO" read "$(url B)" 1000 16 0xa1 2 2>&1)
 refused "a READ" "$out" $?
 out=$("$IO" write "$(url B)" 2000 16 0xb2 2 2>&1)
 refused "a WRITE" "$out" $?
-[ "$(locker)" = "$a" ] || fail "B's write moved m's lock: $(locker), was $a"
+[ "$(rbd_locker m)" = "$a" ] || fail "B's write moved m's lock: $(rbd_locker m), was $a"
 grep -q "runs this image as its only gateway (gateways = 1)" "$T/B.log" ||
 	fail "B did not say why it refused: $(grep "rbd:$CEPH_POOL/m" "$T/B.log" | tail -3)"
 pass "B (gateways = 2) refuses reads and writes NOT READY and leaves A's lock alone"
 out=$("$IO" read "$(url A)" 1000 16 0xa1 30) || fail "read through A: $out"
 pass "A still serves what it was written"
 
-kill -TERM "${PID[A]}"
-wait "${PID[A]}"
-rc=$?
-PID[A]=
-[ "$rc" = 0 ] || fail "A did not stop cleanly (exit $rc)"
+gw_stop A
 out=$("$IO" write "$(url B)" 2000 16 0xb2 2 2>&1)
 refused "a WRITE after A stopped" "$out" $?
 pass "with A stopped, B still refuses (A's cache may hold the image's newest data)"
@@ -101,9 +91,5 @@ out=$("$IO" write "$(url B)" 2000 16 0xb2 60) || fail "write through B once the 
 out=$("$IO" read "$(url B)" 2000 16 0xb2 60) || fail "read back through B: $out"
 pass "once the key is removed (as B's log says), B takes m and serves it"
 
-kill -TERM "${PID[B]}"
-wait "${PID[B]}"
-rc=$?
-PID[B]=
-[ "$rc" = 0 ] || fail "B did not stop cleanly (exit $rc)"
+gw_stop B
 pass "B stops cleanly"

@@ -36,14 +36,8 @@ conf() { # the name of r1's LUN
 conf before >"$T/A.conf"
 gw_start A
 url() { echo "iscsi://127.0.0.1:${PORT[A]}/$IQN/$1"; }
-locker() { # IMAGE -> the address holding its lock
-	rbd lock ls --format json "$CEPH_POOL/$1" 2>/dev/null | python3 -c '
-import json, sys
-l = json.load(sys.stdin)
-print(l[0]["address"] if l else "none")'
-}
-a1=$(locker r1)
-[ "$a1" != none ] && [ "$a1" = "$(locker r2)" ] || fail "A does not hold r1 and r2 through one client: $a1 / $(locker r2)"
+a1=$(rbd_locker r1)
+[ "$a1" != none ] && [ "$a1" = "$(rbd_locker r2)" ] || fail "A does not hold r1 and r2 through one client: $a1 / $(rbd_locker r2)"
 pass "A holds r1 (lun before) and r2 (lun other) through one client ($a1)"
 
 SLOTS=2048
@@ -81,9 +75,9 @@ if grep -E "rbd:$CEPH_POOL/r[12]: (breaking the lock|.*fenced)" "$T/A.log" >"$T/
 fi
 grep -q "rbd:$CEPH_POOL/r1: the lock is held by another LUN of this gateway" "$T/A.log" ||
 	fail "the new LUN never met the old one's lock (the test did not test it)"
-n1=$(locker r1)
-[ "$n1" = "$a1" ] && [ "$(locker r2)" = "$a1" ] ||
-	fail "after the rename r1 is held by $n1 and r2 by $(locker r2), not A's client $a1"
+n1=$(rbd_locker r1)
+[ "$n1" = "$a1" ] && [ "$(rbd_locker r2)" = "$a1" ] ||
+	fail "after the rename r1 is held by $n1 and r2 by $(rbd_locker r2), not A's client $a1"
 pass "no lock broken, no client fenced: the new LUN waited for the old one and holds r1 through A's client"
 
 rbd export "$CEPH_POOL/r1" "$T/0.img" >/dev/null 2>&1 || fail "cannot export r1"
@@ -91,28 +85,11 @@ rbd export "$CEPH_POOL/r2" "$T/1.img" >/dev/null 2>&1 || fail "cannot export r2"
 total=0
 for n in 0 1; do
 	rounds=$(tail -1 "$T/loop$n.out" | sed 's/^rounds=\([0-9]*\).*/\1/')
-	out=$(python3 - "$T/$n.img" 0 "$rounds" $SLOTS <<'PY'
-import struct, sys
-img, base, rounds, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-bad = []
-with open(img, "rb") as f:
-    for r in range(max(0, rounds - slots), rounds):
-        f.seek((base + (r % slots) * 8) * 512)
-        data = f.read(8 * 512)
-        want = b"".join(struct.pack(">I", r) + bytes([r & 0xff]) * 508 for _ in range(8))
-        if data != want:
-            bad.append(r)
-print(" ".join(map(str, bad[:5])) if bad else "ok")
-PY
-)
+	out=$(rbd_rounds_check "$T/$n.img" 0 "$rounds" $SLOTS)
 	[ "$out" = ok ] || fail "session $n: rounds $out are not in the image in Ceph (of $rounds)"
 	total=$((total + rounds))
 done
 pass "all $total rounds of both sessions are in the images in Ceph (rbd export)"
 
-kill -TERM "${PID[A]}"
-wait "${PID[A]}"
-rc=$?
-PID[A]=
-[ "$rc" = 0 ] || fail "A did not stop cleanly on SIGTERM (exit $rc)"
+gw_stop A
 pass "A stops cleanly on SIGTERM"

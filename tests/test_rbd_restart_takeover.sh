@@ -74,9 +74,5 @@ for i in $(seq 0 $((N - 1))); do
 done
 pass "the first command to each LUN found it serving, and the data written before the kill is there"
 
-kill -TERM "${PID[A]}"
-wait "${PID[A]}"
-rc=$?
-PID[A]=
-[ "$rc" = 0 ] || fail "A did not stop cleanly on SIGTERM (exit $rc)"
+gw_stop A
 pass "A stops cleanly on SIGTERM"

@@ -69,12 +69,6 @@ gw_conf A 1 x y z >"$T/A.conf"
 gw_conf B 2 x y >"$T/B.conf"
 url() { echo "iscsi://127.0.0.1:${PORT[$1]}/$IQN/$2"; }
 
-locker() { # IMAGE -> the address holding its lock
-	rbd lock ls --format json "$CEPH_POOL/$1" 2>/dev/null | python3 -c '
-import json, sys
-l = json.load(sys.stdin)
-print(l[0]["address"] if l else "none")'
-}
 
 gw_start A TIERCACHE_TEST_HOLD_WRITE="$T/hold"
 gw_start B
@@ -83,7 +77,7 @@ for l in 0 1 2; do
 	out=$("$IO" write "$(url A $l)" 120000 16 0x5$l 90) || fail "write through A to LUN $l: $out"
 done
 pass "written through A to x, y and z (A owns all three)"
-ax=$(locker x) ay=$(locker y) az=$(locker z)
+ax=$(rbd_locker x) ay=$(rbd_locker y) az=$(rbd_locker z)
 [ "$ax" != none ] && [ "$ax" = "$ay" ] && [ "$ay" = "$az" ] ||
 	fail "A holds x, y and z through more than one client: $ax / $ay / $az"
 pass "A holds the locks of x, y and z through one Ceph client ($ax)"
@@ -177,20 +171,7 @@ total=0
 for spec in "${sessions[@]}"; do
 	set -- $spec
 	rounds=$(tail -1 "$T/loop$i.out" | sed 's/^rounds=\([0-9]*\).*/\1/')
-	out=$(python3 - "$T/$1.img" "$2" "$rounds" $SLOTS <<'PY'
-import struct, sys
-img, base, rounds, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-bad = []
-with open(img, "rb") as f:
-    for r in range(max(0, rounds - slots), rounds):
-        f.seek((base + (r % slots) * 8) * 512)
-        data = f.read(8 * 512)
-        want = b"".join(struct.pack(">I", r) + bytes([r & 0xff]) * 508 for _ in range(8))
-        if data != want:
-            bad.append(r)
-print(" ".join(map(str, bad[:5])) if bad else "ok")
-PY
-)
+	out=$(rbd_rounds_check "$T/$1.img" "$2" "$rounds" $SLOTS)
 	[ "$out" = ok ] || fail "session $i: rounds $out are not in the image in Ceph (of $rounds)"
 	total=$((total + rounds))
 	i=$((i + 1))
@@ -213,7 +194,7 @@ if grep -E "rbd:$CEPH_POOL/[yz]: (breaking the lock|waiting [0-9]+ ms)" "$T/A.lo
 fi
 pass "A broke no other gateway's lock and waited out no lease for y or z"
 
-bx=$(locker x) ny=$(locker y) nz=$(locker z)
+bx=$(rbd_locker x) ny=$(rbd_locker y) nz=$(rbd_locker z)
 [ "$bx" != "$ax" ] && [ "$bx" != none ] || fail "x is not B's: $bx"
 [ "$ny" = "$nz" ] && [ "$ny" != "$ax" ] && [ "$ny" != "$bx" ] && [ "$ny" != none ] ||
 	fail "y and z are not held by one fresh client of A: y $ny, z $nz (old $ax, B $bx)"
@@ -228,7 +209,7 @@ case $out in
 *transition=0*) ;;
 *) fail "a SYNCHRONIZE CACHE through B, which does not own y, waited for a takeover: $out" ;;
 esac
-[ "$(locker y)" = "$ny" ] || fail "a SYNCHRONIZE CACHE through B moved y's lock: $(locker y)"
+[ "$(rbd_locker y)" = "$ny" ] || fail "a SYNCHRONIZE CACHE through B moved y's lock: $(rbd_locker y)"
 pass "SYNCHRONIZE CACHE of y through B (not its owner): GOOD at once, y stays A's ($out)"
 
 # 16 more images on A: no thread and no client per image
@@ -256,7 +237,7 @@ after=$(ls "/proc/${PID[A]}/task" | wc -l)
 [ "$after" -le $((before + 4)) ] ||
 	fail "A went from $before to $after threads with $extra more images"
 pass "A runs $after threads with $((3 + extra)) images ($before with 3)"
-clients=$(for i in y z $(seq -f 'e%g' 1 $extra); do locker "$i"; done | sort -u)
+clients=$(for i in y z $(seq -f 'e%g' 1 $extra); do rbd_locker "$i"; done | sort -u)
 [ "$clients" = "$ny" ] || fail "A's images are held by more than one client: $(echo $clients)"
 pass "all $((2 + extra)) of A's images are held through its one client ($ny)"
 
@@ -275,7 +256,7 @@ RBD_KILL_PIDS="$RBD_KILL_PIDS $awpid"
 held_again() { [ "$(grep -c "rbd:$CEPH_POOL/y: a write held for the test" "$T/A.log")" -ge 2 ]; }
 tc_until 30 held_again || fail "A held no second write to y: $(cat "$T/aw.out")"
 out=$("$IO" write "$(url B 1)" 130000 16 0xbb 90) || fail "write through B to y: $out"
-by=$(locker y)
+by=$(rbd_locker y)
 [ "$by" != "$ny" ] && [ "$by" != none ] || fail "B's write to y left y's lock with A: $by"
 rm -f "$T/hold"
 wait "$awpid"
@@ -305,11 +286,6 @@ pass "B's write to y is what y holds, in Ceph and read through B; A $([ "$rc" = 
 # a clean stop closes the images and the shared client (on the ASan
 # daemon: nothing leaked, nothing used after its free)
 for g in A B; do
-	kill -TERM "${PID[$g]}"
-	tc_until 60 tc_gone "${PID[$g]}" || fail "gateway $g did not stop within 60 s of SIGTERM"
-	wait "${PID[$g]}"
-	rc=$?
-	PID[$g]=
-	[ "$rc" = 0 ] || fail "gateway $g exited with status $rc after SIGTERM: $(tail -3 "$T/$g.log")"
+	gw_stop "$g"
 done
 pass "both gateways stop cleanly on SIGTERM"

@@ -20,6 +20,10 @@
 #   gw_start G [VAR=VALUE...]    starts it (with those in its environment),
 #                                logging to $T/G.log; waits until it listens
 #   gw_kill9 G                   kill -9, reaped
+#   gw_stop G                    SIGTERM, reaped; fails the test unless exit 0
+#   rbd_locker IMAGE             the address holding the image's lock, or none
+#   rbd_rounds_check IMG BASE ROUNDS SLOTS
+#                                "ok" or the alua_io loop rounds IMG lacks
 #   trap gw_cleanup EXIT         every gateway killed, then _rbd_cleanup
 CEPH_DIR=
 RBD_KILL_PIDS= # helper processes of the test, killed first at exit
@@ -99,6 +103,41 @@ gw_start() { # NAME [VAR=VALUE...]
 	env "${@:2}" "$TC_BIN" -c "$T/$1.conf" >>"$T/$1.log" 2>&1 &
 	PID[$1]=$!
 	tc_wait_for 90 "gateway $1 listening" gw_listening "$1"
+}
+
+rbd_locker() { # IMAGE -> the address holding its lock, or none
+	rbd lock ls --format json "$CEPH_POOL/$1" 2>/dev/null | python3 -c '
+import json, sys
+l = json.load(sys.stdin)
+print(l[0]["address"] if l else "none")'
+}
+
+# rbd_rounds_check IMG BASE ROUNDS SLOTS -> "ok", or the first rounds of a
+# tests/tools/alua_io loop or wloop session (8-block rounds from block
+# BASE, over SLOTS slots) that the image file IMG does not hold
+rbd_rounds_check() {
+	python3 - "$@" <<'PY'
+import struct, sys
+img, base, rounds, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+bad = []
+with open(img, "rb") as f:
+    for r in range(max(0, rounds - slots), rounds):
+        f.seek((base + (r % slots) * 8) * 512)
+        data = f.read(8 * 512)
+        want = b"".join(struct.pack(">I", r) + bytes([r & 0xff]) * 508 for _ in range(8))
+        if data != want:
+            bad.append(r)
+print(" ".join(map(str, bad[:5])) if bad else "ok")
+PY
+}
+
+gw_stop() { # NAME: SIGTERM and reaped; the test fails unless it exits 0 within 60 s
+	kill -TERM "${PID[$1]}"
+	tc_until 60 tc_gone "${PID[$1]}" || fail "gateway $1 did not stop within 60 s of SIGTERM"
+	wait "${PID[$1]}"
+	local rc=$?
+	PID[$1]=
+	[ "$rc" = 0 ] || fail "gateway $1 exited with status $rc after SIGTERM: $(tail -3 "$T/$1.log")"
 }
 
 gw_kill9() { # NAME

@@ -92,7 +92,7 @@ struct rbd_lock {
 	bool want_acquire;          /* under mu */
 	bool sibling_wait;          /* under mu: another handle of ours holds the lock (take_lock) */
 	uint64_t sibling_at;        /* under mu: now_ms() of the next take_lock then */
-	uint64_t sibling_since;     /* under mu: now_ms() when that wait began; 0 when none */
+	uint64_t sibling_since;     /* under mu: now_ms() when that wait began (0: since the request) */
 	bool stopping;              /* under mu */
 	bool reconnecting;          /* under mu: fenced, a fresh client is due */
 	bool reown;                 /* under mu: we owned the image when the fence was noticed */
@@ -390,9 +390,6 @@ static void take_lock(struct rbd_lock *lk)
 			}
 			return;
 		}
-		pthread_mutex_lock(&lk->mu);
-		lk->sibling_since = 0;
-		pthread_mutex_unlock(&lk->mu);
 		if (r == 0 && n > 0) {
 			/* The holder is taken to be gone: a host sends I/O here only
 			 * after its path to the owner failed. Breaking blocklists it.
@@ -444,8 +441,8 @@ static void take_finish(struct rbd_lock *lk)
 	char prev_id[RBD_GW_ID_MAX];
 	r = read_owner(lk, &prev_gen, &prev_tpg, prev_id, sizeof(prev_id));
 	/* a single gateway that took the image since single_owner_ok looked:
-	 * give the lock back rather than serve over it */
-	if (r == 0 && lk->gateways > 1) {
+	 * give the lock back rather than serve over it (several gateways only) */
+	if (r == 0) {
 		r = read_owner_mode(lk, prev_gen, prev_id);
 		if (r == 0 && atomic_load(&lk->key_single_other)) {
 			rbd_lock_release(rb->image);
@@ -835,6 +832,7 @@ static uint64_t step_once(struct rbd_lock *lk)
 	}
 	if (lk->want_acquire) {
 		lk->want_acquire = false;
+		lk->sibling_since = 0; /* a new request: a sibling's wait starts afresh */
 		run_op(lk, take_lock);
 		pthread_mutex_unlock(&lk->mu);
 		return now;
@@ -887,8 +885,8 @@ static void rbd_owner_acquire(struct bdev *dev)
 	if (st == BDEV_OWNER_OWNED || st == BDEV_OWNER_TRANSITION)
 		return;
 	/* declined while another gateway runs the image alone (single_owner_ok;
-	 * the poll reads the key again every second) */
-	if (lk->gateways > 1 && atomic_load(&lk->key_single_other))
+	 * set only with several gateways; the poll reads the key every second) */
+	if (atomic_load(&lk->key_single_other))
 		return;
 	pthread_mutex_lock(&lk->mu);
 	/* fenced: nothing to take until the fresh client is in (LOST stays) */

@@ -56,6 +56,9 @@
 #define SB_WGEN_SHIFT  12
 #define SB_WGEN_ONE    (1u << SB_WGEN_SHIFT) /* bumped at each write start */
 
+/* cache_set.hit_lat_*: count << HIT_LAT_SHIFT | microseconds */
+#define HIT_LAT_SHIFT 40
+
 /* slot.users: readers in the low half, writers in the high half */
 #define SU_READER 1u
 #define SU_WRITER (1u << 16)
@@ -647,6 +650,18 @@ struct cache_set {
 	/* activity: last foreground I/O (ms), for idle detection */
 	_Atomic uint64_t last_io_ms;
 	_Atomic uint64_t fg_inflight;
+	/*
+	 * What destaging does to the host (cleaner.c, "Foreground first"):
+	 * destage_state is the destages started << 8 | those in flight (the
+	 * cleaner's only); hit_lat_all and hit_lat_quiet sum the latency of
+	 * the reads that hit, all of them and those no destage overlapped,
+	 * as count << HIT_LAT_SHIFT | microseconds, until the cleaner takes
+	 * them; hit_slow_* count those of each kind slower than hit_slow_us
+	 * (set by the cleaner, 0: none counted).
+	 */
+	_Atomic uint64_t destage_state;
+	_Atomic uint64_t hit_lat_all, hit_lat_quiet;
+	_Atomic uint64_t hit_slow_all, hit_slow_quiet, hit_slow_us;
 	_Atomic uint64_t bg_inflight;   /* fills and eviction batches in flight */
 	_Atomic int stopping;
 };
@@ -785,6 +800,7 @@ void cleaner_tick(struct cleaner *c);
 void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy);
 void cleaner_set_max(struct cleaner *c, uint64_t bps, uint32_t iops);
 void cleaner_get_max(struct cleaner *c, uint64_t *bps, uint32_t *iops);
+void cleaner_yield_stats(struct cleaner *c, uint64_t *pause_us, uint64_t *quiet_us);
 
 
 /* helpers shared by the files: synchronous I/O from the main thread */

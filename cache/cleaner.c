@@ -26,7 +26,26 @@
  *    and a flush under load still moves on. Its reads of the legs are
  *    background reads (MIRROR_F_BG): all on one leg, and a host's read
  *    goes to the other leg while one is in flight, so with two drives it
- *    queues behind none. Above the dirty target the
+ *    queues behind none.
+ *  - Yielding to the host: the volumes time every read that hits
+ *    (cache_set.hit_lat_*), marking those no destage overlapped
+ *    (destage_state) and counting those slower than YIELD_SLOW_X quiet
+ *    means. Every YIELD_WINDOW_US (longer until YIELD_MIN_HITS came) the
+ *    cleaner compares the window's mean with the quiet mean (which falls
+ *    fast and rises slowly, as quiet hits just after a destage may still
+ *    meet its traces), and over each YIELD_TAIL_HITS hits the share of
+ *    slow ones with the quiet share. Mean over YIELD_PCT, or the slow
+ *    share over the quiet one by YIELD_TAIL_PERMILLE: the pause it takes
+ *    after each destage while the host is busy doubles (from one
+ *    destage's length, to YIELD_GAP_MAX_US at most), a timeout in worker
+ *    0's ring ending it. Otherwise, or with too few hits to judge (a host
+ *    that only writes), a quarter of the pause goes. So on a disk the
+ *    destage shares with the host's reads, a flush slows to what the
+ *    reads bear (tests/bench/flush_foreground.sh: QD1 hits' p99 during a
+ *    flush with no cap 0.75-1.3x idle on file legs, was 1.55-2.1x; the
+ *    flush then moves 18-22 MB/s under the reads instead of 150), and
+ *    where it does not touch their path (two drives, a backing array)
+ *    the pause decays to none. Above the dirty target the
  *    limit is off: the cache filling up hurts the host more. The admin's caps (destage_max in bytes
  *    and destage_max_iops in backing writes per second, cleaner_set_max)
  *    hold always, a flush included: each second's budget is the smaller of
@@ -47,6 +66,7 @@
 #include "common/bufpool.h"
 #include "common/log.h"
 
+#include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +75,13 @@
 #define CLEAN_OPS_BUSY 1
 #define CLEAN_BYTES_BUSY (128u << 10)
 #define FG_RECENT_MS 100
+#define YIELD_WINDOW_US 100000  /* the host's hits are judged this often */
+#define YIELD_MIN_HITS 16       /* fewer in a window (up to 10 windows): no verdict yet */
+#define YIELD_PCT 120           /* their mean may be this much of the quiet mean */
+#define YIELD_GAP_MAX_US 200000 /* the longest pause after a destage */
+#define YIELD_SLOW_X 4          /* a hit slower than this many quiet means is slow */
+#define YIELD_TAIL_HITS 500     /* the share of slow hits is judged over this many */
+#define YIELD_TAIL_PERMILLE 5   /* it may exceed the quiet share by this much */
 #define CLEAN_BATCH 4096
 #define CLEAN_MIN_RATE (256u << 10)
 #define CLEAN_MAX_RATE (1ull << 40)
@@ -79,6 +106,7 @@ struct destage {
 	int err;
 	int stage;
 	uint64_t bytes;
+	uint64_t t0_us;
 };
 
 struct dirty_ent {
@@ -102,6 +130,19 @@ struct cleaner {
 	struct dirty_ent *order;
 	uint32_t norder, pos, scan;
 	struct destage ops[CLEAN_OPS];
+	/* yielding to the host (see the top of the file) */
+	uint64_t quiet_us;      /* mean latency of hits no destage overlapped (smoothed); 0: not known */
+	uint64_t gap_us;        /* the pause after each destage while the host is busy */
+	uint64_t resume_us;     /* no destage before this while the host is busy */
+	uint64_t window_us;     /* the current window's start */
+	uint64_t op_us;         /* how long the last destage took */
+	uint64_t tail_n, tail_slow;   /* hits and slow hits since the tail was last judged */
+	uint64_t qtail_n, qtail_slow; /* the same of the quiet ones */
+	uint64_t quiet_slow_pm;       /* slow quiet hits per mille (smoothed) */
+	_Atomic uint64_t shown_gap_us, shown_quiet_us; /* the two above, for status */
+	_Atomic bool timer_armed;
+	struct io_op timer;
+	struct __kernel_timespec ts;
 };
 
 static void pump(struct cleaner *c);
@@ -115,6 +156,10 @@ static void op_end(struct destage *d)
 	d->buf = NULL;
 	cache_vol_release(d->v);
 	d->busy = false;
+	uint64_t now = now_us();
+	c->op_us = now - d->t0_us;
+	c->resume_us = now + c->gap_us;
+	atomic_fetch_sub(&cs->destage_state, 1);
 	atomic_fetch_sub(&c->inflight, 1);
 	pump(c);
 }
@@ -295,7 +340,9 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 	d->stage = 1;
 	d->bytes = 0;
 	d->pending = (int)d->nruns;
+	d->t0_us = now_us();
 	atomic_fetch_add(&c->inflight, 1);
+	atomic_fetch_add(&cs->destage_state, (1u << 8) + 1);
 	for (uint32_t i = 0; i < d->nruns; i++) {
 		uint64_t off = (uint64_t)d->first[i] * CACHE_SECTOR, len = (uint64_t)d->count[i] * CACHE_SECTOR;
 		d->bytes += len;
@@ -369,6 +416,89 @@ static void gather(struct cleaner *c)
 	qsort(c->order, c->norder, sizeof(*c->order), ent_cmp);
 }
 
+/*
+ * Judge the window that ended: the host's hits against their quiet mean.
+ * Slower by more than YIELD_PCT: the pause after each destage doubles (from
+ * one destage's length); within it, or with too few hits to tell (a host
+ * that writes only), a quarter of the pause goes.
+ */
+static void yield_judge(struct cleaner *c, uint64_t now)
+{
+	struct cache_set *cs = c->cs;
+	const uint64_t mask = (1ull << HIT_LAT_SHIFT) - 1;
+	if (now - c->window_us < YIELD_WINDOW_US)
+		return;
+	uint64_t all = atomic_load(&cs->hit_lat_all), quiet = atomic_load(&cs->hit_lat_quiet);
+	uint64_t nall = all >> HIT_LAT_SHIFT, nquiet = quiet >> HIT_LAT_SHIFT;
+	if (nall < YIELD_MIN_HITS && now - c->window_us < 10 * YIELD_WINDOW_US)
+		return; /* too few hits to judge: a longer window */
+	/* taken by subtraction: what the workers add meanwhile stays for the next window */
+	uint64_t slow = atomic_load(&cs->hit_slow_all), qslow = atomic_load(&cs->hit_slow_quiet);
+	atomic_fetch_sub(&cs->hit_lat_all, all);
+	atomic_fetch_sub(&cs->hit_lat_quiet, quiet);
+	atomic_fetch_sub(&cs->hit_slow_all, slow);
+	atomic_fetch_sub(&cs->hit_slow_quiet, qslow);
+	c->window_us = now;
+	if (nquiet >= YIELD_MIN_HITS) {
+		uint64_t q = (quiet & mask) / nquiet;
+		/* down fast, up slowly: quiet hits just after a destage may still meet its traces */
+		if (!c->quiet_us || q < c->quiet_us)
+			c->quiet_us = c->quiet_us ? c->quiet_us - (c->quiet_us - q) / 2 : q;
+		else
+			c->quiet_us += (q - c->quiet_us) / 16;
+		atomic_store_explicit(&cs->hit_slow_us, c->quiet_us * YIELD_SLOW_X, memory_order_relaxed);
+	}
+	/* the tail: the share of slow hits, over YIELD_TAIL_HITS at least */
+	bool tail_bad = false;
+	c->tail_n += nall;
+	c->tail_slow += slow;
+	c->qtail_n += nquiet;
+	c->qtail_slow += qslow;
+	if (c->qtail_n >= YIELD_TAIL_HITS) {
+		uint64_t pm = c->qtail_slow * 1000 / c->qtail_n;
+		c->quiet_slow_pm = c->quiet_slow_pm ? c->quiet_slow_pm - c->quiet_slow_pm / 4 + pm / 4 : pm;
+		c->qtail_n = c->qtail_slow = 0;
+	}
+	if (c->tail_n >= YIELD_TAIL_HITS) {
+		tail_bad = c->tail_slow * 1000 > c->tail_n * (c->quiet_slow_pm + YIELD_TAIL_PERMILLE);
+		c->tail_n = c->tail_slow = 0;
+	}
+	uint64_t mean = nall ? (all & mask) / nall : 0, step = c->op_us ? c->op_us : 1000;
+	if (nall >= YIELD_MIN_HITS && (!c->quiet_us || tail_bad || mean * 100 > c->quiet_us * YIELD_PCT)) {
+		c->gap_us = c->gap_us ? c->gap_us * 2 : step;
+		if (c->gap_us > YIELD_GAP_MAX_US)
+			c->gap_us = YIELD_GAP_MAX_US;
+	} else if (c->gap_us) {
+		c->gap_us -= c->gap_us / 4;
+		if (c->gap_us < step / 8)
+			c->gap_us = 0;
+	}
+	atomic_store_explicit(&c->shown_gap_us, c->gap_us, memory_order_relaxed);
+	atomic_store_explicit(&c->shown_quiet_us, c->quiet_us, memory_order_relaxed);
+}
+
+static void yield_fired(struct io_op *op, int res)
+{
+	(void)res; /* -ETIME: the pause is over */
+	struct cleaner *c = caa_container_of(op, struct cleaner, timer);
+	atomic_store(&c->timer_armed, false);
+	pump(c);
+}
+
+/* Pump again in us microseconds (worker 0's ring). */
+static void yield_arm(struct cleaner *c, uint64_t us)
+{
+	if (atomic_load(&c->timer_armed))
+		return;
+	atomic_store(&c->timer_armed, true);
+	c->ts.tv_sec = (long long)(us / 1000000);
+	c->ts.tv_nsec = (long long)(us % 1000000) * 1000;
+	c->timer.done = yield_fired;
+	struct io_uring_sqe *sqe = worker_sqe();
+	io_uring_prep_timeout(sqe, &c->ts, 0, 0);
+	io_uring_sqe_set_data(sqe, &c->timer);
+}
+
 static void pump(struct cleaner *c)
 {
 	struct cache_set *cs = c->cs;
@@ -391,6 +521,14 @@ static void pump(struct cleaner *c)
 		host = false;
 	int max_ops = host ? CLEAN_OPS_BUSY : CLEAN_OPS;
 	uint64_t max_bytes = host ? CLEAN_BYTES_BUSY : UINT64_MAX;
+	if (host) {
+		uint64_t now = now_us();
+		yield_judge(c, now);
+		if (c->gap_us && now < c->resume_us && atomic_load(&cs->dirty_blocks)) {
+			yield_arm(c, c->resume_us - now);
+			return;
+		}
+	}
 	while (atomic_load(&c->inflight) < max_ops &&
 	       (c->unlimited || (!capped && atomic_load(&cs->flush_req)) ||
 		(c->budget > 0 && (!atomic_load(&c->max_iops) || c->ops_budget > 0)))) {
@@ -504,6 +642,7 @@ void cleaner_tick(struct cleaner *c)
 	c->budget = dirty ? carry + (int64_t)(rate > 1e12 ? 1e12 : rate) : 0;
 	c->ops_budget = (max_iops && c->ops_budget < 0 ? c->ops_budget : 0) + max_iops;
 	c->stalled = false;
+	yield_judge(c, now_us()); /* also when the host is idle: the sums must not grow for ever */
 	settle(c);
 	pump(c);
 }
@@ -522,10 +661,17 @@ void cleaner_get_max(struct cleaner *c, uint64_t *bps, uint32_t *iops)
 }
 
 /* Any thread. */
+void cleaner_yield_stats(struct cleaner *c, uint64_t *pause_us, uint64_t *quiet_us)
+{
+	*pause_us = atomic_load_explicit(&c->shown_gap_us, memory_order_relaxed);
+	*quiet_us = atomic_load_explicit(&c->shown_quiet_us, memory_order_relaxed);
+}
+
+/* Any thread. */
 void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy)
 {
 	*rate_bps = atomic_load(&c->rate);
-	*busy = (uint64_t)atomic_load(&c->inflight);
+	*busy = (uint64_t)atomic_load(&c->inflight) + atomic_load(&c->timer_armed);
 }
 
 /* Main thread. */

@@ -111,6 +111,8 @@ struct vreq {
 	int pending;
 	int err;
 	uint8_t how;            /* VH_*, of every piece */
+	uint64_t t0_us;         /* when it came */
+	uint64_t destage0;      /* cache_set.destage_state then */
 	uint64_t flush_covers;  /* FLUSH: bw_volatile when it was sent */
 	struct bdev_req sub;    /* pass-through, flush */
 	struct worker_batch_end later; /* completion after a submit that did it all */

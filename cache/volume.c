@@ -172,6 +172,26 @@ static uint8_t vreq_outcome(uint8_t how)
 	return how & VH_HIT ? BDEV_OUT_HIT : BDEV_OUT_NONE;
 }
 
+/*
+ * A read that hit: its latency, for the cleaner's yield to the host
+ * (cleaner.c). Quiet: no destage was in flight or started meanwhile.
+ */
+static void hit_latency(struct cache_set *cs, const struct vreq *r)
+{
+	uint64_t us = now_us() - r->t0_us;
+	uint64_t one = (1ull << HIT_LAT_SHIFT) | (us < (1ull << 24) ? us : (1ull << 24));
+	uint64_t slow_us = atomic_load_explicit(&cs->hit_slow_us, memory_order_relaxed);
+	bool slow = slow_us && us > slow_us;
+	atomic_fetch_add_explicit(&cs->hit_lat_all, one, memory_order_relaxed);
+	if (slow)
+		atomic_fetch_add_explicit(&cs->hit_slow_all, 1, memory_order_relaxed);
+	if (!(r->destage0 & 0xff) && atomic_load_explicit(&cs->destage_state, memory_order_relaxed) == r->destage0) {
+		atomic_fetch_add_explicit(&cs->hit_lat_quiet, one, memory_order_relaxed);
+		if (slow)
+			atomic_fetch_add_explicit(&cs->hit_slow_quiet, 1, memory_order_relaxed);
+	}
+}
+
 static void vreq_put(struct vreq *r)
 {
 	if (--r->pending)
@@ -180,6 +200,8 @@ static void vreq_put(struct vreq *r)
 	int err = r->err;
 	if (r->how)
 		up->outcome = vreq_outcome(r->how);
+	if (r->how == VH_HIT && up->op == BDEV_READ && !err)
+		hit_latency(r->v->cs, r);
 	atomic_fetch_sub(&r->v->cs->fg_inflight, 1);
 	POOL_PUT(vreq_free, r);
 	up->done(up, err);
@@ -303,7 +325,9 @@ static void vol_submit(struct bdev *dev, struct bdev_req *req)
 	r->how = 0;
 	r->pending = 1;
 	atomic_fetch_add(&cs->fg_inflight, 1);
-	atomic_store_explicit(&cs->last_io_ms, now_ms(), memory_order_relaxed);
+	r->t0_us = now_us();
+	r->destage0 = atomic_load_explicit(&cs->destage_state, memory_order_relaxed);
+	atomic_store_explicit(&cs->last_io_ms, r->t0_us / 1000, memory_order_relaxed);
 
 	if (req->op == BDEV_FLUSH || (req->op == BDEV_READ && (req->flags & BDEV_F_UNOWNED))) {
 		r->pending++;

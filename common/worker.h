@@ -170,5 +170,7 @@ void worker_tick_del(struct worker_tick *t);
 
 /* Milliseconds on CLOCK_MONOTONIC. */
 uint64_t now_ms(void);
+/* Microseconds on the same clock. */
+uint64_t now_us(void);
 
 #endif

@@ -335,6 +335,9 @@ static void cache_metrics(struct out *o, const struct config *cfg)
 	EACH_SET counter(o, "tiercache_cache_destaged_bytes", lab, st[i].destaged_bytes);
 	family(o, "tiercache_cache_destage_target_bytes_per_second", "gauge", "The cleaner's current destage rate target.");
 	EACH_SET gauge(o, "tiercache_cache_destage_target_bytes_per_second", lab, (double)st[i].cleaner_rate_bps);
+	family(o, "tiercache_cache_destage_pause_seconds", "gauge",
+	       "The cleaner's pause after each destage while hosts read, yielding to them (0: none).");
+	EACH_SET gauge(o, "tiercache_cache_destage_pause_seconds", lab, (double)st[i].destage_pause_us / 1e6);
 	family(o, "tiercache_cache_destage_max_bytes_per_second", "gauge", "The admin's destage cap, destage_max (0: none).");
 	EACH_SET gauge(o, "tiercache_cache_destage_max_bytes_per_second", lab, (double)st[i].destage_max_bps);
 	family(o, "tiercache_cache_destage_max_writes_per_second", "gauge", "The admin's destage cap, destage_max_iops (0: none).");

@@ -800,7 +800,7 @@ void cleaner_tick(struct cleaner *c);
 void cleaner_stats(struct cleaner *c, uint64_t *rate_bps, uint64_t *busy);
 void cleaner_set_max(struct cleaner *c, uint64_t bps, uint32_t iops);
 void cleaner_get_max(struct cleaner *c, uint64_t *bps, uint32_t *iops);
-void cleaner_yield_stats(struct cleaner *c, uint64_t *pause_us, uint64_t *quiet_us);
+void cleaner_yield_stats(struct cleaner *c, uint64_t *pause_us, uint64_t *quiet_us, uint64_t *pauses);
 
 
 /* helpers shared by the files: synchronous I/O from the main thread */

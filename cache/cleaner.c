@@ -34,16 +34,18 @@
  *    cleaner compares the window's mean with the quiet mean (which falls
  *    fast and rises slowly, as quiet hits just after a destage may still
  *    meet its traces), and over each YIELD_TAIL_HITS hits the share of
- *    slow ones with the quiet share. Mean over YIELD_PCT, or the slow
- *    share over the quiet one by YIELD_TAIL_PERMILLE: the pause it takes
- *    after each destage while the host is busy doubles (from one
- *    destage's length, to YIELD_GAP_MAX_US at most), a timeout in worker
- *    0's ring ending it. Otherwise, or with too few hits to judge (a host
+ *    slow ones with the quiet share. Mean over YIELD_PCT (and
+ *    YIELD_SLACK_NS), or the slow share over the quiet one by
+ *    YIELD_TAIL_PERMILLE: the pause it takes after each destage while the
+ *    host is busy doubles, from one destage's length to YIELD_GAP_MAX_OPS
+ *    such lengths or YIELD_GAP_MAX_US, whichever is less (so a flush
+ *    always keeps a share of the time), a timeout in worker 0's ring
+ *    ending it. Otherwise, or with too few hits to judge (a host
  *    that only writes), a quarter of the pause goes. So on a disk the
  *    destage shares with the host's reads, a flush slows to what the
  *    reads bear (tests/bench/flush_foreground.sh: QD1 hits' p99 during a
- *    flush with no cap 0.75-1.3x idle on file legs, was 1.55-2.1x; the
- *    flush then moves 18-22 MB/s under the reads instead of 150), and
+ *    flush with no cap 1.2-1.55x idle on file legs, was 1.55-2.1x; the
+ *    flush then moves 24-49 MB/s under the reads instead of 150), and
  *    where it does not touch their path (two drives, a backing array)
  *    the pause decays to none. Above the dirty target the
  *    limit is off: the cache filling up hurts the host more. The admin's caps (destage_max in bytes
@@ -78,7 +80,9 @@
 #define YIELD_WINDOW_US 100000  /* the host's hits are judged this often */
 #define YIELD_MIN_HITS 16       /* fewer in a window (up to 10 windows): no verdict yet */
 #define YIELD_PCT 120           /* their mean may be this much of the quiet mean */
+#define YIELD_SLACK_NS 2000     /* ... plus this (the hits are timed in whole microseconds) */
 #define YIELD_GAP_MAX_US 200000 /* the longest pause after a destage */
+#define YIELD_GAP_MAX_OPS 16    /* and at most this many destages' length: a flush keeps moving */
 #define YIELD_SLOW_X 4          /* a hit slower than this many quiet means is slow */
 #define YIELD_TAIL_HITS 500     /* the share of slow hits is judged over this many */
 #define YIELD_TAIL_PERMILLE 5   /* it may exceed the quiet share by this much */
@@ -131,7 +135,7 @@ struct cleaner {
 	uint32_t norder, pos, scan;
 	struct destage ops[CLEAN_OPS];
 	/* yielding to the host (see the top of the file) */
-	uint64_t quiet_us;      /* mean latency of hits no destage overlapped (smoothed); 0: not known */
+	uint64_t quiet_ns;      /* mean latency of hits no destage overlapped (smoothed); 0: not known */
 	uint64_t gap_us;        /* the pause after each destage while the host is busy */
 	uint64_t resume_us;     /* no destage before this while the host is busy */
 	uint64_t window_us;     /* the current window's start */
@@ -140,6 +144,7 @@ struct cleaner {
 	uint64_t qtail_n, qtail_slow; /* the same of the quiet ones */
 	uint64_t quiet_slow_pm;       /* slow quiet hits per mille (smoothed) */
 	_Atomic uint64_t shown_gap_us, shown_quiet_us; /* the two above, for status */
+	_Atomic uint64_t pauses; /* pauses taken (their timeouts fired) */
 	_Atomic bool timer_armed;
 	struct io_op timer;
 	struct __kernel_timespec ts;
@@ -440,13 +445,15 @@ static void yield_judge(struct cleaner *c, uint64_t now)
 	atomic_fetch_sub(&cs->hit_slow_quiet, qslow);
 	c->window_us = now;
 	if (nquiet >= YIELD_MIN_HITS) {
-		uint64_t q = (quiet & mask) / nquiet;
-		/* down fast, up slowly: quiet hits just after a destage may still meet its traces */
-		if (!c->quiet_us || q < c->quiet_us)
-			c->quiet_us = c->quiet_us ? c->quiet_us - (c->quiet_us - q) / 2 : q;
+		uint64_t q = (quiet & mask) * 1000 / nquiet;
+		/* down faster than up: quiet hits just after a destage may still meet its traces */
+		if (!c->quiet_ns)
+			c->quiet_ns = q;
+		else if (q < c->quiet_ns)
+			c->quiet_ns -= (c->quiet_ns - q) / 4;
 		else
-			c->quiet_us += (q - c->quiet_us) / 16;
-		atomic_store_explicit(&cs->hit_slow_us, c->quiet_us * YIELD_SLOW_X, memory_order_relaxed);
+			c->quiet_ns += (q - c->quiet_ns) / 16;
+		atomic_store_explicit(&cs->hit_slow_us, c->quiet_ns * YIELD_SLOW_X / 1000, memory_order_relaxed);
 	}
 	/* the tail: the share of slow hits, over YIELD_TAIL_HITS at least */
 	bool tail_bad = false;
@@ -463,24 +470,27 @@ static void yield_judge(struct cleaner *c, uint64_t now)
 		tail_bad = c->tail_slow * 1000 > c->tail_n * (c->quiet_slow_pm + YIELD_TAIL_PERMILLE);
 		c->tail_n = c->tail_slow = 0;
 	}
-	uint64_t mean = nall ? (all & mask) / nall : 0, step = c->op_us ? c->op_us : 1000;
-	if (nall >= YIELD_MIN_HITS && (!c->quiet_us || tail_bad || mean * 100 > c->quiet_us * YIELD_PCT)) {
+	uint64_t mean = nall ? (all & mask) * 1000 / nall : 0, step = c->op_us ? c->op_us : 1000;
+	if (nall >= YIELD_MIN_HITS &&
+	    (!c->quiet_ns || tail_bad || mean * 100 > c->quiet_ns * YIELD_PCT + YIELD_SLACK_NS * 100)) {
+		uint64_t most = step * YIELD_GAP_MAX_OPS < YIELD_GAP_MAX_US ? step * YIELD_GAP_MAX_OPS : YIELD_GAP_MAX_US;
 		c->gap_us = c->gap_us ? c->gap_us * 2 : step;
-		if (c->gap_us > YIELD_GAP_MAX_US)
-			c->gap_us = YIELD_GAP_MAX_US;
+		if (c->gap_us > most)
+			c->gap_us = most;
 	} else if (c->gap_us) {
 		c->gap_us -= c->gap_us / 4;
-		if (c->gap_us < step / 8)
+		if (c->gap_us < step / 8 || c->gap_us < 2)
 			c->gap_us = 0;
 	}
 	atomic_store_explicit(&c->shown_gap_us, c->gap_us, memory_order_relaxed);
-	atomic_store_explicit(&c->shown_quiet_us, c->quiet_us, memory_order_relaxed);
+	atomic_store_explicit(&c->shown_quiet_us, c->quiet_ns / 1000, memory_order_relaxed);
 }
 
 static void yield_fired(struct io_op *op, int res)
 {
 	(void)res; /* -ETIME: the pause is over */
 	struct cleaner *c = caa_container_of(op, struct cleaner, timer);
+	atomic_fetch_add_explicit(&c->pauses, 1, memory_order_relaxed);
 	atomic_store(&c->timer_armed, false);
 	pump(c);
 }
@@ -661,8 +671,9 @@ void cleaner_get_max(struct cleaner *c, uint64_t *bps, uint32_t *iops)
 }
 
 /* Any thread. */
-void cleaner_yield_stats(struct cleaner *c, uint64_t *pause_us, uint64_t *quiet_us)
+void cleaner_yield_stats(struct cleaner *c, uint64_t *pause_us, uint64_t *quiet_us, uint64_t *pauses)
 {
+	*pauses = atomic_load_explicit(&c->pauses, memory_order_relaxed);
 	*pause_us = atomic_load_explicit(&c->shown_gap_us, memory_order_relaxed);
 	*quiet_us = atomic_load_explicit(&c->shown_quiet_us, memory_order_relaxed);
 }

@@ -103,7 +103,7 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	uint64_t busy;
 	cleaner_stats(cs->cleaner, &st->cleaner_rate_bps, &busy);
 	cleaner_get_max(cs->cleaner, &st->destage_max_bps, &st->destage_max_iops);
-	cleaner_yield_stats(cs->cleaner, &st->destage_pause_us, &st->hit_quiet_us);
+	cleaner_yield_stats(cs->cleaner, &st->destage_pause_us, &st->hit_quiet_us, &st->destage_pauses);
 	st->lost_ios = atomic_load(&cs->st.lost_ios);
 	st->leg_read_errors = atomic_load(&cs->st.read_errors);
 	st->leg_timeouts = atomic_load(&cs->st.leg_timeouts);

@@ -54,6 +54,7 @@ struct cache_set_status {
 	uint32_t destage_max_iops;
 	uint64_t destage_pause_us;   /* the cleaner's pause after each destage while hosts read (0: none) */
 	uint64_t hit_quiet_us;       /* the hits' mean latency with no destage about, as the cleaner saw it */
+	uint64_t destage_pauses;     /* such pauses taken */
 	uint64_t lost_ios;           /* I/Os failed with both legs gone and dirty data */
 	uint64_t leg_read_errors;    /* reads a leg failed that the other served (queued for rewrite) */
 	uint64_t leg_timeouts;       /* requests a leg did not answer within leg_timeout */

@@ -555,6 +555,7 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "destage_max_iops", st->destage_max_iops },
 		{ "destage_pause_us", st->destage_pause_us },
 		{ "hit_quiet_us", st->hit_quiet_us },
+		{ "destage_pauses", st->destage_pauses },
 		{ "lost_ios", st->lost_ios },
 		{ "leg_read_errors", st->leg_read_errors },
 		{ "leg_timeouts", st->leg_timeouts },

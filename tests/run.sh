@@ -87,7 +87,7 @@ done
 # kernels before 5.11 get, forced with TIERCACHE_RING_WAIT=0: these shell
 # tests run again on it, as epoll/NAME (tests/unit/test_worker_watch.c runs
 # its cases under both, tests/test_worker_wait.sh tells them apart).
-epoll_shell_tests="test_iscsi_data_path test_cache_modes_iscsi test_worker_poll test_iscsi_raw_protocol"
+epoll_shell_tests="test_iscsi_data_path test_cache_modes_iscsi test_worker_poll test_iscsi_raw_protocol test_cleaner_yield"
 for name in $epoll_shell_tests; do
 	if [ -f "tests/$name.sh" ]; then
 		run_one "epoll/$name" env TIERCACHE_RING_WAIT=0 bash "tests/$name.sh"
@@ -112,7 +112,7 @@ done
 # was found: the final checkpoint spun on worker 0 waiting for a running one
 # whose completions that spin kept it from reaping (fixed in cache/set.c,
 # tests/unit/test_cache_ckpt_stop.c).
-asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults test_cache_crash_kill9 test_tierctl_trace test_pr_preempt_abort"
+asan_shell_tests="test_iscsi_data_path test_conformance_libiscsi test_cache_modes_iscsi test_cache_leg_faults test_cache_crash_kill9 test_tierctl_trace test_pr_preempt_abort test_cleaner_yield"
 asan_kill_cycles=10
 [ -n "${TC_LONG:-}" ] && asan_kill_cycles=200
 asan_env=(

@@ -29,7 +29,7 @@
 #     the done - due of the same commands, and the closed loop at QD1
 #     reports under 60% of the M/D/1 value;
 #   - evenly spaced arrivals at rho 0.8 (D/D/1) are sent when due and, on
-#     a steady run, wait for nothing: mean within 10% of D;
+#     a steady run, wait for nothing: mean within 20% of D (Poisson: 3x);
 #   - a run whose services were not steady (a disk flush or another
 #     process on a 2-core machine) runs again, three tries in all, and the
 #     formula checks wait for a steady one; when the second or third run
@@ -224,10 +224,15 @@ pass "measured from the send, the same load reads $issue s and the closed loop $
 
 # --- evenly spaced arrivals: D/D/1, no wait ------------------------------------
 # Every command due 1.25 D after the last: the median one is sent the
-# moment it is due (under 100 us), whatever the load. The mean is within
-# 10% of the service time on a steady run; a slow moment stretches a few
-# services past the gap and the queue forms after all, so a run that was
-# not steady runs again (three tries; an unsteady second or third ends it).
+# moment it is due (under 100 us) while the services keep to D. The mean
+# is within 20% of the service time on a steady run (Poisson arrivals at
+# this load wait 2 service times on average; near 0.9 even a steady
+# run's small spread of services queues some 10%); a slow moment
+# stretches a few services past the gap and the queue forms after all, so
+# a run that was not steady runs again (three tries; an unsteady second or
+# third ends it). A run whose services took over 90% of the gap on
+# average (the machine slowed since D was measured: the load is no longer
+# 0.8) checks neither and runs again; three such runs say so and end it.
 for try in 1 2 3; do
 	tb -t 1 -q 1 -T 8 --rate "$rate_08" --arrivals fixed --io-log "$T/fixed.log" "$slow" >"$T/fixed.json" ||
 		fail "--arrivals fixed: $(head -c 300 "$T/fixed.json")"
@@ -237,11 +242,16 @@ for try in 1 2 3; do
 	fS=$(jv "$T/fixed.json" 'd["runs"][0]["service_us"]["avg"]/1e6')
 	fw=$(fv fixed wait_p50_ns) fcs=$(fv fixed service_cs2)
 	echo "fixed arrivals at rho 0.8 (try $try): mean $fmean s, service $fS s (cs2 $fcs), median wait to send $fw ns"
+	if ! is "$fS * $rate_08 <= 0.9"; then
+		echo "fixed arrivals: the services took $(python3 -c "print(round($fS * $rate_08, 2))") of the gap on average (the machine slowed): not checked"
+		fwhat="(the last run not checked: its services took over 90% of the gap)"
+		continue
+	fi
 	[ "$fw" -lt 100000 ] || fail "fixed arrivals at rho 0.8: the median command waited $fw ns to be sent"
 	fwhat="and wait for nothing: mean $fmean s, service $fS s"
-	close "$fmean" "$fS" 0.10 && break
+	close "$fmean" "$fS" 0.20 && break
 	if is "$fcs < 0.05"; then
-		[ "$try" = 3 ] && fail "fixed arrivals at rho 0.8: steady, yet the mean $fmean s is not within 10% of the service time $fS s"
+		[ "$try" = 3 ] && fail "fixed arrivals at rho 0.8: steady, yet the mean $fmean s is not within 20% of the service time $fS s"
 	elif [ "$try" -ge 2 ]; then
 		echo "fixed arrivals: no steady run in $try (cs2 $fcs): the mean was not checked against the service time"
 		fwhat="(the mean was not checked: no steady run)"

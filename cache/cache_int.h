@@ -267,6 +267,7 @@ struct journal {
 	struct jwait *pend_head, **pend_tail;  /* records waiting for a block */
 	struct jwait *inflight;                /* records in the block being written */
 	bool busy;
+	bool full;                             /* commits wait for a checkpoint (counted once per wait) */
 	struct cache_jblock_disk *buf;
 	_Atomic uint64_t head;                 /* next absolute block to write */
 	_Atomic uint64_t tail;                 /* oldest block still needed */
@@ -565,6 +566,8 @@ struct set_stats {
 	_Atomic uint64_t dlog_records, dlog_waits;
 	_Atomic uint64_t one_trip_writes; /* write-back pieces whose record went with their data */
 	_Atomic uint64_t no_record_writes; /* ... that overwrote dirty blocks and needed none */
+	_Atomic uint64_t checkpoints;      /* whose superblock was written */
+	_Atomic uint64_t journal_full_waits; /* times a ring was full and its commits waited for one */
 };
 
 struct cache_set {

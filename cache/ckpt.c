@@ -52,6 +52,8 @@ static void ckpt_sb_done(void *arg, int err)
 	struct cache_set *cs = ck->cs;
 	if (err)
 		log_err("cache %s: checkpoint superblock write failed: %s", cs->name, strerror(-err));
+	else
+		atomic_fetch_add_explicit(&cs->st.checkpoints, 1, memory_order_relaxed);
 	for (int j = 0; j < CACHE_NJOURNALS; j++) {
 		struct journal *jr = &cs->journals[j];
 		atomic_store(&jr->tail, ck->heads[j]);

@@ -114,10 +114,14 @@ void journal_kick(struct journal *j)
 	if (head - tail >= cs->lay.jblocks / 2)
 		j->half_full(cs);
 	if (head - tail >= cs->lay.jblocks) {
+		if (!j->full)
+			atomic_fetch_add_explicit(&cs->st.journal_full_waits, 1, memory_order_relaxed);
+		j->full = true;
 		pthread_mutex_unlock(&j->lock);
 		return; /* full: the checkpoint's completion kicks us again */
 	}
 
+	j->full = false;
 	struct cache_jblock_disk *b = j->buf;
 	memset(b, 0, sizeof(*b));
 	uint32_t n = 0;

@@ -113,6 +113,8 @@ void cache_set_status(struct cache_set *cs, struct cache_set_status *st)
 	intent_stats(cs, &st->intent_writes, &parked, &regions);
 	st->block_log_writes = atomic_load(&cs->st.dlog_records);
 	st->block_log_waits = atomic_load(&cs->st.dlog_waits);
+	st->checkpoints = atomic_load(&cs->st.checkpoints);
+	st->journal_full_waits = atomic_load(&cs->st.journal_full_waits);
 	st->version = cs->version;
 	st->block_log = cs->lay.dlog_pages ? 1 : 0;
 	pthread_mutex_lock(&cs->sb.lock);

@@ -62,6 +62,8 @@ struct cache_set_status {
 	uint64_t intent_writes;      /* write-intent page writes (a region's first write since idle) */
 	uint64_t block_log_writes;   /* overwrites of dirty data logged first (torn-write guard) */
 	uint64_t block_log_waits;    /* of those, how many waited for a checkpoint to free log space */
+	uint64_t checkpoints;        /* checkpoints written since the set opened */
+	uint64_t journal_full_waits; /* times a journal ring filled and its writes waited for a checkpoint */
 	uint32_t version;            /* on-disk format (4) */
 	uint32_t block_log;          /* 1: the set has the block log (a set made before format 3 has not) */
 	uint32_t luns_known;         /* entries of its table of LUNs in use (attached or not) */

@@ -563,6 +563,8 @@ void ctl_cache_counters_json(struct json_object *o, const struct cache_set_statu
 		{ "intent_writes", st->intent_writes },
 		{ "block_log_writes", st->block_log_writes },
 		{ "block_log_waits", st->block_log_waits },
+		{ "checkpoints", st->checkpoints },
+		{ "journal_full_waits", st->journal_full_waits },
 		{ "format_version", st->version },
 		{ "block_log", st->block_log },
 		{ "luns_known", st->luns_known },

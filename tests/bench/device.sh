@@ -9,8 +9,8 @@
 # past what the cache set uses. A second LUN, a page-cached file without a
 # cache (backing_io = buffered), gives the iSCSI layer's own QD1 round trip
 # and, under the 4K QD32 and 128K read rows, what the iSCSI path and the
-# client carry with no device at all: where fio is faster than that, no
-# cache behind this transport can reach 85% of fio.
+# client carry with no device at all: where that ceiling is below 85% of
+# fio, no cache behind this transport can reach the goal.
 # The daemon runs on CPU 0 with one worker, tierbench on CPU 1, fio alone
 # on CPU 0; fio and the daemon path of a row run one after the other, and
 # the whole set of rows TB_ROUNDS times.
@@ -25,7 +25,7 @@
 # It is a benchmark: it asserts nothing about speed, and exits non-zero
 # only when a run failed.
 #
-#   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 8 minutes)
+#   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 9 minutes)
 #   TB_SECS=3 TB_ROUNDS=1 bash tests/bench/device.sh   a quick look
 # Knobs: TB_SECS, TB_ROUNDS, TB_DIR (where the leg files go, default a
 # folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there),

@@ -13,7 +13,8 @@
  *    so writes in flight together land in any order (race tests); with
  *    write_hops_exact, after exactly write_hops re-posts; and writes that
  *    touch [slow_lo, slow_hi) after slow_hops re-posts, landing only then
- *    (one area of a leg made slow: its journal, say).
+ *    (one area of a leg made slow: its journal, say), or, with slow_hold
+ *    set, not before the test clears it.
  * The log holds submissions (writes with their data, flushes) and, as
  * WL_DONE entries (dev -1), completions, logged just before done() runs,
  * so an acknowledgement upward always has a later index than the
@@ -125,6 +126,7 @@ struct mem_bdev {
 	_Atomic uint64_t hop_rnd;
 	_Atomic uint64_t slow_lo, slow_hi;
 	_Atomic int slow_hops;
+	_Atomic bool slow_hold; /* writes to [slow_lo, slow_hi) complete only once this is cleared */
 	struct wlog *log;
 	bool borrowed;          /* data belongs to the caller (mem_borrow) */
 	uint8_t *touched;       /* the caller's bitmap of 4 KiB pages written, or NULL */
@@ -135,6 +137,7 @@ struct mem_done {
 	struct bdev_req *req;
 	int err;
 	int hops;
+	bool held;              /* re-posted while m->slow_hold */
 	struct mem_bdev *m;
 	uint8_t *wdata;         /* a late write's data, landing at completion */
 	size_t logi;            /* the submission's log index, SIZE_MAX: not logged */
@@ -144,8 +147,9 @@ struct mem_done {
 static inline void mem_complete(void *arg)
 {
 	struct mem_done *d = arg;
-	if (d->hops > 0) {
-		d->hops--;
+	if (d->hops > 0 || (d->held && atomic_load(&d->m->slow_hold))) {
+		if (d->hops > 0)
+			d->hops--;
 		worker_post_call(worker_self(), &d->call, mem_complete, d);
 		return;
 	}
@@ -189,9 +193,11 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 		d->hops = atomic_load(&m->write_hops_exact) ? wh : (int)((x >> 40) % (uint64_t)(wh + 1));
 	}
 	int sh = atomic_load(&m->slow_hops);
-	if (sh > 0 && req->op == BDEV_WRITE && req->offset < atomic_load(&m->slow_hi) &&
+	bool hold = atomic_load(&m->slow_hold);
+	if ((sh > 0 || hold) && req->op == BDEV_WRITE && req->offset < atomic_load(&m->slow_hi) &&
 	    req->offset + req->len > atomic_load(&m->slow_lo)) {
 		d->hops = sh;
+		d->held = hold;
 		late = true;
 	}
 	if (fa >= 0 && n >= fa) {

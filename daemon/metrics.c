@@ -354,6 +354,12 @@ static void cache_metrics(struct out *o, const struct config *cfg)
 	EACH_SET counter(o, "tiercache_cache_topups", lab, st[i].topups);
 	family(o, "tiercache_cache_evictions", "counter", "Extents dropped to make room.");
 	EACH_SET counter(o, "tiercache_cache_evictions", lab, st[i].evictions);
+	family(o, "tiercache_cache_checkpoints", "counter",
+	       "Checkpoints written: the slot table on the legs, so the journal can be reused.");
+	EACH_SET counter(o, "tiercache_cache_checkpoints", lab, st[i].checkpoints);
+	family(o, "tiercache_cache_journal_full_waits", "counter",
+	       "Times a journal ring filled and its writes waited for a checkpoint.");
+	EACH_SET counter(o, "tiercache_cache_journal_full_waits", lab, st[i].journal_full_waits);
 	family(o, "tiercache_cache_degraded", "gauge", "1 while a leg is failed or resyncing.");
 	EACH_SET gauge(o, "tiercache_cache_degraded", lab, st[i].degraded ? 1 : 0);
 	family(o, "tiercache_cache_lost_ranges", "gauge", "Ranges of dirty data lost with both legs (tierctl status lists them).");

@@ -9,7 +9,8 @@
 #    reads of cached data and the write-back writes are hits, the plain
 #    LUN's reads "backing";
 #  - the cache set's read counts moved by the reads sent, the legs are
-#    healthy;
+#    healthy; its checkpoints and journal full waits are the counts of
+#    tierctl status, taken on either side of the scrape;
 #  - a login the target's allow list refuses is counted on that target,
 #    and an open session shows in tiercache_target_sessions;
 #  - asked for OpenMetrics, it answers what the strict parser of
@@ -109,6 +110,19 @@ check "legs healthy" "$(value tiercache_cache_leg_state 'cache="write-back"' 'st
 check "refused logins of the closed target" "$(value tiercache_target_logins_refused_total "target=\"$iqn-closed\"")" 1
 check "refused logins of the open target" "$(value tiercache_target_logins_refused_total "target=\"$iqn-write-back\"")" 0
 pass "per-LUN counts and histograms equal what the client sent (3000 reads, 2048 writes, 500 plain reads), 1 refused login"
+
+# the journal's counters are status' own (the set is idle now: no checkpoint in between)
+st_field() { "$TC_ROOT/build/tierctl" -c "$T/t.conf" --json status | python3 -c '
+import json, sys
+print(next(c[sys.argv[1]] for c in json.load(sys.stdin)["caches"] if c["name"] == "write-back"))' "$1"; }
+ck0=$(st_field checkpoints) jf0=$(st_field journal_full_waits)
+scrape >"$T/m.txt" || fail "GET /metrics failed"
+ck1=$(st_field checkpoints)
+[ "$ck0" = "$ck1" ] || fail "a checkpoint ran while the set was idle ($ck0, then $ck1)"
+[ "$ck0" -ge 1 ] || fail "status counts $ck0 checkpoints after the set opened"
+check "tiercache_cache_checkpoints_total" "$(value tiercache_cache_checkpoints_total 'cache="write-back"')" "$ck0"
+check "tiercache_cache_journal_full_waits_total" "$(value tiercache_cache_journal_full_waits_total 'cache="write-back"')" "$jf0"
+pass "checkpoints ($ck0) and journal full waits ($jf0) as status counts them"
 
 # a session held open shows in the sessions gauge
 "$TB" --json --no-progress -b 4k --rand -r 100 -t 1 -q 1 -T 30 --size 8M "$p" >/dev/null 2>&1 &

@@ -114,17 +114,20 @@ pass "per-LUN counts and histograms equal what the client sent (3000 reads, 2048
 # the journal's counters are status' own: read on either side of a scrape,
 # after a flush (a destage writes records, which may bring a checkpoint),
 # until no checkpoint came in between
-st_field() { "$TC_ROOT/build/tierctl" -c "$T/t.conf" --json status | python3 -c '
+# journal_counters: "CHECKPOINTS JOURNAL_FULL_WAITS" of the write-back set, from one status
+journal_counters() { "$TC_ROOT/build/tierctl" -c "$T/t.conf" --json status | python3 -c '
 import json, sys
-print(next(c[sys.argv[1]] for c in json.load(sys.stdin)["caches"] if c["name"] == "write-back"))' "$1"; }
+c = next(c for c in json.load(sys.stdin)["caches"] if c["name"] == "write-back")
+print(c["checkpoints"], c["journal_full_waits"])'; }
 "$TC_ROOT/build/tierctl" -c "$T/t.conf" flush --wait >/dev/null || fail "tierctl flush --wait"
 for try in 1 2 3 4 5; do
-	ck0=$(st_field checkpoints) jf0=$(st_field journal_full_waits)
+	before=$(journal_counters)
 	scrape >"$T/m.txt" || fail "GET /metrics failed"
-	ck1=$(st_field checkpoints) jf1=$(st_field journal_full_waits)
-	[ "$ck0" = "$ck1" ] && [ "$jf0" = "$jf1" ] && break
-	[ "$try" = 5 ] && fail "the journal's counters kept moving around a scrape of the idle set ($ck0 then $ck1)"
+	after=$(journal_counters)
+	[ "$before" = "$after" ] && break
+	[ "$try" = 5 ] && fail "the journal's counters kept moving around a scrape of the idle set ($before, then $after)"
 done
+read -r ck0 jf0 <<<"$before"
 [[ $ck0 =~ ^[0-9]+$ ]] && [ "$ck0" -ge 1 ] || fail "status counts '$ck0' checkpoints after the set opened"
 check "tiercache_cache_checkpoints_total" "$(value tiercache_cache_checkpoints_total 'cache="write-back"')" "$ck0"
 check "tiercache_cache_journal_full_waits_total" "$(value tiercache_cache_journal_full_waits_total 'cache="write-back"')" "$jf0"

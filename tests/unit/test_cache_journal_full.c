@@ -168,9 +168,7 @@ int main(void)
 		(unsigned long long)(st.journal_full_waits - st0.journal_full_waits),
 		(unsigned long long)(st.checkpoints - st0.checkpoints));
 	check_all(vol, NWRITES, "live");
-	cache_set_shutdown(cs);
-	bdev_close(vol);
-	cache_set_close(cs);
+	test_set_close(cs, vol);
 	cs = open_set(d, &vol, img);
 	check_all(vol, NWRITES, "reopened");
 	test_set_close(cs, vol);

@@ -111,6 +111,8 @@ struct destage {
 	int stage;
 	uint64_t bytes;
 	uint64_t t0_us;
+	bool clipped;     /* dirty runs were left after next_at (the byte or run cap) */
+	uint32_t next_at; /* the block the rest of the slot starts at */
 };
 
 struct dirty_ent {
@@ -133,6 +135,9 @@ struct cleaner {
 	uint64_t settle_at;     /* next look for failing LUNs with nothing dirty (settle) */
 	struct dirty_ent *order;
 	uint32_t norder, pos, scan;
+	/* order[pos] was clipped: its rest (from block resume_at) comes before order[pos + 1] */
+	bool resume;
+	uint32_t resume_at;
 	struct destage ops[CLEAN_OPS];
 	/* yielding to the host (see the top of the file) */
 	uint64_t quiet_ns;      /* mean latency of hits no destage overlapped (smoothed); 0: not known */
@@ -298,7 +303,7 @@ static void step(struct bdev_req *req, int err)
 }
 
 static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_t key, struct cache_vol *v,
-		       uint64_t max_bytes)
+		       uint64_t max_bytes, uint32_t from)
 {
 	struct cache_set *cs = c->cs;
 	struct slot *sl = &cs->slots[s];
@@ -312,7 +317,7 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 		return false;
 	}
 	d->nruns = 0;
-	uint32_t at = 0, n;
+	uint32_t at = from, n;
 	uint64_t room = max_bytes / CACHE_SECTOR; /* sectors this destage may still take */
 	while (d->nruns < CLEAN_RUNS && room && slot_next_dirty_run(cs, s, &at, &n)) {
 		if (n > room)
@@ -323,6 +328,9 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 		d->nruns++;
 		at += n;
 	}
+	d->next_at = at;
+	uint32_t more = at, mn;
+	d->clipped = d->nruns && slot_next_dirty_run(cs, s, &more, &mn);
 	if (!d->nruns) {
 		slot_unlock(sl);
 		return false;
@@ -370,8 +378,11 @@ static bool start_held(struct cleaner *c, struct destage *d, uint32_t s, uint64_
 	return true;
 }
 
-/* Destage (up to max_bytes of) slot s with d, holding its volume meanwhile; false if not started. */
-static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint64_t max_bytes)
+/*
+ * Destage (up to max_bytes of) slot s from block `from` on with d, holding
+ * its volume meanwhile; false if not started.
+ */
+static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint64_t max_bytes, uint32_t from)
 {
 	struct cache_set *cs = c->cs;
 	uint64_t key = atomic_load(&cs->slots[s].key);
@@ -388,7 +399,7 @@ static bool start(struct cleaner *c, struct destage *d, uint32_t s, uint64_t max
 		cache_vol_release(v); /* its backing store refused the last one: not yet */
 		return false;
 	}
-	if (start_held(c, d, s, key, v, max_bytes))
+	if (start_held(c, d, s, key, v, max_bytes, from))
 		return true;
 	cache_vol_release(v);
 	return false;
@@ -407,6 +418,7 @@ static void gather(struct cleaner *c)
 	uint32_t n = cs->lay.nslots;
 	c->norder = 0;
 	c->pos = 0;
+	c->resume = false;
 	for (uint32_t k = 0; k < n && c->norder < CLEAN_BATCH; k++) {
 		uint32_t s = (c->scan + k) % n;
 		uint32_t bits = atomic_load(&cs->slots[s].bits);
@@ -558,8 +570,28 @@ static void pump(struct cleaner *c)
 			}
 		if (!d)
 			return;
-		/* a slot left with dirty runs is met again by the next gather */
-		start(c, d, c->order[c->pos++].slot, max_bytes);
+		/*
+		 * A slot clipped by the caps is finished before the next one in
+		 * the list (its destage ends first: this pump comes again then),
+		 * from where the last part stopped, so a host rewriting its start
+		 * cannot hold the cleaner on it. Left until the next gather, the
+		 * rest would wait behind every extent after it, of any LUN: a
+		 * detach of one LUN (tierctl detach) would wait for the others.
+		 */
+		uint32_t s = c->order[c->pos].slot, from = 0;
+		if (c->resume) {
+			if (atomic_load(&cs->slots[s].bits) & SB_DESTAGING)
+				return;
+			from = c->resume_at;
+		}
+		c->resume = false;
+		c->pos++;
+		if (start(c, d, s, max_bytes, from) && d->clipped && d->next_at < cs->lay.bpe) {
+			c->pos--;
+			c->resume = true;
+			c->resume_at = d->next_at;
+			return;
+		}
 	}
 }
 

@@ -52,7 +52,10 @@
  *
  * make check: CUTS cut points per mode (evenly spread) x SUBSETS subsets
  * (200 x 9 x 5 = 9000 recovered images, two to three minutes on 2 cores);
- * TC_LONG=1: every point of the log; PC_CUTS=N: N points. PC_SEED sets the base seed; the
+ * TC_LONG=1: every point of the log; PC_CUTS=N: N points; PC_MODE=M starts at mode M (0-4),
+ * PC_MODES=N runs N modes from there; PC_DUMP and PC_REPLAY (below) save and replay a failing
+ * workload, PC_CUT=C checks cut point C only, PC_TRACE=1 lists where a lost write's data went.
+ * PC_SEED sets the base seed; the
  * engine's log is silenced during the recoveries unless PC_VERBOSE is set;
  * PC_PROFILE=1 prints where the time went.
  */
@@ -285,6 +288,41 @@ static size_t model_image(const struct model *m, size_t cut, uint64_t seed, int 
 static uint64_t rnd_state = 88172645463325252ull;
 static uint64_t rnd(void) { return tc_xorshift(&rnd_state); }
 
+static const struct model *cur_model; /* the log being cut, for trace_lost */
+static uint64_t lost_seq;             /* the first lost write's seq (0: none yet) in this image */
+
+/*
+ * A lost write: where its data went (every submission carrying its stamp,
+ * which device, when it completed and became durable against the cut), so
+ * a failure says which of the engine's writes did not count.
+ */
+static void trace_lost(size_t cut, uint64_t seq)
+{
+	const struct model *m = cur_model;
+	if (!m)
+		return;
+	static const char *devname[NDEV] = { "backing", "leg0", "leg1", "leg1b" };
+	fprintf(stderr, "  write seq %llu (cut at %zu, replace at %zu): its data in the log:\n",
+		(unsigned long long)seq, cut, replace_at);
+	for (size_t i = 0; i < m->n; i++) {
+		struct wlog_ent *x = &m->log->e[i];
+		if (x->kind != WL_SUBMIT || !x->data)
+			continue;
+		for (uint64_t o = 0; o < x->len; o += 512) {
+			struct stamp st;
+			memcpy(&st, x->data + o, sizeof(st));
+			if (st.seq != seq || st.crc != stamp_crc(st.lba, st.seq))
+				continue;
+			fprintf(stderr, "    #%zu %s off %llu len %llu%s lba %llu..: done #%zd, durable #%zd\n", i,
+				devname[x->dev], (unsigned long long)x->off, (unsigned long long)x->len,
+				x->fua ? " FUA" : "", (unsigned long long)st.lba,
+				m->done[i] == SIZE_MAX ? (ssize_t)-1 : (ssize_t)m->done[i],
+				m->durable[i] == SIZE_MAX ? (ssize_t)-1 : (ssize_t)m->durable[i]);
+			break;
+		}
+	}
+}
+
 static int check_sector(size_t cut, const uint8_t *s, uint64_t lba, const char *what, int bad)
 {
 	uint64_t seq = 0;
@@ -309,6 +347,11 @@ static int check_sector(size_t cut, const uint8_t *s, uint64_t lba, const char *
 			(unsigned long long)lba, k < 0 ? "garbage" : k == 0 ? "zeroes" : "stamp",
 			(unsigned long long)seq, last < 0 ? "none" : h->e[last].unmap ? "unmap" : "write",
 			last < 0 ? 0ull : (unsigned long long)h->e[last].seq);
+	if (!ok && !lost_seq && last >= 0 && !h->e[last].unmap) {
+		lost_seq = h->e[last].seq;
+		if (getenv("PC_TRACE"))
+			trace_lost(cut, lost_seq);
+	}
 	return ok ? 0 : 1;
 }
 
@@ -363,6 +406,7 @@ static int verify(size_t cut, uint8_t *const img[NDEV], const char *what)
 			bad++;
 		}
 	}
+	lost_seq = 0;
 	for (uint64_t lba = 0; lba < NSECT; lba++)
 		bad += check_sector(cut, vol_img[0] + lba * 512, lba, what, bad);
 	/* 4 KiB blocks: each from one write, never part old, part new */
@@ -667,6 +711,82 @@ static size_t workload(int nbatches)
 	return total;
 }
 
+/*
+ * PC_DUMP=FILE: the first failing mode's workload (its log, the images it
+ * started from, what was acknowledged when) is saved to FILE, so
+ * PC_REPLAY=FILE checks the same interleaving again (PC_MODE names its mode)
+ * without running the workload: a failure that needs a rare interleaving
+ * can be studied as often as needed.
+ */
+static void dump_workload(const char *path, size_t total)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return;
+	fwrite(&replace_at, sizeof(replace_at), 1, f);
+	fwrite(&total, sizeof(total), 1, f);
+	for (int d = 0; d < NDEV; d++)
+		fwrite(init_img[d], 1, dev_size[d], f);
+	for (uint32_t i = 0; i < NSECT; i++) {
+		fwrite(&hist[i].n, sizeof(int), 1, f);
+		fwrite(hist[i].e, sizeof(struct event), (size_t)hist[i].n, f);
+	}
+	fwrite(&g_log.n, sizeof(g_log.n), 1, f);
+	for (size_t i = 0; i < g_log.n; i++) {
+		struct wlog_ent x = g_log.e[i];
+		bool has = x.data != NULL;
+		x.data = NULL;
+		fwrite(&x, sizeof(x), 1, f);
+		fwrite(&has, sizeof(has), 1, f);
+		if (has)
+			fwrite(g_log.e[i].data, 1, x.len, f);
+	}
+	fclose(f);
+	fprintf(stderr, "workload saved to %s (PC_REPLAY)\n", path);
+}
+
+static size_t load_workload(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	REQUIRE(f, "cannot open %s", path);
+	size_t total = 0, n = 0;
+	bool ok = fread(&replace_at, sizeof(replace_at), 1, f) == 1 && fread(&total, sizeof(total), 1, f) == 1;
+	for (int d = 0; d < NDEV; d++) {
+		free(init_img[d]);
+		init_img[d] = malloc(dev_size[d]);
+		ok = ok && fread(init_img[d], 1, dev_size[d], f) == dev_size[d];
+	}
+	for (uint32_t i = 0; i < NSECT && ok; i++) {
+		int k = 0;
+		ok = fread(&k, sizeof(k), 1, f) == 1;
+		hist[i].n = 0;
+		for (int j = 0; j < k && ok; j++) {
+			struct event e;
+			ok = fread(&e, sizeof(e), 1, f) == 1;
+			add_event(i, 1, e.seq, e.ack, e.unmap);
+		}
+	}
+	ok = ok && fread(&n, sizeof(n), 1, f) == 1;
+	wlog_reset(&g_log);
+	for (size_t i = 0; i < n && ok; i++) {
+		struct wlog_ent x;
+		bool has = false;
+		ok = fread(&x, sizeof(x), 1, f) == 1 && fread(&has, sizeof(has), 1, f) == 1;
+		uint8_t *data = NULL;
+		if (ok && has) {
+			data = malloc(x.len);
+			ok = fread(data, 1, x.len, f) == x.len;
+		}
+		g_log.on = true;
+		wlog_append(&g_log, x.kind, x.dev, x.flush, x.fua, x.off, x.len, data, x.ref);
+		g_log.on = false;
+		free(data);
+	}
+	fclose(f);
+	REQUIRE(ok, "%s is not a whole saved workload", path);
+	return total;
+}
+
 int main(void)
 {
 	bool long_run = getenv("TC_LONG") != NULL;
@@ -681,15 +801,19 @@ int main(void)
 				    CACHE_WRITE_BACK };
 	int total_failures = 0;
 	size_t first_mode = getenv("PC_MODE") ? strtoul(getenv("PC_MODE"), NULL, 0) : 0;
-	for (size_t mi = first_mode; mi < sizeof(modes) / sizeof(modes[0]); mi++) {
+	size_t end_mode = sizeof(modes) / sizeof(modes[0]);
+	if (getenv("PC_MODES") && first_mode + strtoul(getenv("PC_MODES"), NULL, 0) < end_mode)
+		end_mode = first_mode + strtoul(getenv("PC_MODES"), NULL, 0);
+	for (size_t mi = first_mode; mi < end_mode; mi++) {
 		cur_mode = modes[mi];
 		blk4k = mi == 4;
 		replace_new = mi % 2 == 0; /* write-back and write-around: onto a new device */
 		struct timespec t0, t1;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
-		size_t total = workload(long_run ? 60 : 24);
+		size_t total = getenv("PC_REPLAY") ? load_workload(getenv("PC_REPLAY")) : workload(long_run ? 60 : 24);
 		struct model m;
 		model_build(&m, &g_log);
+		cur_model = &m;
 		if (!getenv("PC_VERBOSE"))
 			log_set_level((enum log_level)0); /* thousands of recoveries: their log says nothing new */
 		verifying = true;
@@ -701,10 +825,16 @@ int main(void)
 		}
 		size_t cuts = getenv("PC_CUTS") ? strtoul(getenv("PC_CUTS"), NULL, 0) : CUTS;
 		size_t npoints = long_run || total + 1 <= cuts ? total + 1 : cuts;
+		size_t only_cut = getenv("PC_CUT") ? strtoul(getenv("PC_CUT"), NULL, 0) : SIZE_MAX;
 		int failures = 0;
 		size_t tried = 0, rcuts = 0, inflight_sum = 0;
 		for (size_t pi = 0; pi < npoints && failures < 3; pi++) {
 			size_t cut = npoints == total + 1 ? pi : pi * (total + 1) / npoints;
+			if (only_cut != SIZE_MAX) {
+				if (pi)
+					break;
+				cut = only_cut; /* PC_CUT: this cut point only */
+			}
 			for (int s = 0; s <= SUBSETS && failures < 3; s++) {
 				uint64_t seed = base_seed ^ ((uint64_t)cut * 1000003u + (uint64_t)s);
 				static uint8_t *img[NDEV];
@@ -726,6 +856,8 @@ int main(void)
 				tried++;
 				if (bad) {
 					fprintf(stderr, "%s: %d problems\n", what, bad);
+					if (!failures && getenv("PC_DUMP") && !getenv("PC_REPLAY"))
+						dump_workload(getenv("PC_DUMP"), total);
 					failures++;
 				}
 			}
@@ -737,6 +869,7 @@ int main(void)
 		       cache_mode_name(cur_mode), blk4k ? " (4 KiB blocks)" : "", npoints, SUBSETS, tried, rcuts, n_both, n_degraded,
 		       tried ? (double)inflight_sum / (double)tried : 0.0, failures,
 		       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+		cur_model = NULL;
 		model_free(&m);
 		if (getenv("PC_PROFILE"))
 			printf("  open %.1f s, reads and checks %.1f s, shutdown %.1f s\n", t_open, t_read, t_close);

@@ -21,20 +21,62 @@ static int rrec_cmp(const void *a, const void *b)
 	return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-static void recover_apply(struct cache_set *cs, const struct rrec *r)
+/*
+ * kseq[slot]: the seq of the last record replayed onto the slot under the
+ * key it holds (0: it holds its key from the table alone, older than every
+ * record replayed).
+ */
+static void recover_apply(struct cache_set *cs, const struct rrec *r, uint64_t *kseq)
 {
 	struct slot *sl = &cs->slots[r->slot];
 	if (r->op == JOP_FREE) {
 		slot_apply(cs, r->slot, JOP_FREE, 0, cs->lay.bpe);
 		atomic_store(&sl->key, CACHE_KEY_NONE);
+		kseq[r->slot] = 0;
 	} else {
 		if (atomic_load(&sl->key) != r->key) {
 			slot_apply(cs, r->slot, JOP_FREE, 0, cs->lay.bpe);
 			atomic_store(&sl->key, r->key);
 		}
 		slot_apply(cs, r->slot, r->op, r->first, r->count);
+		kseq[r->slot] = r->seq;
 	}
 	ckpt_mark(cs, r->slot);
+}
+
+/*
+ * Two slots holding one key: an extent evicted from one slot and cached
+ * again in another, where the record that freed the first one (in one
+ * journal ring) did not reach the leg before the power went, and the
+ * records of the second one (in another ring, acknowledged writes among
+ * them) did. Every record of the second slot came after that free, so
+ * the slot with the newer record holds the extent; the other is stale.
+ * (Both from the table alone: the second slot then holds nothing that was
+ * acknowledged, and the first found is kept.) Picks, through the map, the
+ * slot each key stays in.
+ */
+static void recover_pick_slots(struct cache_set *cs, const uint64_t *kseq)
+{
+	for (uint32_t s = cs->lay.nslots; s-- > 0;) {
+		struct slot *sl = &cs->slots[s];
+		uint64_t key = atomic_load(&sl->key);
+		uint32_t bits = atomic_load(&sl->bits);
+		if (key == CACHE_KEY_NONE || !((bits & SB_FULL_VALID) || (bits & SB_HAS_BM)))
+			continue;
+		if (map_insert(&cs->map, key, s) != -EEXIST)
+			continue; /* in; or out of memory, and the pass below frees it */
+		rcu_read_lock();
+		uint32_t e = map_lookup(&cs->map, key);
+		rcu_read_unlock();
+		if (e == POLICY_NO_SLOT || kseq[s] <= kseq[e])
+			continue;
+		log_warn("cache %s: slots %u and %u both hold extent %llu of backing %u (the record that freed "
+			 "slot %u was cut): the newer, slot %u, is kept", cs->name, e, s,
+			 (unsigned long long)key_ext(key), key_bid(key), e, s);
+		map_remove(&cs->map, key, e);
+		if (map_insert(&cs->map, key, s) < 0)
+			map_insert(&cs->map, key, e);
+	}
 }
 
 int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
@@ -151,19 +193,32 @@ int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 		atomic_store(&cs->journals[j].tail, cs->jtail[j]);
 	}
 	buf_put(rbuf, ring);
+	uint64_t *kseq = calloc(cs->lay.nslots, sizeof(*kseq));
+	if (!kseq) {
+		free(recs);
+		return cache_errf(err, errlen, "cache %s: out of memory", cs->name);
+	}
 	qsort(recs, n, sizeof(*recs), rrec_cmp);
 	for (size_t i = 0; i < n; i++)
-		recover_apply(cs, &recs[i]);
+		recover_apply(cs, &recs[i], kseq);
 	atomic_store(&cs->next_seq, max_seq);
 
-	/* 3. the map and the free list */
+	/* 3. the map (one slot per key) and the free list */
+	recover_pick_slots(cs, kseq);
+	free(kseq);
 	uint32_t live = 0;
 	for (uint32_t s = cs->lay.nslots; s-- > 0;) {
 		struct slot *sl = &cs->slots[s];
 		uint64_t key = atomic_load(&sl->key);
 		uint32_t bits = atomic_load(&sl->bits);
 		bool any_valid = (bits & SB_FULL_VALID) || (bits & SB_HAS_BM);
-		if (key != CACHE_KEY_NONE && any_valid && map_insert(&cs->map, key, s) == 0) {
+		uint32_t in = POLICY_NO_SLOT;
+		if (key != CACHE_KEY_NONE && any_valid) {
+			rcu_read_lock();
+			in = map_lookup(&cs->map, key);
+			rcu_read_unlock();
+		}
+		if (in == s) {
 			atomic_fetch_or(&sl->bits, SB_READY);
 			policy_insert(cs->policy, s, key);
 			live++;

@@ -7,6 +7,9 @@
  * owner's data) and (b) an RCU grace period has passed (so no reader that
  * found it in the map is still pinning it). Eviction runs ahead of need,
  * keeping a small free pool, so a miss never waits for a grace period.
+ * The extent itself may be cached again at once, in another slot, before
+ * that FREE is durable (its records may then land first, in another
+ * ring): recovery keeps the slot with the newer record (recover.c).
  *
  * Threading: cache_alloc_slot/cache_drop_slot/cache_reclaim: worker
  * threads, take alloc_lock briefly, never sleep or wait for a grace period.

@@ -571,12 +571,14 @@ static void pump(struct cleaner *c)
 		if (!d)
 			return;
 		/*
-		 * A slot clipped by the caps is finished before the next one in
-		 * the list (its destage ends first: this pump comes again then),
-		 * from where the last part stopped, so a host rewriting its start
-		 * cannot hold the cleaner on it. Left until the next gather, the
-		 * rest would wait behind every extent after it, of any LUN: a
-		 * detach of one LUN (tierctl detach) would wait for the others.
+		 * A slot clipped by the busy host's caps is finished before the
+		 * next one in the list (its destage ends first: this pump comes
+		 * again then), from where the last part stopped, so a host
+		 * rewriting its start cannot hold the cleaner on it. Left until the
+		 * next gather, the rest would wait behind every extent after it, of
+		 * any LUN: a detach of one LUN (tierctl detach) would wait for the
+		 * others. (With the host quiet only CLEAN_RUNS clips, and other
+		 * destages go on beside it: the rest waits for the next gather.)
 		 */
 		uint32_t s = c->order[c->pos].slot, from = 0;
 		if (c->resume) {
@@ -586,7 +588,7 @@ static void pump(struct cleaner *c)
 		}
 		c->resume = false;
 		c->pos++;
-		if (start(c, d, s, max_bytes, from) && d->clipped && d->next_at < cs->lay.bpe) {
+		if (start(c, d, s, max_bytes, from) && d->clipped && host && d->next_at < cs->lay.bpe) {
 			c->pos--;
 			c->resume = true;
 			c->resume_at = d->next_at;

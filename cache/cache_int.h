@@ -471,6 +471,12 @@ struct set_alloc {
 	 * meanwhile would evict another batch and the cache would empty itself
 	 * under churn. */
 	_Atomic uint32_t nfreeing;
+	/*
+	 * Eviction batches (cache_reclaim) whose slots are on that way, under
+	 * lock: their keys are not cached again until the batch is released
+	 * (its FREE records durable), so no extent is in two slots on disk.
+	 */
+	struct evict_batch *evicting;
 	uint32_t cursor;              /* where free_pop looks first */
 	/*
 	 * Slots dropped when no eviction batch could be allocated (out of

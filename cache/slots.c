@@ -7,9 +7,12 @@
  * owner's data) and (b) an RCU grace period has passed (so no reader that
  * found it in the map is still pinning it). Eviction runs ahead of need,
  * keeping a small free pool, so a miss never waits for a grace period.
- * The extent itself may be cached again at once, in another slot, before
- * that FREE is durable (its records may then land first, in another
- * ring): recovery keeps the slot with the newer record (recover.c).
+ * The extent itself is not cached again, in any slot, before that FREE is
+ * durable: the new slot's records, in another journal ring, could land
+ * first, and a power cut then would leave the extent in two slots on disk
+ * (recovery keeps the one with the newer record, recover.c; but if the
+ * new slot had been written, destaged and evicted meanwhile, the old one
+ * would be all that is left, older than the backing store).
  *
  * Threading: cache_alloc_slot/cache_drop_slot/cache_reclaim: worker
  * threads, take alloc_lock briefly, never sleep or wait for a grace period.
@@ -21,6 +24,8 @@
 struct evict_batch {
 	struct rcu_head rcu;
 	struct cache_set *cs;
+	struct evict_batch *next; /* alloc.evicting, while its keys are held back */
+	uint64_t *keys;           /* cache_reclaim's: the keys it frees (n of them) */
 	_Atomic int refs;       /* FREE records outstanding + 1 for the grace period */
 	uint32_t n;             /* slots, all counted in alloc.nfreeing until released */
 	uint32_t *slots;
@@ -35,6 +40,12 @@ static void batch_release(struct evict_batch *b)
 		return;
 	struct cache_set *cs = b->cs;
 	pthread_mutex_lock(&cs->alloc.lock);
+	if (b->keys)
+		for (struct evict_batch **pp = &cs->alloc.evicting; *pp; pp = &(*pp)->next)
+			if (*pp == b) {
+				*pp = b->next;
+				break;
+			}
 	for (uint32_t i = 0; i < b->n; i++) {
 		struct slot *sl = &cs->slots[b->slots[i]];
 		atomic_store(&sl->key, CACHE_KEY_NONE);
@@ -64,9 +75,9 @@ static void batch_recorded(struct jwait *w, int err)
 
 static struct evict_batch *batch_new(struct cache_set *cs, uint32_t n)
 {
-	/* layout: header, slots[n], then n x { back pointer, jwait } */
+	/* layout: header, slots[n], then n x { back pointer, jwait }, then keys[n] (cache_reclaim's) */
 	size_t per = sizeof(void *) + sizeof(struct jwait);
-	struct evict_batch *b = calloc(1, sizeof(*b) + n * sizeof(uint32_t) + n * per + 16);
+	struct evict_batch *b = calloc(1, sizeof(*b) + n * sizeof(uint32_t) + n * per + 16 + n * sizeof(uint64_t));
 	if (!b)
 		return NULL;
 	b->cs = cs;
@@ -118,6 +129,16 @@ static struct jwait *batch_jw(struct evict_batch *b, uint32_t cap, uint32_t i)
 	char *e = base + i * per;
 	*(struct evict_batch **)e = b;
 	return (struct jwait *)(e + sizeof(void *));
+}
+
+_Static_assert((sizeof(void *) + sizeof(struct jwait)) % 8 == 0, "keys[] after the jwaits stays aligned");
+
+/* keys[cap] after the jwaits (batch_new's layout) */
+static uint64_t *batch_keys(struct evict_batch *b, uint32_t cap)
+{
+	size_t per = sizeof(void *) + sizeof(struct jwait);
+	uintptr_t base = ((uintptr_t)(b->slots + cap) + 7) & ~(uintptr_t)7;
+	return (uint64_t *)(base + cap * per);
 }
 
 /* The batch's FREE records (keys[i] for b->slots[i]) journaled, and its grace period asked for: each
@@ -172,7 +193,7 @@ void cache_reclaim(struct cache_set *cs)
 		pthread_mutex_unlock(&cs->alloc.lock);
 		return;
 	}
-	uint64_t keys[64];
+	uint64_t *keys = batch_keys(b, cap);
 	while (b->n < cap && have + b->n < want) {
 		uint32_t s = policy_victim(cs->policy, evictable, cs);
 		if (s == POLICY_NO_SLOT)
@@ -188,6 +209,11 @@ void cache_reclaim(struct cache_set *cs)
 		b->slots[b->n++] = s;
 	}
 	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) + b->n);
+	if (b->n) {
+		b->keys = keys;
+		b->next = cs->alloc.evicting;
+		cs->alloc.evicting = b;
+	}
 	pthread_mutex_unlock(&cs->alloc.lock);
 	atomic_store(&cs->alloc.reclaim_pending, false);
 	if (!b->n) {
@@ -212,6 +238,16 @@ static void maybe_reclaim(struct cache_set *cs)
  * slot pinned for the writer. POLICY_NO_SLOT and *existing untouched if
  * no slot is free (a reclaim is started).
  */
+/* alloc.lock held: key was just evicted and its FREE record is not durable yet */
+static bool key_evicting(struct cache_set *cs, uint64_t key)
+{
+	for (struct evict_batch *b = cs->alloc.evicting; b; b = b->next)
+		for (uint32_t i = 0; i < b->n; i++)
+			if (b->keys[i] == key)
+				return true;
+	return false;
+}
+
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing)
 {
 	pthread_mutex_lock(&cs->alloc.lock);
@@ -222,6 +258,11 @@ uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, ui
 			atomic_fetch_add(&cs->slots[s].bits, SB_WGEN_ONE);
 			*existing = s;
 		}
+		pthread_mutex_unlock(&cs->alloc.lock);
+		return POLICY_NO_SLOT;
+	}
+	if (cs->alloc.evicting && key_evicting(cs, key)) {
+		/* not admitted this time (see the top of the file); the next miss may be */
 		pthread_mutex_unlock(&cs->alloc.lock);
 		return POLICY_NO_SLOT;
 	}

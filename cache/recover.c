@@ -22,11 +22,13 @@ static int rrec_cmp(const void *a, const void *b)
 }
 
 /*
- * kseq[slot]: the seq of the last record replayed onto the slot under the
- * key it holds (0: it holds its key from the table alone, older than every
- * record replayed).
+ * kseq[slot]: the last record replayed onto the slot under the key it
+ * holds, as its seq - ckpt_seq + 1 (every replayed seq is at least
+ * ckpt_seq, and a journal holds far fewer than 2^32 records); 0: it holds
+ * its key from the table alone, older than every record replayed. 4 bytes
+ * a slot, for the open only.
  */
-static void recover_apply(struct cache_set *cs, const struct rrec *r, uint64_t *kseq)
+static void recover_apply(struct cache_set *cs, const struct rrec *r, uint32_t *kseq)
 {
 	struct slot *sl = &cs->slots[r->slot];
 	if (r->op == JOP_FREE) {
@@ -39,7 +41,7 @@ static void recover_apply(struct cache_set *cs, const struct rrec *r, uint64_t *
 			atomic_store(&sl->key, r->key);
 		}
 		slot_apply(cs, r->slot, r->op, r->first, r->count);
-		kseq[r->slot] = r->seq;
+		kseq[r->slot] = (uint32_t)(r->seq - cs->ck.seq + 1);
 	}
 	ckpt_mark(cs, r->slot);
 }
@@ -55,7 +57,7 @@ static void recover_apply(struct cache_set *cs, const struct rrec *r, uint64_t *
  * acknowledged, and the first found is kept.) Picks, through the map, the
  * slot each key stays in.
  */
-static void recover_pick_slots(struct cache_set *cs, const uint64_t *kseq)
+static void recover_pick_slots(struct cache_set *cs, const uint32_t *kseq)
 {
 	for (uint32_t s = cs->lay.nslots; s-- > 0;) {
 		struct slot *sl = &cs->slots[s];
@@ -68,11 +70,14 @@ static void recover_pick_slots(struct cache_set *cs, const uint64_t *kseq)
 		rcu_read_lock();
 		uint32_t e = map_lookup(&cs->map, key);
 		rcu_read_unlock();
-		if (e == POLICY_NO_SLOT || kseq[s] <= kseq[e])
+		if (e == POLICY_NO_SLOT)
 			continue;
+		uint32_t keep = kseq[s] > kseq[e] ? s : e, drop = keep == s ? e : s;
 		log_warn("cache %s: slots %u and %u both hold extent %llu of backing %u (the record that freed "
 			 "slot %u was cut): the newer, slot %u, is kept", cs->name, e, s,
-			 (unsigned long long)key_ext(key), key_bid(key), e, s);
+			 (unsigned long long)key_ext(key), key_bid(key), drop, keep);
+		if (keep == e)
+			continue;
 		map_remove(&cs->map, key, e);
 		if (map_insert(&cs->map, key, s) < 0)
 			map_insert(&cs->map, key, e);
@@ -193,7 +198,7 @@ int cache_recover_set(struct cache_set *cs, int leg, char *err, size_t errlen)
 		atomic_store(&cs->journals[j].tail, cs->jtail[j]);
 	}
 	buf_put(rbuf, ring);
-	uint64_t *kseq = calloc(cs->lay.nslots, sizeof(*kseq));
+	uint32_t *kseq = calloc(cs->lay.nslots, sizeof(*kseq));
 	if (!kseq) {
 		free(recs);
 		return cache_errf(err, errlen, "cache %s: out of memory", cs->name);

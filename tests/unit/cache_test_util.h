@@ -288,6 +288,27 @@ static inline struct mem_bdev *mem_borrow(int id, uint64_t size, uint8_t *data)
 	return m;
 }
 
+/* A set over the two mirror legs, or the test fails. */
+static inline struct cache_set *test_set_open(const struct cache_set_cfg *cfg, struct mem_bdev *leg0,
+					      struct mem_bdev *leg1)
+{
+	char err[512];
+	struct bdev *legs[2] = { &leg0->dev, &leg1->dev };
+	struct cache_set *cs = cache_set_open_devs(cfg, legs, err, sizeof(err));
+	REQUIRE(cs, "open: %s", err);
+	return cs;
+}
+
+/* LUN lun on backing store back, attached to cs in mode, or the test fails. */
+static inline struct bdev *test_vol_open(struct cache_set *cs, const char *lun, struct mem_bdev *back,
+					 enum cache_mode mode)
+{
+	char err[512];
+	struct bdev *vol = cache_vol_open(cs, lun, &back->dev, NULL, mode, err, sizeof(err));
+	REQUIRE(vol, "attach %s: %s", lun, err);
+	return vol;
+}
+
 /* A set and its one volume closed the way the daemon does: a clean stop, then the volume, then the set. */
 static inline void test_set_close(struct cache_set *cs, struct bdev *vol)
 {

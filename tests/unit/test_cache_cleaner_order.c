@@ -50,19 +50,14 @@ static void *flush_main(void *arg)
 int main(void)
 {
 	REQUIRE(workers_start(2) == 0, "workers");
-	char err[512];
 	enum { DEV_A, DEV_B, DEV_LEG0, DEV_LEG1, NDEV };
 	uint64_t sizes[NDEV] = { BACK_SIZE, BACK_SIZE, LEG_SIZE, LEG_SIZE };
 	struct mem_bdev *d[NDEV];
 	for (int i = 0; i < NDEV; i++)
 		d[i] = mem_new(i, sizes[i], NULL);
-	struct bdev *legs[2] = { &d[DEV_LEG0]->dev, &d[DEV_LEG1]->dev };
-	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "open: %s", err);
-	struct bdev *va = cache_vol_open(cs, "a", &d[DEV_A]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(va, "attach a: %s", err);
-	struct bdev *vb = cache_vol_open(cs, "b", &d[DEV_B]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vb, "attach b: %s", err);
+	struct cache_set *cs = test_set_open(&cfg, d[DEV_LEG0], d[DEV_LEG1]);
+	struct bdev *va = test_vol_open(cs, "a", d[DEV_A], CACHE_WRITE_BACK);
+	struct bdev *vb = test_vol_open(cs, "b", d[DEV_B], CACHE_WRITE_BACK);
 
 	/* the host busy throughout: every destage part is at most 128 KiB */
 	atomic_fetch_add(&cs->fg_inflight, 1);

@@ -55,16 +55,12 @@ static bool cached(struct cache_set *cs, uint64_t key)
 int main(void)
 {
 	REQUIRE(workers_start(2) == 0, "workers");
-	char err[512];
 	uint64_t sizes[NDEV] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
 	struct mem_bdev *d[NDEV];
 	for (int i = 0; i < NDEV; i++)
 		d[i] = mem_new(i, sizes[i], NULL);
-	struct bdev *legs[2] = { &d[DEV_LEG0]->dev, &d[DEV_LEG1]->dev };
-	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "open: %s", err);
-	struct bdev *vol = cache_vol_open(cs, "lun0", &d[DEV_BACK]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(vol, "attach: %s", err);
+	struct cache_set *cs = test_set_open(&cfg, d[DEV_LEG0], d[DEV_LEG1]);
+	struct bdev *vol = test_vol_open(cs, "lun0", d[DEV_BACK], CACHE_WRITE_BACK);
 	REQUIRE(cs->lay.nslots == 21, "the set has %u slots, the test counts on 21", cs->lay.nslots);
 
 	uint8_t *buf = malloc(EXT);

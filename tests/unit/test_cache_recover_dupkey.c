@@ -40,14 +40,10 @@ static struct cache_set_cfg cfg = {
 
 static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_t *const img[NDEV])
 {
-	char err[512];
 	for (int i = 0; i < NDEV; i++)
 		d[i] = mem_new(i, sizes[i], img ? img[i] : NULL);
-	struct bdev *legs[2] = { &d[DEV_LEG0]->dev, &d[DEV_LEG1]->dev };
-	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "open: %s", err);
-	*vol = cache_vol_open(cs, "lun0", &d[DEV_BACK]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(*vol, "attach: %s", err);
+	struct cache_set *cs = test_set_open(&cfg, d[DEV_LEG0], d[DEV_LEG1]);
+	*vol = test_vol_open(cs, "lun0", d[DEV_BACK], CACHE_WRITE_BACK);
 	return cs;
 }
 

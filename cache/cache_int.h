@@ -443,6 +443,7 @@ struct slot_wait {
 	struct slot_wait *next;
 	uint32_t slot;
 	uint32_t mask;          /* the bit(s) waited for: SB_DESTAGING or SB_TOPUP_WR */
+	uint64_t key;           /* cache_evicted_wait's: the key whose eviction is waited for */
 	struct worker *w;
 	void (*fn)(void *arg);
 	void *arg;
@@ -473,10 +474,16 @@ struct set_alloc {
 	_Atomic uint32_t nfreeing;
 	/*
 	 * Eviction batches (cache_reclaim) whose slots are on that way, under
-	 * lock: their keys are not cached again until the batch is released
-	 * (its FREE records durable), so no extent is in two slots on disk.
+	 * lock: until a batch is released (its FREE records durable) its keys
+	 * are not cached again, and a host's write to one waits
+	 * (evict_waiters), so an old slot a power cut brings back never holds
+	 * data older than what was acknowledged (slots.c). nevicting: their
+	 * keys, counted before they leave the map (a writer that misses them
+	 * in the map sees the count).
 	 */
 	struct evict_batch *evicting;
+	_Atomic uint32_t nevicting;
+	struct slot_wait *evict_waiters;
 	uint32_t cursor;              /* where free_pop looks first */
 	/*
 	 * Slots dropped when no eviction batch could be allocated (out of
@@ -769,6 +776,12 @@ int cache_purge_bid(struct cache_set *cs, uint32_t bid, bool *busy, int *count, 
 		    void *arg);
 /* Evict clean slots when the free list runs low; reclaim retired slots. Worker. */
 void cache_reclaim(struct cache_set *cs);
+/*
+ * Worker thread, a host's write (any kind) to key, which holds no slot: if
+ * key's eviction is under way (its FREE not durable yet), w is parked,
+ * fn(arg) is posted back to this worker once it is, and true is returned.
+ */
+bool cache_evicted_wait(struct cache_set *cs, uint64_t key, struct slot_wait *w, void (*fn)(void *), void *arg);
 /* Ask for a checkpoint (journal filling up). Any thread. */
 void cache_want_checkpoint(struct cache_set *cs);
 void cache_ckpt_resume(struct cache_set *cs);

@@ -7,12 +7,15 @@
  * owner's data) and (b) an RCU grace period has passed (so no reader that
  * found it in the map is still pinning it). Eviction runs ahead of need,
  * keeping a small free pool, so a miss never waits for a grace period.
- * The extent itself is not cached again, in any slot, before that FREE is
- * durable: the new slot's records, in another journal ring, could land
- * first, and a power cut then would leave the extent in two slots on disk
- * (recovery keeps the one with the newer record, recover.c; but if the
- * new slot had been written, destaged and evicted meanwhile, the old one
- * would be all that is left, older than the backing store).
+ * Until that FREE is durable a power cut brings the old slot back, clean,
+ * with the extent's data as of the eviction. So meanwhile the extent is
+ * not cached again, in any slot (the new slot's records, in another
+ * journal ring, could land first: the extent in two slots on disk;
+ * recovery keeps the one with the newer record, recover.c, but a new
+ * slot written, destaged and evicted meanwhile would leave the old one
+ * alone), and a host's write to it, which would go to the backing store,
+ * waits (cache_evicted_wait): once acknowledged, the old slot would be
+ * older than the backing store.
  *
  * Threading: cache_alloc_slot/cache_drop_slot/cache_reclaim: worker
  * threads, take alloc_lock briefly, never sleep or wait for a grace period.
@@ -34,18 +37,41 @@ struct evict_batch {
 	void *done_arg;
 };
 
+/* alloc.lock held: key was just evicted and its FREE record is not durable yet */
+static bool key_evicting(struct cache_set *cs, uint64_t key)
+{
+	for (struct evict_batch *b = cs->alloc.evicting; b; b = b->next)
+		for (uint32_t i = 0; i < b->n; i++)
+			if (b->keys[i] == key)
+				return true;
+	return false;
+}
+
 static void batch_release(struct evict_batch *b)
 {
 	if (atomic_fetch_sub(&b->refs, 1) != 1)
 		return;
 	struct cache_set *cs = b->cs;
+	struct slot_wait *wake = NULL;
 	pthread_mutex_lock(&cs->alloc.lock);
-	if (b->keys)
+	if (b->keys) {
 		for (struct evict_batch **pp = &cs->alloc.evicting; *pp; pp = &(*pp)->next)
 			if (*pp == b) {
 				*pp = b->next;
 				break;
 			}
+		atomic_fetch_sub(&cs->alloc.nevicting, b->n);
+		for (struct slot_wait **pp = &cs->alloc.evict_waiters; *pp;) {
+			struct slot_wait *w = *pp;
+			if (!key_evicting(cs, w->key)) {
+				*pp = w->next;
+				w->next = wake;
+				wake = w;
+			} else {
+				pp = &w->next;
+			}
+		}
+	}
 	for (uint32_t i = 0; i < b->n; i++) {
 		struct slot *sl = &cs->slots[b->slots[i]];
 		atomic_store(&sl->key, CACHE_KEY_NONE);
@@ -54,6 +80,11 @@ static void batch_release(struct evict_batch *b)
 	}
 	atomic_store(&cs->alloc.nfreeing, atomic_load(&cs->alloc.nfreeing) - b->n);
 	pthread_mutex_unlock(&cs->alloc.lock);
+	while (wake) {
+		struct slot_wait *w = wake;
+		wake = w->next; /* w's piece may be gone once it runs */
+		worker_post_call(w->w, &w->call, w->fn, w->arg);
+	}
 	if (b->done)
 		b->done(b->done_arg);
 	free(b);
@@ -200,7 +231,15 @@ void cache_reclaim(struct cache_set *cs)
 			break;
 		struct slot *sl = &cs->slots[s];
 		uint64_t key = atomic_load(&sl->key);
+		/*
+		 * Counted before the slot stops serving (retired, out of the map):
+		 * a writer that then finds no slot sees the count after its own
+		 * fence (cache_evicted_wait), and takes the lock this holds.
+		 */
+		atomic_fetch_add(&cs->alloc.nevicting, 1);
+		atomic_thread_fence(memory_order_seq_cst);
 		if (!slot_retire(sl, NULL)) {
+			atomic_fetch_sub(&cs->alloc.nevicting, 1);
 			policy_insert(cs->policy, s, key);
 			break;
 		}
@@ -238,14 +277,23 @@ static void maybe_reclaim(struct cache_set *cs)
  * slot pinned for the writer. POLICY_NO_SLOT and *existing untouched if
  * no slot is free (a reclaim is started).
  */
-/* alloc.lock held: key was just evicted and its FREE record is not durable yet */
-static bool key_evicting(struct cache_set *cs, uint64_t key)
+bool cache_evicted_wait(struct cache_set *cs, uint64_t key, struct slot_wait *w, void (*fn)(void *), void *arg)
 {
-	for (struct evict_batch *b = cs->alloc.evicting; b; b = b->next)
-		for (uint32_t i = 0; i < b->n; i++)
-			if (b->keys[i] == key)
-				return true;
-	return false;
+	atomic_thread_fence(memory_order_seq_cst); /* after the lookup that found no slot: see cache_reclaim */
+	if (!atomic_load(&cs->alloc.nevicting))
+		return false;
+	pthread_mutex_lock(&cs->alloc.lock);
+	bool wait = key_evicting(cs, key);
+	if (wait) {
+		w->key = key;
+		w->fn = fn;
+		w->arg = arg;
+		w->w = worker_self();
+		w->next = cs->alloc.evict_waiters;
+		cs->alloc.evict_waiters = w;
+	}
+	pthread_mutex_unlock(&cs->alloc.lock);
+	return wait;
 }
 
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing)

@@ -381,6 +381,13 @@ void piece_write(struct piece *p)
 	if (st == SB_READY && (atomic_load(&cs->slots[p->slot].bits) & SB_TOPUP_WR) &&
 	    park_while(p, SB_TOPUP_WR))
 		return;
+	/* its slot just evicted, the FREE not durable yet: wait for it (slots.c) */
+	if (st == SB_FREE && cache_evicted_wait(cs, p->key, &p->dwait, retry_piece, p)) {
+		vol_bypass_put(cs, p);
+		vol_slice_free(p->iov, p->iov_inline);
+		p->iov = NULL;
+		return;
+	}
 
 	/* UNMAP and WRITE ZEROES go around the cache in every mode */
 	(is_write ? vol_mode(mode) : &vol_mode_around)->write(p, st);

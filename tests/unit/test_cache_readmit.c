@@ -1,21 +1,21 @@
 /*
- * test_cache_readmit.c - an evicted extent is not cached again before the
- * record that freed its slot is durable.
+ * test_cache_readmit.c - until the record that freed an evicted extent's
+ * slot is durable, the extent is not cached again and a write to it waits.
  *
- * The FREE record of an eviction and the records of a new slot for the
- * same extent can go to different journal rings; if the new slot's landed
- * first and the power went, the extent was in two slots on disk (recovery
- * keeps the newer, test_cache_recover_dupkey), or, had the new slot been
- * destaged and evicted meanwhile, in the old slot alone, older than the
- * backing store. So the key waits (slots.c).
+ * A power cut before that FREE lands brings the old slot back, clean,
+ * with the extent's data as of the eviction. A write acknowledged
+ * meanwhile, to the backing store or to a new slot (whose records, in
+ * another journal ring, may land first), would then read back older data,
+ * or the extent would be in two slots (recovery keeps the newer,
+ * test_cache_recover_dupkey). So the key waits (slots.c).
  *
  * A set of 21 slots holds 19 clean extents (reads promote them); the
  * journal's writes are then held, and a reclaim (on a worker, as the
- * allocator runs it) evicts two: their FREE records cannot land. A
- * write-back write to an evicted extent must go to the backing store
- * (it completes, the backing store holds it, the extent is in no slot),
- * although two slots are free; a read must not promote it. Released, the
- * eviction completes and the next reads promote the extent again.
+ * allocator runs it) evicts two: their FREE records cannot land. Reads
+ * of an evicted extent must not promote it, though two slots are free; a
+ * write-back write to it must park (the set's list of waiting writes)
+ * without reaching the backing store. Released, the write completes and
+ * reads back, and the next reads promote the extent again.
  */
 #include "cache/cache_int.h" /* the layout, the map, cache_reclaim: what the test holds and looks at */
 #include "tests/unit/cache_test_util.h"
@@ -93,29 +93,42 @@ int main(void)
 	REQUIRE(cs->alloc.nfree >= 1, "no slot free for the write");
 	uint64_t off = key_ext(gone) * EXT;
 
-	/* a write-back write to it: to the backing store, done without the journal */
-	memset(buf, 0x5a, EXT);
-	struct tio t;
-	_Atomic int out = 0;
-	tio_submit(&t, vol, BDEV_WRITE, off, buf, EXT, BDEV_F_FUA, &out, 0);
-	for (int i = 0; i < 20000 && atomic_load(&out); i++)
-		usleep(500);
-	REQUIRE(!atomic_load(&out), "the write to extent %llu waited for the journal: it was cached again, in a "
-		"new slot, while the FREE of its old one was not durable", (unsigned long long)key_ext(gone));
-	REQUIRE(t.err == 0, "the write failed: %d", t.err);
-	REQUIRE(!memcmp(d[DEV_BACK]->data + off, buf, EXT), "the backing store does not hold the write");
-	REQUIRE(!cached(cs, gone), "the extent was cached again before its FREE was durable");
-	/* and reads do not promote it */
+	/* reads do not promote it */
+	uint8_t *before = malloc(EXT);
+	memcpy(before, d[DEV_BACK]->data + off, EXT);
 	REQUIRE(tio_sync(vol, BDEV_READ, off, buf, EXT, 0) == 0, "read");
 	REQUIRE(tio_sync(vol, BDEV_READ, off, buf, EXT, 0) == 0, "read");
 	/* (a miss starts its fill, slot allocated, before the read completes: vol_read.c) */
 	REQUIRE(!cached(cs, gone), "a read promoted the extent before its FREE was durable");
-	printf("ok: extent %llu evicted (%u slots, FREE held): a write went to the backing store, reads did not "
-	       "promote it, with %u slots free\n", (unsigned long long)key_ext(gone), retired, cs->alloc.nfree);
 
-	/* released: the eviction ends, and the extent is cached again */
+	/* a write-back write to it parks, and reaches neither the backing store nor a slot */
+	memset(buf, 0x5a, EXT);
+	struct tio t;
+	_Atomic int out = 0;
+	tio_submit(&t, vol, BDEV_WRITE, off, buf, EXT, BDEV_F_FUA, &out, 0);
+	bool parked = false;
+	for (int i = 0; i < 20000 && !parked; i++) {
+		pthread_mutex_lock(&cs->alloc.lock);
+		parked = cs->alloc.evict_waiters != NULL;
+		pthread_mutex_unlock(&cs->alloc.lock);
+		if (!parked)
+			usleep(500);
+	}
+	REQUIRE(parked, "the write to extent %llu did not wait for the FREE of its old slot%s",
+		(unsigned long long)key_ext(gone), atomic_load(&out) ? "" : " (it completed)");
+	REQUIRE(atomic_load(&out), "the write completed while the FREE of the extent's old slot was held");
+	REQUIRE(!memcmp(d[DEV_BACK]->data + off, before, EXT), "the parked write reached the backing store");
+	REQUIRE(!cached(cs, gone), "the extent was cached again before its FREE was durable");
+	printf("ok: extent %llu evicted (%u slots, FREE held): reads did not promote it with %u slots free, a "
+	       "write waits\n", (unsigned long long)key_ext(gone), retired, cs->alloc.nfree);
+
+	/* released: the eviction ends, the write goes on, and the extent is cached again */
 	for (int l = DEV_LEG0; l <= DEV_LEG1; l++)
 		atomic_store(&d[l]->slow_hold, false);
+	for (int i = 0; i < 20000 && atomic_load(&out); i++)
+		usleep(500);
+	REQUIRE(!atomic_load(&out), "the parked write never completed");
+	REQUIRE(t.err == 0, "the parked write failed: %d", t.err);
 	for (int i = 0; i < 20000; i++) {
 		pthread_mutex_lock(&cs->alloc.lock);
 		bool evicting = cs->alloc.evicting != NULL;
@@ -124,16 +137,16 @@ int main(void)
 			break;
 		usleep(500);
 	}
-	REQUIRE(tio_sync(vol, BDEV_READ, off, buf, EXT, 0) == 0, "read");
-	REQUIRE(tio_sync(vol, BDEV_READ, off, buf, EXT, 0) == 0, "read");
-	settle(cs);
-	REQUIRE(cached(cs, gone), "the extent was not cached again once its FREE was durable");
-	memset(buf, 0x5a, EXT);
 	uint8_t *got = malloc(EXT);
 	REQUIRE(tio_sync(vol, BDEV_READ, off, got, EXT, 0) == 0, "read");
+	REQUIRE(tio_sync(vol, BDEV_READ, off, got, EXT, 0) == 0, "read");
+	settle(cs);
+	REQUIRE(cached(cs, gone), "the extent was not cached again once its FREE was durable");
+	REQUIRE(tio_sync(vol, BDEV_READ, off, got, EXT, 0) == 0, "read");
 	REQUIRE(!memcmp(got, buf, EXT), "the extent does not read back what was written");
-	printf("ok: once the FREE was durable the extent was promoted again and reads the write\n");
+	printf("ok: once the FREE was durable the write completed, the extent is cached and reads the write\n");
 	free(got);
+	free(before);
 	free(buf);
 	test_set_close(cs, vol);
 	workers_stop();

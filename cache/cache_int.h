@@ -442,7 +442,7 @@ struct cache_vol;
 struct slot_wait {
 	struct slot_wait *next;
 	uint32_t slot;
-	uint32_t mask;          /* the bit(s) waited for: SB_DESTAGING or SB_TOPUP_WR */
+	uint32_t mask;          /* the bit(s) waited for: SB_DESTAGING, SB_TOPUP_WR or SB_LOGWR */
 	uint64_t key;           /* cache_evicted_wait's: the key whose eviction is waited for */
 	struct worker *w;
 	void (*fn)(void *arg);

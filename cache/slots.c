@@ -270,13 +270,6 @@ static void maybe_reclaim(struct cache_set *cs)
 		cache_reclaim(cs);
 }
 
-/*
- * Worker thread. Insert key with a free slot in state (SB_READY: pinned
- * for the calling writer; SB_FILLING: not pinned). If key is present
- * already, returns POLICY_NO_SLOT and, for SB_READY, *existing = that
- * slot pinned for the writer. POLICY_NO_SLOT and *existing untouched if
- * no slot is free (a reclaim is started).
- */
 bool cache_evicted_wait(struct cache_set *cs, uint64_t key, struct slot_wait *w, void (*fn)(void *), void *arg)
 {
 	atomic_thread_fence(memory_order_seq_cst); /* after the lookup that found no slot: see cache_reclaim */
@@ -296,6 +289,14 @@ bool cache_evicted_wait(struct cache_set *cs, uint64_t key, struct slot_wait *w,
 	return wait;
 }
 
+/*
+ * Worker thread. Insert key with a free slot in state (SB_READY: pinned
+ * for the calling writer; SB_FILLING: not pinned). If key is present
+ * already, returns POLICY_NO_SLOT and, for SB_READY, *existing = that
+ * slot pinned for the writer. POLICY_NO_SLOT and *existing untouched if
+ * no slot is free (a reclaim is started), or key is still being evicted
+ * (its FREE not durable: see the top of the file).
+ */
 uint32_t cache_alloc_slot(struct cache_set *cs, uint64_t key, uint32_t state, uint32_t *existing)
 {
 	pthread_mutex_lock(&cs->alloc.lock);

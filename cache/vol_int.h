@@ -275,6 +275,8 @@ void backing_then_invalidate(struct piece *p);  /* the backing store, then the c
 /* A flag in mask is set on the piece's slot: true if the piece was parked
  * until it clears (it starts over then); false if it cleared meanwhile. */
 bool park_while(struct piece *p, uint32_t mask);
+/* A parked piece's wake-up, on its worker: it starts over from the lookup. */
+void vol_piece_retry(void *arg);
 
 /* ---- the paths of a piece ---- */
 void piece_read(struct piece *p);             /* vol_read.c */

@@ -20,7 +20,6 @@
 enum { ST_CACHE_DATA = 1, ST_BACKING, ST_RECORD, ST_BACKING_INVAL, ST_ONE_TRIP, ST_NO_RECORD };
 
 static void write_step(struct bdev_req *req, int err);
-static void retry_piece(void *arg);
 
 static void submit_sub(struct piece *p, struct bdev *dev, enum bdev_op op, unsigned flags,
 		       uint64_t offset)
@@ -298,7 +297,7 @@ bool park_while(struct piece *p, uint32_t mask)
 	slot_lock(sl);
 	bool busy = atomic_load(&sl->bits) & mask;
 	if (busy) {
-		p->dwait.fn = retry_piece;
+		p->dwait.fn = vol_piece_retry;
 		p->dwait.arg = p;
 		p->dwait.mask = mask;
 		cache_slot_wait(cs, p->slot, &p->dwait);
@@ -382,7 +381,7 @@ void piece_write(struct piece *p)
 	    park_while(p, SB_TOPUP_WR))
 		return;
 	/* its slot just evicted, the FREE not durable yet: wait for it (slots.c) */
-	if (st == SB_FREE && cache_evicted_wait(cs, p->key, &p->dwait, retry_piece, p)) {
+	if (st == SB_FREE && cache_evicted_wait(cs, p->key, &p->dwait, vol_piece_retry, p)) {
 		vol_bypass_put(cs, p);
 		vol_slice_free(p->iov, p->iov_inline);
 		p->iov = NULL;
@@ -393,7 +392,7 @@ void piece_write(struct piece *p)
 	(is_write ? vol_mode(mode) : &vol_mode_around)->write(p, st);
 }
 
-static void retry_piece(void *arg)
+void vol_piece_retry(void *arg)
 {
 	struct piece *p = arg;
 	piece_write(p);

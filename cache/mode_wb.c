@@ -79,12 +79,8 @@ static void wb_write(struct piece *p, uint32_t st)
 			return;
 		}
 		/* refused because the extent began to be evicted since piece_write looked: wait too */
-		if (cache_evicted_wait(cs, p->key, &p->dwait, vol_piece_retry, p)) {
-			vol_bypass_put(cs, p);
-			vol_slice_free(p->iov, p->iov_inline);
-			p->iov = NULL;
+		if (park_evicted(p))
 			return;
-		}
 	}
 	to_backing(p);
 }

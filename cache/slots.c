@@ -37,6 +37,8 @@ struct evict_batch {
 	void *done_arg;
 };
 
+#define BATCH_JW_SIZE (sizeof(void *) + sizeof(struct jwait)) /* a back pointer, then the jwait */
+
 /* alloc.lock held: key was just evicted and its FREE record is not durable yet */
 static bool key_evicting(struct cache_set *cs, uint64_t key)
 {
@@ -107,8 +109,7 @@ static void batch_recorded(struct jwait *w, int err)
 static struct evict_batch *batch_new(struct cache_set *cs, uint32_t n)
 {
 	/* layout: header, slots[n], then n x { back pointer, jwait }, then keys[n] (cache_reclaim's) */
-	size_t per = sizeof(void *) + sizeof(struct jwait);
-	struct evict_batch *b = calloc(1, sizeof(*b) + n * sizeof(uint32_t) + n * per + 16 + n * sizeof(uint64_t));
+	struct evict_batch *b = calloc(1, sizeof(*b) + n * sizeof(uint32_t) + n * BATCH_JW_SIZE + 16 + n * sizeof(uint64_t));
 	if (!b)
 		return NULL;
 	b->cs = cs;
@@ -152,24 +153,26 @@ static bool slot_retire(struct slot *sl, uint32_t *bits_out)
 	return ok;
 }
 
+/* Element i of the jwait area after slots[cap] (batch_new's layout); i == cap: just past it */
+static char *batch_area(struct evict_batch *b, uint32_t cap, uint32_t i)
+{
+	uintptr_t base = ((uintptr_t)(b->slots + cap) + 7) & ~(uintptr_t)7;
+	return (char *)(base + i * BATCH_JW_SIZE);
+}
+
 static struct jwait *batch_jw(struct evict_batch *b, uint32_t cap, uint32_t i)
 {
-	size_t per = sizeof(void *) + sizeof(struct jwait);
-	char *base = (char *)(b->slots + cap);
-	base = (char *)(((uintptr_t)base + 7) & ~(uintptr_t)7);
-	char *e = base + i * per;
+	char *e = batch_area(b, cap, i);
 	*(struct evict_batch **)e = b;
 	return (struct jwait *)(e + sizeof(void *));
 }
 
-_Static_assert((sizeof(void *) + sizeof(struct jwait)) % 8 == 0, "keys[] after the jwaits stays aligned");
+_Static_assert(BATCH_JW_SIZE % 8 == 0, "keys[] after the jwaits stays aligned");
 
 /* keys[cap] after the jwaits (batch_new's layout) */
 static uint64_t *batch_keys(struct evict_batch *b, uint32_t cap)
 {
-	size_t per = sizeof(void *) + sizeof(struct jwait);
-	uintptr_t base = ((uintptr_t)(b->slots + cap) + 7) & ~(uintptr_t)7;
-	return (uint64_t *)(base + cap * per);
+	return (uint64_t *)(void *)batch_area(b, cap, cap);
 }
 
 /* The batch's FREE records (keys[i] for b->slots[i]) journaled, and its grace period asked for: each

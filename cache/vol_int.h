@@ -275,6 +275,9 @@ void backing_then_invalidate(struct piece *p);  /* the backing store, then the c
 /* A flag in mask is set on the piece's slot: true if the piece was parked
  * until it clears (it starts over then); false if it cleared meanwhile. */
 bool park_while(struct piece *p, uint32_t mask);
+/* The piece's extent (no slot) is being evicted, its FREE not durable yet:
+ * true if the piece was parked until it is (it starts over then; slots.c). */
+bool park_evicted(struct piece *p);
 /* A parked piece's wake-up, on its worker: it starts over from the lookup. */
 void vol_piece_retry(void *arg);
 

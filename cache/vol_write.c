@@ -289,6 +289,16 @@ static void write_step(struct bdev_req *req, int err)
  * worker; true if parked. The check under the slot lock pairs with the
  * clearer's, which wakes after clearing.
  */
+/* A parked piece lets go of what it held; it takes it all again when it starts over. */
+static void piece_unwind(struct cache_set *cs, struct piece *p)
+{
+	vol_intent_drop(cs, p);
+	vol_slot_unpin(cs, p);
+	vol_bypass_put(cs, p);
+	vol_slice_free(p->iov, p->iov_inline);
+	p->iov = NULL;
+}
+
 bool park_while(struct piece *p, uint32_t mask)
 {
 	struct cache_set *cs = p->parent->v->cs;
@@ -305,11 +315,16 @@ bool park_while(struct piece *p, uint32_t mask)
 	slot_unlock(sl);
 	if (!busy)
 		return false;
-	vol_intent_drop(cs, p);
-	vol_slot_unpin(cs, p);
-	vol_bypass_put(cs, p);
-	vol_slice_free(p->iov, p->iov_inline);
-	p->iov = NULL;
+	piece_unwind(cs, p);
+	return true;
+}
+
+bool park_evicted(struct piece *p)
+{
+	struct cache_set *cs = p->parent->v->cs;
+	if (!cache_evicted_wait(cs, p->key, &p->dwait, vol_piece_retry, p))
+		return false;
+	piece_unwind(cs, p);
 	return true;
 }
 
@@ -380,13 +395,8 @@ void piece_write(struct piece *p)
 	if (st == SB_READY && (atomic_load(&cs->slots[p->slot].bits) & SB_TOPUP_WR) &&
 	    park_while(p, SB_TOPUP_WR))
 		return;
-	/* its slot just evicted, the FREE not durable yet: wait for it (slots.c) */
-	if (st == SB_FREE && cache_evicted_wait(cs, p->key, &p->dwait, vol_piece_retry, p)) {
-		vol_bypass_put(cs, p);
-		vol_slice_free(p->iov, p->iov_inline);
-		p->iov = NULL;
+	if (st == SB_FREE && park_evicted(p))
 		return;
-	}
 
 	/* UNMAP and WRITE ZEROES go around the cache in every mode */
 	(is_write ? vol_mode(mode) : &vol_mode_around)->write(p, st);

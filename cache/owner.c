@@ -32,7 +32,8 @@
  * I/O of this volume's extents runs meanwhile (the LU serves media access
  * only when OWNED, but for BDEV_F_UNOWNED reads, which pass the extents
  * by); fills already in flight are cancelled (SB_CANCEL) so they cannot
- * bring old data back.
+ * bring old data back, and slots being evicted are waited for until their
+ * FREE records are durable.
  */
 
 struct vol_inval {
@@ -41,7 +42,7 @@ struct vol_inval {
 	pthread_cond_t cv;
 	bool pass_done;
 	int pending;                /* INVALIDATE records not yet durable */
-	uint32_t busy;              /* slots skipped: a destage runs on them */
+	uint32_t busy;              /* slots skipped: a destage runs on them, or they are being evicted */
 	uint64_t slots, dirty;      /* dropped in this pass */
 	struct jwait *jw;
 	uint32_t njw;
@@ -90,6 +91,18 @@ static void inval_pass(void *arg)
 		if (st == SB_FILLING || (st == SB_READY && (bits & SB_TOPUP)))
 			atomic_fetch_or(&sl->bits, SB_CANCEL); /* the fill or top-up is dropped */
 		if (st == SB_FILLING) {
+			slot_unlock(sl);
+			continue;
+		}
+		if (st == SB_RETIRED) {
+			/*
+			 * Being evicted: until its FREE record is durable (the key
+			 * stays on the slot until then), a power cut brings the slot
+			 * back with what it held, which may be older than another
+			 * gateway's writes; the generation recorded after this pass
+			 * would then keep it at the next gain. Wait for it.
+			 */
+			iv->busy++;
 			slot_unlock(sl);
 			continue;
 		}
@@ -170,7 +183,7 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 			return r; /* iv stays: a late pass may still touch it */
 		if (!iv->busy || iv->err)
 			break;
-		usleep(10000); /* a destage is running on some slot: let it end */
+		usleep(10000); /* a destage or an eviction runs on some slot: let it end */
 	}
 	pthread_cond_destroy(&iv->cv);
 	pthread_mutex_destroy(&iv->mu);

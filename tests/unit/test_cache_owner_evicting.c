@@ -1,0 +1,199 @@
+/*
+ * test_cache_owner_evicting.c - a gain of a shared backing store's
+ * ownership records its generation only once no slot of the LUN is still
+ * being evicted.
+ *
+ * On a gain after another gateway may have written the image, the volume
+ * drops its cached copies durably and then records the generation
+ * (owner.c): at the next gain, that record says the cache is current. A
+ * slot being evicted is out of the map, but until its FREE record is
+ * durable a power cut brings it back with what it held, older than the
+ * other gateway's writes; recorded meanwhile, the generation would make
+ * the next gain keep it. So the gain waits for such slots.
+ *
+ * LUN a (over a backing store that says it is shared) caches 1 extent,
+ * LUN b (a plain one) 18: 19 of the set's 21 slots. The journal's writes
+ * are held and a reclaim (on a worker, as the allocator runs it) evicts
+ * two, a's among them (never hit, the newest in the small queue): their
+ * FREE records cannot land.
+ * The gain, run as the backing's driver thread runs it, must not return
+ * (nor write the generation file) while they are held; released, it
+ * records the generation, and a's slots are free.
+ */
+#include "cache/cache_int.h" /* the layout, cache_reclaim, the slots: what the test holds and looks at */
+#include "cache/vol_int.h"   /* the volume's backing id and drop_failed */
+#include "tests/unit/cache_test_util.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define LEG_SIZE (4u << 20)
+#define BACK_SIZE (4u << 20)
+#define EXT (64u << 10)
+#define A_EXTENTS 1
+#define B_EXTENTS 18
+
+enum { DEV_BACK_A, DEV_BACK_B, DEV_LEG0, DEV_LEG1, NDEV };
+
+static struct cache_set_cfg cfg = {
+	.name = "oe", .nlegs = 2, .extent_size = EXT, .mode = CACHE_WRITE_BACK, .admit_hits = 1, .dirty_target = 90,
+};
+
+/* ---- a backing store that says it is shared: the owner ops the volume passes up -------- */
+
+static void (*listen_fn)(void *arg, const struct bdev_owner_change *c);
+static void *listen_arg;
+
+static enum bdev_owner_state shared_state(struct bdev *dev, uint64_t *gen)
+{
+	(void)dev;
+	if (gen)
+		*gen = 5;
+	return BDEV_OWNER_OWNED;
+}
+
+static void shared_acquire(struct bdev *dev) { (void)dev; }
+
+static void shared_listen(struct bdev *dev, void (*fn)(void *arg, const struct bdev_owner_change *c), void *arg)
+{
+	(void)dev;
+	listen_fn = fn;
+	listen_arg = arg;
+}
+
+static const struct bdev_owner_ops shared_owner = {
+	.state = shared_state, .acquire = shared_acquire, .listen = shared_listen,
+};
+static const struct bdev_ops shared_ops = { .submit = mem_submit, .close = mem_close, .owner = &shared_owner };
+
+/* ---- the gain, on a thread of its own as a driver runs it ---------------------------------- */
+
+static _Atomic bool gained;
+
+static void *gain_thread(void *arg)
+{
+	(void)arg;
+	/* another gateway owned the image since our last gain (prev_owner_us false): drop */
+	struct bdev_owner_change c = { .state = BDEV_OWNER_OWNED, .gen = 5, .prev_gen = 4, .prev_owner_us = false };
+	listen_fn(listen_arg, &c);
+	atomic_store(&gained, true);
+	return NULL;
+}
+
+static void reclaim_fn(void *arg)
+{
+	struct sync_call *c = arg;
+	cache_reclaim(c->cs);
+	cache_sync_done(c, 0);
+}
+
+static void settle(struct cache_set *cs)
+{
+	for (int i = 0; i < 20000 && (atomic_load(&cs->bg_inflight) || atomic_load(&cs->fg_inflight)); i++)
+		usleep(500);
+}
+
+/* n extents of vol cached (admit_hits = 1: the first miss promotes), each read reads times */
+static void promote(struct cache_set *cs, struct bdev *vol, uint32_t n, int reads, uint8_t *buf)
+{
+	for (uint64_t e = 0; e < n; e++) {
+		for (int i = 0; i < reads; i++) {
+			REQUIRE(tio_sync(vol, BDEV_READ, e * EXT, buf, EXT, 0) == 0, "read %llu", (unsigned long long)e);
+			settle(cs);
+		}
+	}
+}
+
+/* slots of backing id bid in state st */
+static uint32_t count_slots(struct cache_set *cs, uint32_t bid, uint32_t st)
+{
+	uint32_t n = 0;
+	for (uint32_t s = 0; s < cs->lay.nslots; s++) {
+		uint64_t key = atomic_load(&cs->slots[s].key);
+		if (key != CACHE_KEY_NONE && key_bid(key) == bid &&
+		    (atomic_load(&cs->slots[s].bits) & SB_STATE_MASK) == st)
+			n++;
+	}
+	return n;
+}
+
+int main(void)
+{
+	REQUIRE(workers_start(2) == 0, "workers");
+	uint64_t sizes[NDEV] = { BACK_SIZE, BACK_SIZE, LEG_SIZE, LEG_SIZE };
+	struct mem_bdev *d[NDEV];
+	for (int i = 0; i < NDEV; i++)
+		d[i] = mem_new(i, sizes[i], NULL);
+	d[DEV_BACK_A]->dev.ops = &shared_ops;
+	struct cache_set *cs = test_set_open(&cfg, d[DEV_LEG0], d[DEV_LEG1]);
+	struct bdev *va = test_vol_open(cs, "a", d[DEV_BACK_A], CACHE_WRITE_BACK);
+	struct bdev *vb = test_vol_open(cs, "b", d[DEV_BACK_B], CACHE_WRITE_BACK);
+	REQUIRE(cs->lay.nslots == A_EXTENTS + B_EXTENTS + 2, "the set has %u slots, the test counts on %u",
+		cs->lay.nslots, A_EXTENTS + B_EXTENTS + 2);
+	uint32_t bid_a = ((struct cache_vol *)va)->bid;
+
+	char dir[] = "/tmp/tc-owner-evicting.XXXXXX";
+	REQUIRE(mkdtemp(dir), "mkdtemp");
+	char gen_path[sizeof(dir) + 16];
+	snprintf(gen_path, sizeof(gen_path), "%s/gen", dir);
+	char err[256];
+	REQUIRE(cache_vol_owner_track(va, gen_path, err, sizeof(err)) == 0, "track: %s", err);
+	REQUIRE(listen_fn, "the volume did not listen to its shared backing store");
+
+	/* b's extents read again (a hit moves them to the main queue), a's once: the
+	 * newest in the small queue and never hit there, the reclaim's victims (policy.c) */
+	uint8_t *buf = malloc(EXT);
+	promote(cs, vb, B_EXTENTS, 2, buf);
+	promote(cs, va, A_EXTENTS, 1, buf);
+	REQUIRE(count_slots(cs, bid_a, SB_READY) == A_EXTENTS, "a caches %u extents", count_slots(cs, bid_a, SB_READY));
+	REQUIRE(cs->alloc.nfree == 2, "%u slots free after the promotions", cs->alloc.nfree);
+
+	/* the journal's writes held: the FREE records cannot land */
+	uint64_t jlo = cs->lay.journal_off, jhi = jlo + (uint64_t)CACHE_NJOURNALS * cs->lay.jblocks * CACHE_PAGE;
+	for (int l = DEV_LEG0; l <= DEV_LEG1; l++) {
+		atomic_store(&d[l]->slow_lo, jlo);
+		atomic_store(&d[l]->slow_hi, jhi);
+		atomic_store(&d[l]->slow_hold, true);
+	}
+	struct sync_call sc = { .cs = cs };
+	cache_sync_run(reclaim_fn, &sc);
+	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == A_EXTENTS && count_slots(cs, bid_a, SB_READY) == 0,
+		"the reclaim was to evict a's %u extents: %u retired, %u still cached", A_EXTENTS,
+		count_slots(cs, bid_a, SB_RETIRED), count_slots(cs, bid_a, SB_READY));
+
+	/* the gain must wait for their FREE records */
+	pthread_t th;
+	REQUIRE(pthread_create(&th, NULL, gain_thread, NULL) == 0, "thread");
+	for (int i = 0; i < 2000 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(!atomic_load(&gained), "the gain returned while %u slots of the LUN were being evicted, their FREE "
+		"records not durable", count_slots(cs, bid_a, SB_RETIRED));
+	REQUIRE(access(gen_path, F_OK) != 0, "the generation was recorded while the LUN's evictions were not durable");
+	printf("ok: with a's eviction not durable, the gain waits and records no generation\n");
+
+	/* released: the FREE records land, the gain ends and records the generation */
+	for (int l = DEV_LEG0; l <= DEV_LEG1; l++)
+		atomic_store(&d[l]->slow_hold, false);
+	for (int i = 0; i < 20000 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(atomic_load(&gained), "the gain never returned once the FREE records were durable");
+	pthread_join(th, NULL);
+	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 0, "a's slots are still being evicted after the gain");
+	FILE *f = fopen(gen_path, "r");
+	unsigned long long g = 0;
+	REQUIRE(f && fscanf(f, "%llu", &g) == 1 && g == 5, "the gain recorded generation %llu, not 5", g);
+	fclose(f);
+	REQUIRE(!atomic_load(&((struct cache_vol *)va)->drop_failed), "the drop failed");
+	printf("ok: once they were durable the gain recorded generation %llu\n", g);
+
+	unlink(gen_path);
+	rmdir(dir);
+	free(buf);
+	cache_set_shutdown(cs);
+	bdev_close(va);
+	bdev_close(vb);
+	cache_set_close(cs);
+	workers_stop();
+	return 0;
+}

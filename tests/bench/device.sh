@@ -32,7 +32,9 @@
 # TB_PRESSURE=0 (skip the 8K 70/30 sweep over an emulated HDD; it needs
 # root), TB_MEM=0 (skip the memory row at the end), TB_ROWS="wb-qd1 wb-qd32"
 # (only these rows of the table: rh-qd32 rh-qd1 rh-128k wb-qd1 wb-qd32 wb-128k),
-# TB_POLL_US=N (the daemons' [daemon] poll_us, default 0: they sleep at once).
+# TB_POLL_US=N (the daemons' [daemon] poll_us, default 0: they sleep at once),
+# TB_TRACE=0 (skip the QD1 breakdown after the table: each leg operation's
+# time from submission to completion, ours beside fio's, traced with perf).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -155,6 +157,11 @@ cat "$D/pc.img" >/dev/null # the page-cache LUN in the page cache
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$TC_PID/stat"; }
 snap() { ctl --json status; }
 
+# perf can trace io_uring's submissions and completions (the QD1 breakdown)
+want_trace() {
+	command -v perf >/dev/null && perf list 2>/dev/null | grep -q "io_uring:io_uring_complete" ||
+		{ echo "== where the QD1 time goes: n/a (perf with io_uring's tracepoints is not here)"; return 1; }
+}
 # is ROW one of TB_ROWS (all when unset)? Page-cache rows (pc-*) run when
 # called: pc-qd1 always, the others beside the read row they bound.
 want() { [ -z "${TB_ROWS:-}" ] || [[ $1 == pc-* ]] || [[ " $TB_ROWS " == *" $1 "* ]]; }
@@ -283,6 +290,84 @@ for title, mets in summary.items():
     print("%-27s met the goal in %d of %d rounds" % (title, sum(mets), len(mets)))
 PY
 [ $? = 0 ] || errors=$((errors + 1))
+
+# Where the QD1 time goes: every leg operation's time from its submission
+# to its completion (io_uring's submit_req and complete tracepoints, with
+# perf), ours during a QD1 run through the daemon beside fio's during its
+# QD1 job, and the command's own average: what the legs take, and what is
+# left for the iSCSI round trip and the engine. Traced runs are slower
+# than the table's (a few microseconds per operation, fio's alike); they
+# run after the table, and TB_TRACE=0 skips them.
+if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; then
+	echo "== where the QD1 time goes: each leg operation from submission to completion (io_uring tracepoints)"
+	TS=$((SECS < 4 ? 4 : SECS))
+	trace_row() { # ROW FIO-JOB TIERBENCH-ARGS...
+		local row=$1 job=$2
+		shift 2
+		want "$row" || return 0
+		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.trace.tc.json" &
+		local tbpid=$!
+		sleep 1
+		perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete -p "$TC_PID" \
+			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>&1
+		wait $tbpid || errors=$((errors + 1))
+		TB_FIO_SECS=$TS perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete \
+			-o "$OUT/$row.trace.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
+			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>/dev/null || errors=$((errors + 1))
+		perf script -i "$OUT/$row.trace.perf" >"$OUT/$row.trace.txt" 2>/dev/null
+		perf script -i "$OUT/$row.trace.fio.perf" >"$OUT/$row.trace.fio.txt" 2>/dev/null
+		python3 - "$OUT" "$row" <<'PY' || errors=$((errors + 1))
+import json, re, sys
+out, row = sys.argv[1], sys.argv[2]
+EV = re.compile(r"\s(\d+\.\d+):\s+io_uring:(io_uring_submit_req|io_uring_complete):.*?user_data (0x[0-9a-f]+)")
+def legops(path):
+    sub, lat, spans = {}, {}, []
+    for line in open(path):
+        m = EV.search(line)
+        if not m:
+            continue
+        t, ev, ud = float(m.group(1)), m.group(2), m.group(3)
+        if ev == "io_uring_submit_req":
+            op = re.search(r"opcode (\w+)", line)
+            sub[ud] = (t, op.group(1) if op else "?")
+        elif ud in sub:
+            t0, op = sub.pop(ud)
+            if op.startswith(("READ", "WRITE")):  # not the sockets' polls
+                lat.setdefault(op.rstrip("V"), []).append((t - t0) * 1e6)
+                spans.append((t0, t))
+    # at QD1 a command's leg operations overlap one another and no other
+    # command's: merged, each group is the legs' share of one command
+    groups, end = [], None
+    for t0, t1 in sorted(spans):
+        if end is not None and t0 <= end:
+            end = max(end, t1)
+            groups[-1][1] = end
+        else:
+            groups.append([t0, t1])
+            end = t1
+    g = [(b - a) * 1e6 for a, b in groups]
+    return {op: sorted(v) for op, v in lat.items()}, g
+def show(v):
+    return "%6d ops, avg %5.1f us, p50 %5.1f, p99 %6.1f" % (len(v), sum(v) / len(v), v[len(v) // 2], v[int(len(v) * 0.99)])
+(ours, groups), (fio, _) = legops("%s/%s.trace.txt" % (out, row)), legops("%s/%s.trace.fio.txt" % (out, row))
+cmd = json.load(open("%s/%s.trace.tc.json" % (out, row)))["runs"][0]["latency_us"]["avg"]
+j = json.load(open("%s/%s.trace.fio.json" % (out, row)))["jobs"][0]
+side = j["write"] if j["write"]["io_bytes"] > j["read"]["io_bytes"] else j["read"]
+print("%s: a command takes %.1f us (avg, traced); fio's I/O %.1f us" % (row, cmd, side["clat_ns"]["mean"] / 1000.0))
+for op in sorted(set(ours) | set(fio)):
+    if op in ours:
+        print("  ours %-5s %s" % (op, show(ours[op])))
+    if op in fio:
+        print("  fio  %-5s %s" % (op, show(fio[op])))
+if groups:
+    busy = sum(groups) / len(groups)
+    print("  the legs: %.1f us per command (avg of %d groups of overlapping operations); the rest of the command,"
+          " %.1f us, is the iSCSI round trip, the engine and its wakeups" % (busy, len(groups), cmd - busy))
+PY
+	}
+	trace_row rh-qd1 randread-4k-qd1 -b 4k --rand -r 100 -t 1 -q 1
+	trace_row wb-qd1 randwrite-4k-dsync-qd1 -b 4k --rand -r 0 -t 1 -q 1
+fi
 tc_stop
 
 # Pressure: 8K 70/30 random over a working set of twice the cache, on an

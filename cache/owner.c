@@ -32,8 +32,8 @@
  * I/O of this volume's extents runs meanwhile (the LU serves media access
  * only when OWNED, but for BDEV_F_UNOWNED reads, which pass the extents
  * by); fills already in flight are cancelled (SB_CANCEL) so they cannot
- * bring old data back, and slots being evicted are waited for until their
- * FREE records are durable.
+ * bring old data back, and slots being evicted are waited for until they
+ * are free (their FREE records durable).
  */
 
 struct vol_inval {
@@ -42,7 +42,9 @@ struct vol_inval {
 	pthread_cond_t cv;
 	bool pass_done;
 	int pending;                /* INVALIDATE records not yet durable */
-	uint32_t busy;              /* slots skipped: a destage runs on them, or they are being evicted */
+	uint32_t busy;              /* slots skipped: a destage runs on them, they are being evicted, or
+				     * the pass ran out of records */
+	bool evicting;              /* some pass met a slot being evicted */
 	uint64_t slots, dirty;      /* dropped in this pass */
 	struct jwait *jw;
 	uint32_t njw;
@@ -103,6 +105,7 @@ static void inval_pass(void *arg)
 			 * would then keep it at the next gain. Wait for it.
 			 */
 			iv->busy++;
+			iv->evicting = true;
 			slot_unlock(sl);
 			continue;
 		}
@@ -141,7 +144,11 @@ static void inval_pass(void *arg)
  * Drop every cached extent of v durably. The backing's driver thread (may
  * block). Bounded: when the workers are gone (a gain racing the daemon's
  * stop) or the journal hangs, it gives up with -ETIMEDOUT and leaves the
- * pass's memory behind for a worker that might still run it.
+ * pass's memory behind for a worker that might still run it; and when
+ * slots stay busy (being destaged or evicted) for VOL_DROP_TIMEOUT_S with
+ * no pass dropping anything, it gives up with -ETIMEDOUT too. With no leg
+ * left, the FREE records of the evictions it waited for may have failed:
+ * -EIO.
  */
 #define VOL_DROP_TIMEOUT_S 60
 static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
@@ -161,6 +168,7 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 	}
 	pthread_mutex_init(&iv->mu, NULL);
 	pthread_cond_init(&iv->cv, NULL);
+	uint64_t progress = 0, deadline_ms = now_ms() + VOL_DROP_TIMEOUT_S * 1000;
 	for (;;) {
 		iv->pass_done = false;
 		iv->busy = 0;
@@ -183,8 +191,17 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 			return r; /* iv stays: a late pass may still touch it */
 		if (!iv->busy || iv->err)
 			break;
+		if (iv->slots != progress) {
+			progress = iv->slots;
+			deadline_ms = now_ms() + VOL_DROP_TIMEOUT_S * 1000;
+		} else if (now_ms() > deadline_ms) {
+			r = -ETIMEDOUT; /* no pass is in flight: iv can go */
+			break;
+		}
 		usleep(10000); /* a destage or an eviction runs on some slot: let it end */
 	}
+	if (!r && !iv->err && iv->evicting && mirror_all_failed(&v->cs->mirror))
+		r = -EIO; /* their FREE records failed, yet released the slots (slots.c) */
 	pthread_cond_destroy(&iv->cv);
 	pthread_mutex_destroy(&iv->mu);
 	*slots = iv->slots;

@@ -18,7 +18,9 @@
  * FREE records cannot land.
  * The gain, run as the backing's driver thread runs it, must not return
  * (nor write the generation file) while they are held; released, it
- * records the generation, and a's slots are free.
+ * records the generation, and a's slots are free. Then only b's slots are
+ * being evicted, their records held again: a's next gain must not wait
+ * for them.
  */
 #include "cache/cache_int.h" /* the layout, cache_reclaim, the slots: what the test holds and looks at */
 #include "cache/vol_int.h"   /* the volume's backing id and drop_failed */
@@ -70,15 +72,58 @@ static const struct bdev_ops shared_ops = { .submit = mem_submit, .close = mem_c
 /* ---- the gain, on a thread of its own as a driver runs it ---------------------------------- */
 
 static _Atomic bool gained;
+static uint64_t gain_gen;
 
 static void *gain_thread(void *arg)
 {
 	(void)arg;
 	/* another gateway owned the image since our last gain (prev_owner_us false): drop */
-	struct bdev_owner_change c = { .state = BDEV_OWNER_OWNED, .gen = 5, .prev_gen = 4, .prev_owner_us = false };
+	struct bdev_owner_change c = {
+		.state = BDEV_OWNER_OWNED, .gen = gain_gen, .prev_gen = gain_gen - 1, .prev_owner_us = false,
+	};
 	listen_fn(listen_arg, &c);
 	atomic_store(&gained, true);
 	return NULL;
+}
+
+/* the gain as the driver runs it, on a thread: gained is set when it returns */
+static pthread_t gain_start(uint64_t gen)
+{
+	pthread_t th;
+	atomic_store(&gained, false);
+	gain_gen = gen;
+	REQUIRE(pthread_create(&th, NULL, gain_thread, NULL) == 0, "thread");
+	return th;
+}
+
+static uint64_t recorded_gen(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	unsigned long long g = 0;
+	if (f) {
+		if (fscanf(f, "%llu", &g) != 1)
+			g = 0;
+		fclose(f);
+	}
+	return g;
+}
+
+static void hold_journal(struct cache_set *cs, struct mem_bdev **d, bool on)
+{
+	uint64_t jlo = cs->lay.journal_off, jhi = jlo + (uint64_t)CACHE_NJOURNALS * cs->lay.jblocks * CACHE_PAGE;
+	for (int l = DEV_LEG0; l <= DEV_LEG1; l++) {
+		atomic_store(&d[l]->slow_lo, jlo);
+		atomic_store(&d[l]->slow_hi, jhi);
+		atomic_store(&d[l]->slow_hold, on);
+	}
+}
+
+static char dir[64], gen_path[96];
+
+static void cleanup(void)
+{
+	unlink(gen_path);
+	rmdir(dir);
 }
 
 static void reclaim_fn(void *arg)
@@ -95,9 +140,9 @@ static void settle(struct cache_set *cs)
 }
 
 /* n extents of vol cached (admit_hits = 1: the first miss promotes), each read reads times */
-static void promote(struct cache_set *cs, struct bdev *vol, uint32_t n, int reads, uint8_t *buf)
+static void promote(struct cache_set *cs, struct bdev *vol, uint32_t from, uint32_t n, int reads, uint8_t *buf)
 {
-	for (uint64_t e = 0; e < n; e++) {
+	for (uint64_t e = from; e < from + n; e++) {
 		for (int i = 0; i < reads; i++) {
 			REQUIRE(tio_sync(vol, BDEV_READ, e * EXT, buf, EXT, 0) == 0, "read %llu", (unsigned long long)e);
 			settle(cs);
@@ -133,9 +178,10 @@ int main(void)
 		cs->lay.nslots, A_EXTENTS + B_EXTENTS + 2);
 	uint32_t bid_a = ((struct cache_vol *)va)->bid;
 
-	char dir[] = "/tmp/tc-owner-evicting.XXXXXX";
-	REQUIRE(mkdtemp(dir), "mkdtemp");
-	char gen_path[sizeof(dir) + 16];
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+	snprintf(dir, sizeof(dir), "%s/tc-owner-evicting.XXXXXX", tmp);
+	REQUIRE(mkdtemp(dir), "mkdtemp %s", dir);
+	atexit(cleanup);
 	snprintf(gen_path, sizeof(gen_path), "%s/gen", dir);
 	char err[256];
 	REQUIRE(cache_vol_owner_track(va, gen_path, err, sizeof(err)) == 0, "track: %s", err);
@@ -144,18 +190,13 @@ int main(void)
 	/* b's extents read again (a hit moves them to the main queue), a's once: the
 	 * newest in the small queue and never hit there, the reclaim's victims (policy.c) */
 	uint8_t *buf = malloc(EXT);
-	promote(cs, vb, B_EXTENTS, 2, buf);
-	promote(cs, va, A_EXTENTS, 1, buf);
+	promote(cs, vb, 0, B_EXTENTS, 2, buf);
+	promote(cs, va, 0, A_EXTENTS, 1, buf);
 	REQUIRE(count_slots(cs, bid_a, SB_READY) == A_EXTENTS, "a caches %u extents", count_slots(cs, bid_a, SB_READY));
 	REQUIRE(cs->alloc.nfree == 2, "%u slots free after the promotions", cs->alloc.nfree);
 
 	/* the journal's writes held: the FREE records cannot land */
-	uint64_t jlo = cs->lay.journal_off, jhi = jlo + (uint64_t)CACHE_NJOURNALS * cs->lay.jblocks * CACHE_PAGE;
-	for (int l = DEV_LEG0; l <= DEV_LEG1; l++) {
-		atomic_store(&d[l]->slow_lo, jlo);
-		atomic_store(&d[l]->slow_hi, jhi);
-		atomic_store(&d[l]->slow_hold, true);
-	}
+	hold_journal(cs, d, true);
 	struct sync_call sc = { .cs = cs };
 	cache_sync_run(reclaim_fn, &sc);
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == A_EXTENTS && count_slots(cs, bid_a, SB_READY) == 0,
@@ -163,8 +204,7 @@ int main(void)
 		count_slots(cs, bid_a, SB_RETIRED), count_slots(cs, bid_a, SB_READY));
 
 	/* the gain must wait for their FREE records */
-	pthread_t th;
-	REQUIRE(pthread_create(&th, NULL, gain_thread, NULL) == 0, "thread");
+	pthread_t th = gain_start(5);
 	for (int i = 0; i < 2000 && !atomic_load(&gained); i++)
 		usleep(500);
 	REQUIRE(!atomic_load(&gained), "the gain returned while %u slots of the LUN were being evicted, their FREE "
@@ -173,22 +213,38 @@ int main(void)
 	printf("ok: with a's eviction not durable, the gain waits and records no generation\n");
 
 	/* released: the FREE records land, the gain ends and records the generation */
-	for (int l = DEV_LEG0; l <= DEV_LEG1; l++)
-		atomic_store(&d[l]->slow_hold, false);
+	hold_journal(cs, d, false);
 	for (int i = 0; i < 20000 && !atomic_load(&gained); i++)
 		usleep(500);
 	REQUIRE(atomic_load(&gained), "the gain never returned once the FREE records were durable");
 	pthread_join(th, NULL);
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 0, "a's slots are still being evicted after the gain");
-	FILE *f = fopen(gen_path, "r");
-	unsigned long long g = 0;
-	REQUIRE(f && fscanf(f, "%llu", &g) == 1 && g == 5, "the gain recorded generation %llu, not 5", g);
-	fclose(f);
+	uint64_t g = recorded_gen(gen_path);
+	REQUIRE(g == 5, "the gain recorded generation %llu, not 5", (unsigned long long)g);
 	REQUIRE(!atomic_load(&((struct cache_vol *)va)->drop_failed), "the drop failed");
-	printf("ok: once they were durable the gain recorded generation %llu\n", g);
+	printf("ok: once they were durable the gain recorded generation %llu\n", (unsigned long long)g);
 
-	unlink(gen_path);
-	rmdir(dir);
+	/* another LUN's evictions do not hold a's gain: only b's are in flight now */
+	settle(cs);
+	promote(cs, vb, B_EXTENTS, cs->alloc.nfree - 2, 1, buf);
+	REQUIRE(cs->alloc.nfree == 2, "%u slots free after b's promotions", cs->alloc.nfree);
+	hold_journal(cs, d, true);
+	cache_sync_run(reclaim_fn, &sc);
+	uint32_t bid_b = ((struct cache_vol *)vb)->bid;
+	REQUIRE(count_slots(cs, bid_b, SB_RETIRED) >= 1 && count_slots(cs, bid_a, SB_RETIRED) == 0,
+		"the reclaim retired %u of b's slots and %u of a's", count_slots(cs, bid_b, SB_RETIRED),
+		count_slots(cs, bid_a, SB_RETIRED));
+	th = gain_start(6);
+	for (int i = 0; i < 20000 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(atomic_load(&gained), "a's gain waited for LUN b's %u evictions", count_slots(cs, bid_b, SB_RETIRED));
+	pthread_join(th, NULL);
+	REQUIRE(recorded_gen(gen_path) == 6, "the second gain recorded generation %llu, not 6",
+		(unsigned long long)recorded_gen(gen_path));
+	printf("ok: with only b's evictions in flight, a's gain did not wait for them\n");
+	hold_journal(cs, d, false);
+	settle(cs);
+
 	free(buf);
 	cache_set_shutdown(cs);
 	bdev_close(va);

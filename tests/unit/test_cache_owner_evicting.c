@@ -20,7 +20,9 @@
  * (nor write the generation file) while they are held; released, it
  * records the generation, and a's slots are free. Then only b's slots are
  * being evicted, their records held again: a's next gain must not wait
- * for them.
+ * for them. Last, a's extent is evicted again with every leg failing: its
+ * FREE record fails (and frees the slot all the same), so the gain that
+ * waited for it must fail and record nothing.
  */
 #include "cache/cache_int.h" /* the layout, cache_reclaim, the slots: what the test holds and looks at */
 #include "cache/vol_int.h"   /* the volume's backing id and drop_failed */
@@ -243,6 +245,32 @@ int main(void)
 		(unsigned long long)recorded_gen(gen_path));
 	printf("ok: with only b's evictions in flight, a's gain did not wait for them\n");
 	hold_journal(cs, d, false);
+	settle(cs);
+
+	/* a FREE that fails on every leg still frees its slot: the drop that waited for it fails */
+	promote(cs, vb, B_EXTENTS + 8, cs->alloc.nfree - 3, 2, buf);
+	promote(cs, va, 1, 1, 1, buf); /* not extent 0: the policy remembers it (its ghost queue) */
+	REQUIRE(cs->alloc.nfree == 2 && count_slots(cs, bid_a, SB_READY) == 1, "%u slots free, a caches %u",
+		cs->alloc.nfree, count_slots(cs, bid_a, SB_READY));
+	hold_journal(cs, d, true);
+	for (int l = DEV_LEG0; l <= DEV_LEG1; l++)
+		atomic_store(&d[l]->fail_after, atomic_load(&d[l]->ops));
+	cache_sync_run(reclaim_fn, &sc);
+	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1, "the reclaim did not evict a's extent");
+	th = gain_start(7);
+	for (int i = 0; i < 200 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(!atomic_load(&gained), "the gain returned while a's eviction was not durable");
+	hold_journal(cs, d, false); /* the FREE completes with an error; the legs fail */
+	for (int i = 0; i < 20000 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(atomic_load(&gained), "the gain never returned after the FREE failed");
+	pthread_join(th, NULL);
+	REQUIRE(atomic_load(&((struct cache_vol *)va)->drop_failed), "the drop succeeded though the FREE it waited for "
+		"failed on every leg");
+	REQUIRE(recorded_gen(gen_path) == 6, "generation %llu was recorded after the FREE failed",
+		(unsigned long long)recorded_gen(gen_path));
+	printf("ok: with the FREE it waited for failed on every leg, the drop fails and records nothing\n");
 	settle(cs);
 
 	free(buf);

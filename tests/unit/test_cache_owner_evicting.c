@@ -24,9 +24,8 @@
  * FREE record fails (and frees the slot all the same), so the gain that
  * waited for it must fail and record nothing.
  */
-#include "cache/cache_int.h" /* the layout, cache_reclaim, the slots: what the test holds and looks at */
-#include "cache/vol_int.h"   /* the volume's backing id and drop_failed */
-#include "tests/unit/cache_test_util.h"
+#include "cache/vol_int.h" /* the volume's backing id and drop_failed */
+#include "tests/unit/cache_test_int.h" /* the layout, cache_reclaim, the slots: what the test holds and looks at */
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -128,26 +127,13 @@ static void cleanup(void)
 	rmdir(dir);
 }
 
-static void reclaim_fn(void *arg)
-{
-	struct sync_call *c = arg;
-	cache_reclaim(c->cs);
-	cache_sync_done(c, 0);
-}
-
-static void settle(struct cache_set *cs)
-{
-	for (int i = 0; i < 20000 && (atomic_load(&cs->bg_inflight) || atomic_load(&cs->fg_inflight)); i++)
-		usleep(500);
-}
-
 /* n extents of vol cached (admit_hits = 1: the first miss promotes), each read reads times */
 static void promote(struct cache_set *cs, struct bdev *vol, uint32_t from, uint32_t n, int reads, uint8_t *buf)
 {
 	for (uint64_t e = from; e < from + n; e++) {
 		for (int i = 0; i < reads; i++) {
 			REQUIRE(tio_sync(vol, BDEV_READ, e * EXT, buf, EXT, 0) == 0, "read %llu", (unsigned long long)e);
-			settle(cs);
+			test_settle(cs);
 		}
 	}
 }
@@ -199,8 +185,7 @@ int main(void)
 
 	/* the journal's writes held: the FREE records cannot land */
 	hold_journal(cs, d, true);
-	struct sync_call sc = { .cs = cs };
-	cache_sync_run(reclaim_fn, &sc);
+	test_reclaim(cs);
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == A_EXTENTS && count_slots(cs, bid_a, SB_READY) == 0,
 		"the reclaim was to evict a's %u extents: %u retired, %u still cached", A_EXTENTS,
 		count_slots(cs, bid_a, SB_RETIRED), count_slots(cs, bid_a, SB_READY));
@@ -227,11 +212,11 @@ int main(void)
 	printf("ok: once they were durable the gain recorded generation %llu\n", (unsigned long long)g);
 
 	/* another LUN's evictions do not hold a's gain: only b's are in flight now */
-	settle(cs);
+	test_settle(cs);
 	promote(cs, vb, B_EXTENTS, cs->alloc.nfree - 2, 1, buf);
 	REQUIRE(cs->alloc.nfree == 2, "%u slots free after b's promotions", cs->alloc.nfree);
 	hold_journal(cs, d, true);
-	cache_sync_run(reclaim_fn, &sc);
+	test_reclaim(cs);
 	uint32_t bid_b = ((struct cache_vol *)vb)->bid;
 	REQUIRE(count_slots(cs, bid_b, SB_RETIRED) >= 1 && count_slots(cs, bid_a, SB_RETIRED) == 0,
 		"the reclaim retired %u of b's slots and %u of a's", count_slots(cs, bid_b, SB_RETIRED),
@@ -245,7 +230,7 @@ int main(void)
 		(unsigned long long)recorded_gen(gen_path));
 	printf("ok: with only b's evictions in flight, a's gain did not wait for them\n");
 	hold_journal(cs, d, false);
-	settle(cs);
+	test_settle(cs);
 
 	/* a FREE that fails on every leg still frees its slot: the drop that waited for it fails */
 	promote(cs, vb, B_EXTENTS + 8, cs->alloc.nfree - 3, 2, buf);
@@ -255,7 +240,7 @@ int main(void)
 	hold_journal(cs, d, true);
 	for (int l = DEV_LEG0; l <= DEV_LEG1; l++)
 		atomic_store(&d[l]->fail_after, atomic_load(&d[l]->ops));
-	cache_sync_run(reclaim_fn, &sc);
+	test_reclaim(cs);
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1, "the reclaim did not evict a's extent");
 	th = gain_start(7);
 	for (int i = 0; i < 200 && !atomic_load(&gained); i++)
@@ -271,7 +256,7 @@ int main(void)
 	REQUIRE(recorded_gen(gen_path) == 6, "generation %llu was recorded after the FREE failed",
 		(unsigned long long)recorded_gen(gen_path));
 	printf("ok: with the FREE it waited for failed on every leg, the drop fails and records nothing\n");
-	settle(cs);
+	test_settle(cs);
 
 	free(buf);
 	cache_set_shutdown(cs);

@@ -17,8 +17,7 @@
  * without reaching the backing store. Released, the write completes and
  * reads back, and the next reads promote the extent again.
  */
-#include "cache/cache_int.h" /* the layout, the map, cache_reclaim: what the test holds and looks at */
-#include "tests/unit/cache_test_util.h"
+#include "tests/unit/cache_test_int.h" /* the layout, the map, cache_reclaim: what the test holds and looks at */
 
 #define LEG_SIZE (4u << 20)
 #define BACK_SIZE (4u << 20)
@@ -30,19 +29,6 @@ enum { DEV_BACK, DEV_LEG0, DEV_LEG1, NDEV };
 static struct cache_set_cfg cfg = {
 	.name = "ra", .nlegs = 2, .extent_size = EXT, .mode = CACHE_WRITE_BACK, .admit_hits = 1, .dirty_target = 90,
 };
-
-static void reclaim_fn(void *arg)
-{
-	struct sync_call *c = arg;
-	cache_reclaim(c->cs);
-	cache_sync_done(c, 0);
-}
-
-static void settle(struct cache_set *cs)
-{
-	for (int i = 0; i < 20000 && (atomic_load(&cs->bg_inflight) || atomic_load(&cs->fg_inflight)); i++)
-		usleep(500);
-}
 
 static bool cached(struct cache_set *cs, uint64_t key)
 {
@@ -67,7 +53,7 @@ int main(void)
 	for (uint64_t e = 0; e < FILLED; e++) {
 		REQUIRE(tio_sync(vol, BDEV_READ, e * EXT, buf, EXT, 0) == 0, "read %llu", (unsigned long long)e);
 		REQUIRE(tio_sync(vol, BDEV_READ, e * EXT, buf, EXT, 0) == 0, "read %llu", (unsigned long long)e);
-		settle(cs);
+		test_settle(cs);
 	}
 	REQUIRE(cs->alloc.nfree == cs->lay.nslots - FILLED, "%u slots free after %u promotions", cs->alloc.nfree,
 		FILLED);
@@ -79,8 +65,7 @@ int main(void)
 		atomic_store(&d[l]->slow_hi, jhi);
 		atomic_store(&d[l]->slow_hold, true);
 	}
-	struct sync_call c = { .cs = cs };
-	cache_sync_run(reclaim_fn, &c);
+	test_reclaim(cs);
 	uint64_t gone = CACHE_KEY_NONE;
 	uint32_t retired = 0;
 	for (uint32_t s = 0; s < cs->lay.nslots; s++)
@@ -140,7 +125,7 @@ int main(void)
 	uint8_t *got = malloc(EXT);
 	REQUIRE(tio_sync(vol, BDEV_READ, off, got, EXT, 0) == 0, "read");
 	REQUIRE(tio_sync(vol, BDEV_READ, off, got, EXT, 0) == 0, "read");
-	settle(cs);
+	test_settle(cs);
 	REQUIRE(cached(cs, gone), "the extent was not cached again once its FREE was durable");
 	REQUIRE(tio_sync(vol, BDEV_READ, off, got, EXT, 0) == 0, "read");
 	REQUIRE(!memcmp(got, buf, EXT), "the extent does not read back what was written");

@@ -44,7 +44,6 @@ struct vol_inval {
 	int pending;                /* INVALIDATE records not yet durable */
 	uint32_t busy;              /* slots skipped: a destage runs on them, they are being evicted, or
 				     * the pass ran out of records */
-	bool evicting;              /* some pass met a slot being evicted */
 	uint64_t slots, dirty;      /* dropped in this pass */
 	struct jwait *jw;
 	uint32_t njw;
@@ -105,11 +104,14 @@ static void inval_pass(void *arg)
 			 * would then keep it at the next gain. Wait for it.
 			 */
 			iv->busy++;
-			iv->evicting = true;
 			slot_unlock(sl);
 			continue;
 		}
-		if (st != SB_READY || !(bits & (SB_FULL_VALID | SB_HAS_BM | SB_DIRTY))) {
+		bool valid;
+		if (st != SB_READY || !(bits & (SB_FULL_VALID | SB_HAS_BM | SB_DIRTY)) ||
+		    (!(bits & (SB_FULL_VALID | SB_DIRTY)) &&
+		     slot_valid_run(cs, s, 0, cs->lay.bpe, &valid) == cs->lay.bpe && !valid)) {
+			/* nothing cached (an INVALIDATE of an earlier pass leaves SB_HAS_BM set) */
 			slot_unlock(sl);
 			continue;
 		}
@@ -147,8 +149,9 @@ static void inval_pass(void *arg)
  * pass's memory behind for a worker that might still run it; and when
  * slots stay busy (being destaged or evicted) for VOL_DROP_TIMEOUT_S with
  * no pass dropping anything, it gives up with -ETIMEDOUT too. With no leg
- * left, the FREE records of the evictions it waited for may have failed:
- * -EIO.
+ * left, -EIO: FREE records of this LUN's evictions may have failed (a
+ * failed FREE still frees its slot), so a restart with the legs back could
+ * bring such a slot back, and no generation may say the cache is current.
  */
 #define VOL_DROP_TIMEOUT_S 60
 static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
@@ -200,8 +203,8 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 		}
 		usleep(10000); /* a destage or an eviction runs on some slot: let it end */
 	}
-	if (!r && !iv->err && iv->evicting && mirror_all_failed(&v->cs->mirror))
-		r = -EIO; /* their FREE records failed, yet released the slots (slots.c) */
+	if (!r && !iv->err && mirror_all_failed(&v->cs->mirror))
+		r = -EIO; /* FREE records failed, yet released their slots (slots.c), maybe before a pass saw them */
 	pthread_cond_destroy(&iv->cv);
 	pthread_mutex_destroy(&iv->mu);
 	*slots = iv->slots;

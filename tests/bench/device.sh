@@ -159,7 +159,10 @@ snap() { ctl --json status; }
 
 # perf can trace io_uring's submissions and completions (the QD1 breakdown)
 want_trace() {
-	command -v perf >/dev/null && perf list 2>/dev/null | grep -q "io_uring:io_uring_complete" ||
+	local ev
+	ev=$(perf list 2>/dev/null)
+	command -v perf >/dev/null && grep -q "io_uring:io_uring_complete" <<<"$ev" &&
+		grep -q "io_uring:io_uring_submit_req" <<<"$ev" ||
 		{ echo "== where the QD1 time goes: n/a (perf with io_uring's tracepoints is not here)"; return 1; }
 }
 # is ROW one of TB_ROWS (all when unset)? Page-cache rows (pc-*) run when
@@ -293,11 +296,15 @@ PY
 
 # Where the QD1 time goes: every leg operation's time from its submission
 # to its completion (io_uring's submit_req and complete tracepoints, with
-# perf), ours during a QD1 run through the daemon beside fio's during its
-# QD1 job, and the command's own average: what the legs take, and what is
-# left for the iSCSI round trip and the engine. Traced runs are slower
-# than the table's (a few microseconds per operation, fio's alike); they
-# run after the table, and TB_TRACE=0 skips them.
+# perf; the completion is posted in the worker's context, so this includes
+# its wakeup, as fio's does), ours during a QD1 run through the daemon
+# beside fio's during its QD1 job, and the command's own average split in
+# two: the time the legs had an operation of ours in flight, per command
+# (the run's rate times the traced window), and what is left for the
+# iSCSI round trip and the engine. Each traced run starts after a flush,
+# so no destage of the rows before is in it. Traced runs are slower than
+# the table's (a few microseconds per operation, fio's alike); they run
+# after the table, and TB_TRACE=0 skips them.
 if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; then
 	echo "== where the QD1 time goes: each leg operation from submission to completion (io_uring tracepoints)"
 	TS=$((SECS < 4 ? 4 : SECS))
@@ -305,15 +312,22 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; th
 		local row=$1 job=$2
 		shift 2
 		want "$row" || return 0
+		# no destage, checkpoint or fill of the rows before in the trace
+		ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
 		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.trace.tc.json" &
-		local tbpid=$!
+		local tbpid=$! perf_ok=0
 		sleep 1
 		perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete -p "$TC_PID" \
-			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>&1
+			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.trace.err" || perf_ok=1
 		wait $tbpid || errors=$((errors + 1))
 		TB_FIO_SECS=$TS perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete \
 			-o "$OUT/$row.trace.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
-			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>/dev/null || errors=$((errors + 1))
+			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>>"$OUT/$row.trace.err" || perf_ok=1
+		if [ $perf_ok != 0 ]; then
+			echo "$row: the traced runs failed: $(head -2 "$OUT/$row.trace.err")"
+			errors=$((errors + 1))
+			return 0
+		fi
 		perf script -i "$OUT/$row.trace.perf" >"$OUT/$row.trace.txt" 2>/dev/null
 		perf script -i "$OUT/$row.trace.fio.perf" >"$OUT/$row.trace.fio.txt" 2>/dev/null
 		python3 - "$OUT" "$row" <<'PY' || errors=$((errors + 1))
@@ -336,7 +350,7 @@ def legops(path):
                 lat.setdefault(op.rstrip("V"), []).append((t - t0) * 1e6)
                 spans.append((t0, t))
     # at QD1 a command's leg operations overlap one another and no other
-    # command's: merged, each group is the legs' share of one command
+    # command's: merged, their time is the legs' share of the commands
     groups, end = [], None
     for t0, t1 in sorted(spans):
         if end is not None and t0 <= end:
@@ -345,12 +359,14 @@ def legops(path):
         else:
             groups.append([t0, t1])
             end = t1
-    g = [(b - a) * 1e6 for a, b in groups]
-    return {op: sorted(v) for op, v in lat.items()}, g
+    busy = sum(b - a for a, b in groups) * 1e6
+    span = (max(t for _, t in spans) - min(t for t, _ in spans)) if spans else 0
+    return {op: sorted(v) for op, v in lat.items()}, busy, span
 def show(v):
     return "%6d ops, avg %5.1f us, p50 %5.1f, p99 %6.1f" % (len(v), sum(v) / len(v), v[len(v) // 2], v[int(len(v) * 0.99)])
-(ours, groups), (fio, _) = legops("%s/%s.trace.txt" % (out, row)), legops("%s/%s.trace.fio.txt" % (out, row))
-cmd = json.load(open("%s/%s.trace.tc.json" % (out, row)))["runs"][0]["latency_us"]["avg"]
+(ours, busy, span), (fio, _, _) = legops("%s/%s.trace.txt" % (out, row)), legops("%s/%s.trace.fio.txt" % (out, row))
+run = json.load(open("%s/%s.trace.tc.json" % (out, row)))["runs"][0]
+cmd = run["latency_us"]["avg"]
 j = json.load(open("%s/%s.trace.fio.json" % (out, row)))["jobs"][0]
 side = j["write"] if j["write"]["io_bytes"] > j["read"]["io_bytes"] else j["read"]
 print("%s: a command takes %.1f us (avg, traced); fio's I/O %.1f us" % (row, cmd, side["clat_ns"]["mean"] / 1000.0))
@@ -359,10 +375,12 @@ for op in sorted(set(ours) | set(fio)):
         print("  ours %-5s %s" % (op, show(ours[op])))
     if op in fio:
         print("  fio  %-5s %s" % (op, show(fio[op])))
-if groups:
-    busy = sum(groups) / len(groups)
-    print("  the legs: %.1f us per command (avg of %d groups of overlapping operations); the rest of the command,"
-          " %.1f us, is the iSCSI round trip, the engine and its wakeups" % (busy, len(groups), cmd - busy))
+# commands in the traced window: the run's rate (over all of it) times the window
+cmds = run["iops"] * span
+if cmds >= 1:
+    per = busy / cmds
+    print("  the legs: %.1f us per command (the time with a leg operation in flight, overlapping ones merged, over"
+          " %.0f commands); the rest of the command, %.1f us, is the iSCSI round trip and the engine" % (per, cmds, cmd - per))
 PY
 	}
 	trace_row rh-qd1 randread-4k-qd1 -b 4k --rand -r 100 -t 1 -q 1

@@ -20,7 +20,10 @@
  * (nor write the generation file) while they are held; released, it
  * records the generation, and a's slots are free. Then only b's slots are
  * being evicted, their records held again: a's next gain must not wait
- * for them. Last, a's extent is evicted again with every leg failing: its
+ * for them. Then an eviction of a is held (only its journal ring) while
+ * a partly valid extent of a is dropped: the emptied slot stays READY,
+ * and the drop's later passes must not drop it again. Last, a's extent is
+ * evicted again with every leg failing: its
  * FREE record fails (and frees the slot all the same), so the gain that
  * waited for it must fail and record nothing.
  */
@@ -120,6 +123,40 @@ static void hold_journal(struct cache_set *cs, struct mem_bdev **d, bool on)
 }
 
 static char dir[64], gen_path[96];
+
+static void reclaim_call(void *arg)
+{
+	struct sync_call *c = arg;
+	cache_reclaim(c->cs);
+	cache_sync_done(c, 0);
+}
+
+/* One reclaim on worker w (test_reclaim runs it on worker 0). */
+static void reclaim_on(struct cache_set *cs, unsigned w)
+{
+	struct sync_call c = { .cs = cs };
+	pthread_mutex_init(&c.lock, NULL);
+	pthread_cond_init(&c.cond, NULL);
+	REQUIRE(worker_post(worker_get(w), reclaim_call, &c) == 0, "post");
+	pthread_mutex_lock(&c.lock);
+	while (!c.done)
+		pthread_cond_wait(&c.cond, &c.lock);
+	pthread_mutex_unlock(&c.lock);
+	pthread_mutex_destroy(&c.lock);
+	pthread_cond_destroy(&c.cond);
+}
+
+/* Records the set's journal rings have put in blocks so far. */
+static uint64_t journal_records(struct cache_set *cs)
+{
+	uint64_t n = 0;
+	for (int j = 0; j < CACHE_NJOURNALS; j++) {
+		pthread_mutex_lock(&cs->journals[j].lock);
+		n += cs->journals[j].records;
+		pthread_mutex_unlock(&cs->journals[j].lock);
+	}
+	return n;
+}
 
 static void cleanup(void)
 {
@@ -232,17 +269,73 @@ int main(void)
 	hold_journal(cs, d, false);
 	test_settle(cs);
 
+	/*
+	 * A slot the drop empties stays READY (its bitmaps say nothing is
+	 * valid): while the drop waits for an eviction, its later passes must
+	 * not drop that slot again (a record each, every 10 ms, and the wait's
+	 * bound pushed back each time). Only the FREE's journal ring is held
+	 * now, so the passes' own records land.
+	 */
+	memset(buf, 0x3c, 4096);
+	for (int i = 0; i < 2; i++) /* written twice: a hit, so not the reclaim's victim */
+		REQUIRE(tio_sync(va, BDEV_WRITE, 5 * EXT, buf, 4096, BDEV_F_FUA) == 0, "write");
+	/* destaged (no CLEAN record of the cleaner's later): partly valid and clean */
+	for (int i = 0; i < 20000 && atomic_load(&cs->dirty_blocks); i++)
+		usleep(500);
+	REQUIRE(!atomic_load(&cs->dirty_blocks), "the cleaner left %llu blocks dirty",
+		(unsigned long long)atomic_load(&cs->dirty_blocks));
+	test_settle(cs);
+	promote(cs, vb, B_EXTENTS + 4, cs->alloc.nfree - 3, 2, buf);
+	promote(cs, va, 6, 1, 1, buf);
+	REQUIRE(cs->alloc.nfree == 2, "%u slots free before the reclaim", cs->alloc.nfree);
+	hold_journal(cs, d, true);
+	reclaim_on(cs, 1); /* its FREE records in worker 1's rings, the passes' in worker 0's */
+	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1 && count_slots(cs, bid_a, SB_READY) == 1,
+		"the reclaim was to evict a's extent 6 and keep 5: %u retired, %u cached",
+		count_slots(cs, bid_a, SB_RETIRED), count_slots(cs, bid_a, SB_READY));
+	int ring = -1;
+	for (int j = 0; j < CACHE_NJOURNALS; j++) {
+		pthread_mutex_lock(&cs->journals[j].lock);
+		if (cs->journals[j].busy)
+			ring = j;
+		pthread_mutex_unlock(&cs->journals[j].lock);
+	}
+	REQUIRE(ring >= 0 && ring % 2 == 1, "the FREE records are in ring %d, not one of worker 1's", ring);
+	uint64_t rlo = cs->lay.journal_off + (uint64_t)ring * cs->lay.jblocks * CACHE_PAGE;
+	for (int l = DEV_LEG0; l <= DEV_LEG1; l++) {
+		atomic_store(&d[l]->slow_lo, rlo);
+		atomic_store(&d[l]->slow_hi, rlo + (uint64_t)cs->lay.jblocks * CACHE_PAGE);
+	}
+	uint64_t rec0 = journal_records(cs);
+	th = gain_start(7);
+	for (int i = 0; i < 20000 && journal_records(cs) == rec0; i++)
+		usleep(500);
+	REQUIRE(journal_records(cs) > rec0, "the drop journaled nothing for a's extent 5");
+	uint64_t rec1 = journal_records(cs);
+	usleep(300000); /* some 30 passes */
+	REQUIRE(!atomic_load(&gained), "the gain returned while a's eviction was not durable");
+	REQUIRE(journal_records(cs) - rec1 <= 1, "while the drop waited, its passes journaled %llu more records: the "
+		"slot it emptied was dropped again", (unsigned long long)(journal_records(cs) - rec1));
+	hold_journal(cs, d, false);
+	for (int i = 0; i < 20000 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(atomic_load(&gained), "the gain never returned once the FREE records were durable");
+	pthread_join(th, NULL);
+	REQUIRE(recorded_gen(gen_path) == 7 && !atomic_load(&((struct cache_vol *)va)->drop_failed),
+		"the gain recorded generation %llu", (unsigned long long)recorded_gen(gen_path));
+	printf("ok: while the drop waited for an eviction, the slot it emptied was not dropped again\n");
+	test_settle(cs);
+
 	/* a FREE that fails on every leg still frees its slot: the drop that waited for it fails */
-	promote(cs, vb, B_EXTENTS + 8, cs->alloc.nfree - 3, 2, buf);
+	promote(cs, vb, B_EXTENTS + 12, cs->alloc.nfree - 3, 2, buf);
 	promote(cs, va, 1, 1, 1, buf); /* not extent 0: the policy remembers it (its ghost queue) */
-	REQUIRE(cs->alloc.nfree == 2 && count_slots(cs, bid_a, SB_READY) == 1, "%u slots free, a caches %u",
-		cs->alloc.nfree, count_slots(cs, bid_a, SB_READY));
+	REQUIRE(cs->alloc.nfree == 2, "%u slots free before the reclaim", cs->alloc.nfree);
 	hold_journal(cs, d, true);
 	for (int l = DEV_LEG0; l <= DEV_LEG1; l++)
 		atomic_store(&d[l]->fail_after, atomic_load(&d[l]->ops));
 	test_reclaim(cs);
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1, "the reclaim did not evict a's extent");
-	th = gain_start(7);
+	th = gain_start(8);
 	for (int i = 0; i < 200 && !atomic_load(&gained); i++)
 		usleep(500);
 	REQUIRE(!atomic_load(&gained), "the gain returned while a's eviction was not durable");
@@ -253,7 +346,7 @@ int main(void)
 	pthread_join(th, NULL);
 	REQUIRE(atomic_load(&((struct cache_vol *)va)->drop_failed), "the drop succeeded though the FREE it waited for "
 		"failed on every leg");
-	REQUIRE(recorded_gen(gen_path) == 6, "generation %llu was recorded after the FREE failed",
+	REQUIRE(recorded_gen(gen_path) == 7, "generation %llu was recorded after the FREE failed",
 		(unsigned long long)recorded_gen(gen_path));
 	printf("ok: with the FREE it waited for failed on every leg, the drop fails and records nothing\n");
 	test_settle(cs);

@@ -149,9 +149,11 @@ static void inval_pass(void *arg)
  * pass's memory behind for a worker that might still run it; and when
  * slots stay busy (being destaged or evicted) for VOL_DROP_TIMEOUT_S with
  * no pass dropping anything, it gives up with -ETIMEDOUT too. With no leg
- * left, -EIO: FREE records of this LUN's evictions may have failed (a
- * failed FREE still frees its slot), so a restart with the legs back could
- * bring such a slot back, and no generation may say the cache is current.
+ * left it returns 1: nothing stale can be read now (with no leg the LUN is
+ * served from the backing store), but FREE records of this LUN's
+ * evictions may have failed (a failed FREE still frees its slot), so a
+ * restart with the legs back could bring such a slot back, and no
+ * generation may say the cache is current.
  */
 #define VOL_DROP_TIMEOUT_S 60
 static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
@@ -204,7 +206,7 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 		usleep(10000); /* a destage or an eviction runs on some slot: let it end */
 	}
 	if (!r && !iv->err && mirror_all_failed(&v->cs->mirror))
-		r = -EIO; /* FREE records failed, yet released their slots (slots.c), maybe before a pass saw them */
+		r = 1; /* FREE records failed, yet released their slots (slots.c), maybe before a pass saw them */
 	pthread_cond_destroy(&iv->cv);
 	pthread_mutex_destroy(&iv->mu);
 	*slots = iv->slots;
@@ -245,7 +247,11 @@ static void vol_owner_changed(void *arg, const struct bdev_owner_change *c)
 			int r = vol_drop_all(v, &slots, &dirty);
 			/* stale copies may remain: this gateway must not serve the image */
 			atomic_store(&v->drop_failed, r < 0);
-			clean = r >= 0;
+			clean = r == 0;
+			if (r > 0)
+				log_warn("cache lun %s: every cache leg has failed, so the copies this gain "
+					 "dropped may come back with the legs; its generation is not recorded and "
+					 "the next gain drops again", v->name);
 			if (r < 0)
 				log_err("cache lun %s: dropping the cached copies failed (%s); the LUN stays "
 					"unavailable on this gateway until a later takeover succeeds", v->name,

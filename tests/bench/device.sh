@@ -302,7 +302,11 @@ PY
 # two: the time the legs had an operation of ours in flight, per command
 # (the run's rate times the traced window), and what is left for the
 # iSCSI round trip and the engine. Each traced run starts after a flush,
-# so no destage of the rows before is in it. Traced runs are slower than
+# so no destage of the rows before is in it; the cleaner's own destages
+# during a write-back run (reads of the legs, writes of the backing file:
+# the tracepoints do not name the file) are counted as ours, a few per
+# hundred commands. The rate is the whole run's, the window a part of it,
+# so the share per command is an estimate within a few per cent. Traced runs are slower than
 # the table's (a few microseconds per operation, fio's alike); they run
 # after the table, and TB_TRACE=0 skips them.
 if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; then
@@ -315,15 +319,15 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; th
 		# no destage, checkpoint or fill of the rows before in the trace
 		ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
 		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.trace.tc.json" &
-		local tbpid=$! perf_ok=0
+		local tbpid=$! perf_failed=0
 		sleep 1
 		perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete -p "$TC_PID" \
-			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.trace.err" || perf_ok=1
+			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.trace.err" || perf_failed=1
 		wait $tbpid || errors=$((errors + 1))
 		TB_FIO_SECS=$TS perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete \
 			-o "$OUT/$row.trace.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
-			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>>"$OUT/$row.trace.err" || perf_ok=1
-		if [ $perf_ok != 0 ]; then
+			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>>"$OUT/$row.trace.err" || perf_failed=1
+		if [ $perf_failed != 0 ]; then
 			echo "$row: the traced runs failed: $(head -2 "$OUT/$row.trace.err")"
 			errors=$((errors + 1))
 			return 0
@@ -381,6 +385,8 @@ if cmds >= 1:
     per = busy / cmds
     print("  the legs: %.1f us per command (the time with a leg operation in flight, overlapping ones merged, over"
           " %.0f commands); the rest of the command, %.1f us, is the iSCSI round trip and the engine" % (per, cmds, cmd - per))
+else:
+    print("  the legs' share per command: n/a (no command in the traced window)")
 PY
 	}
 	trace_row rh-qd1 randread-4k-qd1 -b 4k --rand -r 100 -t 1 -q 1

@@ -844,6 +844,7 @@ struct sync_call {
 };
 /* Post fn(c) to worker 0 and wait until it calls cache_sync_done. */
 int cache_sync_run(void (*fn)(void *), struct sync_call *c);
+int cache_sync_run_on(struct worker *w, void (*fn)(void *), struct sync_call *c);
 void cache_sync_done(struct sync_call *c, int err);
 
 /* Format err and return -1 (open and attach errors). */

@@ -75,10 +75,16 @@ void cache_sync_done(struct sync_call *c, int err)
 
 int cache_sync_run(void (*fn)(void *), struct sync_call *c)
 {
+	return cache_sync_run_on(worker_get(0), fn, c);
+}
+
+/* The same on worker w. */
+int cache_sync_run_on(struct worker *w, void (*fn)(void *), struct sync_call *c)
+{
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	c->done = false;
-	if (worker_post(worker_get(0), fn, c) < 0)
+	if (worker_post(w, fn, c) < 0)
 		return -ENOMEM;
 	pthread_mutex_lock(&c->lock);
 	while (!c->done)

@@ -23,11 +23,13 @@ static inline void test_reclaim_fn(void *arg)
 	cache_sync_done(c, 0);
 }
 
-/* One reclaim on a worker, as the allocator runs it; returns once it has journaled its FREE records. */
-static inline void test_reclaim(struct cache_set *cs)
+/* One reclaim on worker w, as the allocator runs it; returns once it has journaled its FREE records. */
+static inline void test_reclaim_on(struct cache_set *cs, unsigned w)
 {
 	struct sync_call c = { .cs = cs };
-	cache_sync_run(test_reclaim_fn, &c);
+	REQUIRE(cache_sync_run_on(worker_get(w), test_reclaim_fn, &c) == 0, "reclaim on worker %u", w);
 }
+
+static inline void test_reclaim(struct cache_set *cs) { test_reclaim_on(cs, 0); }
 
 #endif

@@ -125,28 +125,6 @@ static void hold_journal(struct cache_set *cs, struct mem_bdev **d, bool on)
 
 static char dir[64], gen_path[96];
 
-static void reclaim_call(void *arg)
-{
-	struct sync_call *c = arg;
-	cache_reclaim(c->cs);
-	cache_sync_done(c, 0);
-}
-
-/* One reclaim on worker w (test_reclaim runs it on worker 0). */
-static void reclaim_on(struct cache_set *cs, unsigned w)
-{
-	struct sync_call c = { .cs = cs };
-	pthread_mutex_init(&c.lock, NULL);
-	pthread_cond_init(&c.cond, NULL);
-	REQUIRE(worker_post(worker_get(w), reclaim_call, &c) == 0, "post");
-	pthread_mutex_lock(&c.lock);
-	while (!c.done)
-		pthread_cond_wait(&c.cond, &c.lock);
-	pthread_mutex_unlock(&c.lock);
-	pthread_mutex_destroy(&c.lock);
-	pthread_cond_destroy(&c.cond);
-}
-
 /* Records the set's journal rings have put in blocks so far. */
 static uint64_t journal_records(struct cache_set *cs)
 {
@@ -290,7 +268,7 @@ int main(void)
 	promote(cs, va, 6, 1, 1, buf);
 	REQUIRE(cs->alloc.nfree == 2, "%u slots free before the reclaim", cs->alloc.nfree);
 	hold_journal(cs, d, true);
-	reclaim_on(cs, 1); /* its FREE records in worker 1's rings, the passes' in worker 0's */
+	test_reclaim_on(cs, 1); /* its FREE records in worker 1's rings, the passes' in worker 0's */
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1 && count_slots(cs, bid_a, SB_READY) == 1,
 		"the reclaim was to evict a's extent 6 and keep 5: %u retired, %u cached",
 		count_slots(cs, bid_a, SB_RETIRED), count_slots(cs, bid_a, SB_READY));

@@ -147,7 +147,7 @@ static void inval_pass(void *arg)
  * block). Bounded: when the workers are gone (a gain racing the daemon's
  * stop) or the journal hangs, it gives up with -ETIMEDOUT and leaves the
  * pass's memory behind for a worker that might still run it; and when
- * slots stay busy (being destaged or evicted) for VOL_DROP_TIMEOUT_S with
+ * slots stay busy (being destaged or evicted) for vol_drop_timeout_s with
  * no pass dropping anything, it gives up with -ETIMEDOUT too. With no leg
  * left it returns 1: nothing stale can be read now (with no leg the LUN is
  * served from the backing store), but FREE records of this LUN's
@@ -155,7 +155,7 @@ static void inval_pass(void *arg)
  * restart with the legs back could bring such a slot back, and no
  * generation may say the cache is current.
  */
-#define VOL_DROP_TIMEOUT_S 60
+unsigned vol_drop_timeout_s = 60; /* tests shorten it */
 static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 {
 	struct vol_inval *iv = calloc(1, sizeof(*iv));
@@ -173,7 +173,7 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 	}
 	pthread_mutex_init(&iv->mu, NULL);
 	pthread_cond_init(&iv->cv, NULL);
-	uint64_t progress = 0, deadline_ms = now_ms() + VOL_DROP_TIMEOUT_S * 1000;
+	uint64_t progress = 0, deadline_ms = now_ms() + vol_drop_timeout_s * 1000ull;
 	for (;;) {
 		iv->pass_done = false;
 		iv->busy = 0;
@@ -186,7 +186,7 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 		}
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += VOL_DROP_TIMEOUT_S;
+		ts.tv_sec += vol_drop_timeout_s;
 		pthread_mutex_lock(&iv->mu);
 		while (!iv->pass_done && r == 0)
 			if (pthread_cond_timedwait(&iv->cv, &iv->mu, &ts) == ETIMEDOUT)
@@ -198,7 +198,7 @@ static int vol_drop_all(struct cache_vol *v, uint64_t *slots, uint64_t *dirty)
 			break;
 		if (iv->slots != progress) {
 			progress = iv->slots;
-			deadline_ms = now_ms() + VOL_DROP_TIMEOUT_S * 1000;
+			deadline_ms = now_ms() + vol_drop_timeout_s * 1000ull;
 		} else if (now_ms() > deadline_ms) {
 			r = -ETIMEDOUT; /* no pass is in flight: iv can go */
 			break;

@@ -287,5 +287,6 @@ void piece_write(struct piece *p);            /* vol_write.c: writes, UNMAP, WRI
 void vol_fill_start(struct cache_vol *v, uint64_t key);                /* fill.c */
 void vol_topup_start(struct cache_vol *v, uint32_t s, uint64_t key);   /* fill.c */
 extern const struct bdev_owner_ops vol_owner_ops;                     /* owner.c */
+extern unsigned vol_drop_timeout_s; /* owner.c: how long a gain's drop waits with no progress (s) */
 
 #endif

@@ -22,13 +22,15 @@
  * being evicted, their records held again: a's next gain must not wait
  * for them. Then an eviction of a is held (only its journal ring) while
  * a partly valid extent of a is dropped: the emptied slot stays READY,
- * and the drop's later passes must not drop it again. Last, a's extent is
- * evicted again with every leg failing: its
- * FREE record fails (and frees the slot all the same), so the gain that
- * waited for it must record no generation (and leave the LUN available:
- * with no leg left it is served from the backing store).
+ * and the drop's later passes must not drop it again. Then an eviction
+ * of a that never ends (its FREE held) makes the drop give up after its
+ * bound, shortened to 1 s: the LUN unavailable, no generation recorded.
+ * Last, a's extent is evicted again with every leg failing: its FREE
+ * record fails (and frees the slot all the same), so the gain that waited
+ * for it must record no generation (and leave the LUN available: with no
+ * leg left it is served from the backing store).
  */
-#include "cache/vol_int.h" /* the volume's backing id and drop_failed */
+#include "cache/vol_int.h" /* the volume's backing id, drop_failed, vol_drop_timeout_s */
 #include "tests/unit/cache_test_int.h" /* the layout, cache_reclaim, the slots: what the test holds and looks at */
 
 #include <fcntl.h>
@@ -305,8 +307,29 @@ int main(void)
 	printf("ok: while the drop waited for an eviction, the slot it emptied was not dropped again\n");
 	test_settle(cs);
 
+	/* an eviction that never ends: the drop gives up after its bound, fails, and records nothing */
+	promote(cs, vb, B_EXTENTS + 8, cs->alloc.nfree - 3, 2, buf);
+	promote(cs, va, 7, 1, 1, buf);
+	REQUIRE(cs->alloc.nfree == 2, "%u slots free before the reclaim", cs->alloc.nfree);
+	hold_journal(cs, d, true);
+	test_reclaim(cs);
+	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1, "the reclaim did not evict a's extent 7");
+	vol_drop_timeout_s = 1;
+	th = gain_start(8);
+	for (int i = 0; i < 20000 && !atomic_load(&gained); i++)
+		usleep(500);
+	REQUIRE(atomic_load(&gained), "the gain still waits for an eviction that does not end, past its 1 s bound");
+	pthread_join(th, NULL);
+	REQUIRE(atomic_load(&((struct cache_vol *)va)->drop_failed) && recorded_gen(gen_path) == 7,
+		"the drop that timed out left the LUN available (%d) or recorded generation %llu",
+		(int)atomic_load(&((struct cache_vol *)va)->drop_failed), (unsigned long long)recorded_gen(gen_path));
+	printf("ok: a drop waiting for an eviction that does not end gives up after its bound and records nothing\n");
+	vol_drop_timeout_s = 60;
+	hold_journal(cs, d, false);
+	test_settle(cs);
+
 	/* a FREE that fails on every leg still frees its slot: the drop that waited for it fails */
-	promote(cs, vb, B_EXTENTS + 12, cs->alloc.nfree - 3, 2, buf);
+	promote(cs, vb, B_EXTENTS + 16, cs->alloc.nfree - 3, 2, buf);
 	promote(cs, va, 1, 1, 1, buf); /* not extent 0: the policy remembers it (its ghost queue) */
 	REQUIRE(cs->alloc.nfree == 2, "%u slots free before the reclaim", cs->alloc.nfree);
 	hold_journal(cs, d, true);
@@ -314,7 +337,7 @@ int main(void)
 		atomic_store(&d[l]->fail_after, atomic_load(&d[l]->ops));
 	test_reclaim(cs);
 	REQUIRE(count_slots(cs, bid_a, SB_RETIRED) == 1, "the reclaim did not evict a's extent");
-	th = gain_start(8);
+	th = gain_start(9);
 	for (int i = 0; i < 200 && !atomic_load(&gained); i++)
 		usleep(500);
 	REQUIRE(!atomic_load(&gained), "the gain returned while a's eviction was not durable");

@@ -108,10 +108,8 @@ static void inval_pass(void *arg)
 			continue;
 		}
 		bool valid;
-		if (st != SB_READY || !(bits & (SB_FULL_VALID | SB_HAS_BM | SB_DIRTY)) ||
-		    (!(bits & (SB_FULL_VALID | SB_DIRTY)) &&
-		     slot_valid_run(cs, s, 0, cs->lay.bpe, &valid) == cs->lay.bpe && !valid)) {
-			/* nothing cached (an INVALIDATE of an earlier pass leaves SB_HAS_BM set) */
+		if (st != SB_READY || (slot_valid_run(cs, s, 0, cs->lay.bpe, &valid) == cs->lay.bpe && !valid)) {
+			/* nothing cached (an INVALIDATE of an earlier pass leaves the slot READY, SB_HAS_BM set) */
 			slot_unlock(sl);
 			continue;
 		}

@@ -283,12 +283,6 @@ static void write_step(struct bdev_req *req, int err)
 	piece_end(p, 0);
 }
 
-/*
- * If any of the slot's bits in mask is set, park p (pin and bypass count
- * dropped) until it is cleared, then start it over from the lookup on this
- * worker; true if parked. The check under the slot lock pairs with the
- * clearer's, which wakes after clearing.
- */
 /* A parked piece lets go of what it held; it takes it all again when it starts over. */
 static void piece_unwind(struct cache_set *cs, struct piece *p)
 {
@@ -299,6 +293,12 @@ static void piece_unwind(struct cache_set *cs, struct piece *p)
 	p->iov = NULL;
 }
 
+/*
+ * If any of the slot's bits in mask is set, park p (pin and bypass count
+ * dropped) until it is cleared, then start it over from the lookup on this
+ * worker; true if parked. The check under the slot lock pairs with the
+ * clearer's, which wakes after clearing.
+ */
 bool park_while(struct piece *p, uint32_t mask)
 {
 	struct cache_set *cs = p->parent->v->cs;

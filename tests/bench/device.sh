@@ -306,9 +306,9 @@ PY
 # during a write-back run (reads of the legs, writes of the backing file:
 # the tracepoints do not name the file) are counted as ours, a few per
 # hundred commands. The rate is the whole run's, the window a part of it,
-# so the share per command is an estimate within a few per cent. Traced runs are slower than
-# the table's (a few microseconds per operation, fio's alike); they run
-# after the table, and TB_TRACE=0 skips them.
+# so the share per command is an estimate within a few per cent. Traced
+# runs are slower than the table's (a few microseconds per operation,
+# fio's alike); they run after the table, and TB_TRACE=0 skips them.
 if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; then
 	echo "== where the QD1 time goes: each leg operation from submission to completion (io_uring tracepoints)"
 	TS=$((SECS < 4 ? 4 : SECS))
@@ -354,16 +354,12 @@ def legops(path):
                 lat.setdefault(op.rstrip("V"), []).append((t - t0) * 1e6)
                 spans.append((t0, t))
     # at QD1 a command's leg operations overlap one another and no other
-    # command's: merged, their time is the legs' share of the commands
-    groups, end = [], None
+    # command's: the length of their union is the legs' share of the commands
+    busy, end = 0.0, float("-inf")
     for t0, t1 in sorted(spans):
-        if end is not None and t0 <= end:
-            end = max(end, t1)
-            groups[-1][1] = end
-        else:
-            groups.append([t0, t1])
-            end = t1
-    busy = sum(b - a for a, b in groups) * 1e6
+        busy += max(0.0, t1 - max(t0, end))
+        end = max(end, t1)
+    busy *= 1e6
     span = (max(t for _, t in spans) - min(t for t, _ in spans)) if spans else 0
     return {op: sorted(v) for op, v in lat.items()}, busy, span
 def show(v):

@@ -581,6 +581,7 @@ struct set_stats {
 	_Atomic uint64_t no_record_writes; /* ... that overwrote dirty blocks and needed none */
 	_Atomic uint64_t checkpoints;      /* whose superblock was written */
 	_Atomic uint64_t journal_full_waits; /* times a ring was full and its commits waited for one */
+	_Atomic uint64_t journal_moves;      /* times a busy worker took its records to its next ring (journal.c) */
 };
 
 struct cache_set {

@@ -274,6 +274,8 @@ struct journal {
 	struct bdev_req req;
 	struct iovec iov;
 	uint64_t commits, records;
+	struct worker_call kick_call;          /* journal_kick_owner's post: needs no memory */
+	_Atomic bool kick_posted;
 };
 
 /* Worker thread: append w->rec (seq filled by the caller) to the calling
@@ -282,6 +284,8 @@ void journal_append(struct cache_set *cs, struct jwait *w);
 struct journal *journal_self(struct cache_set *cs);
 /* Any worker thread. */
 void journal_kick(struct journal *j);
+/* Any worker thread: journal_kick on the ring's owner (journal_move_on). */
+void journal_kick_owner(struct journal *j);
 
 /* ---- block log (dlog.c) ------------------------------------------------ */
 

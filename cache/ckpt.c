@@ -3,7 +3,8 @@
  * few in flight), then a superblock naming it and the journal position to
  * replay from, so the journals can be reused.
  *
- * A checkpoint starts when a journal is half full (cache_want_checkpoint),
+ * A checkpoint starts when a journal ring is half full and its worker has
+ * no ring left to move on to (cache_want_checkpoint, journal.c),
  * on demand (the main thread through cache_sync_run) and at shutdown (the
  * final one records a clean stop). It does not write its superblock while
  * a block log record older than its seq is in flight (dlog.c).
@@ -61,7 +62,7 @@ static void ckpt_sb_done(void *arg, int err)
 		bool waiting = jr->pend_head != NULL;
 		pthread_mutex_unlock(&jr->lock);
 		if (waiting)
-			journal_kick(jr); /* any worker may kick a ring */
+			journal_kick_owner(jr);
 	}
 	if (!err)
 		dlog_release(cs, ck->dheads); /* else the next checkpoint frees it */

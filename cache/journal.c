@@ -51,15 +51,18 @@ static bool journal_idle(struct journal *j)
  *
  * A worker that is never idle (a queue of writes: one block in flight and
  * records waiting behind it, all the time) moves on in journal_kick
- * instead: when its ring is half full and its block has just completed,
- * the records waiting go to its next ring if that one is idle and less
- * than half full (journal_move_on). Nothing of the worker is in flight
- * then, so the order above still holds. Only when the next ring is half
- * full too, that is after going round all of them, is a checkpoint asked
- * for. Before, such a worker filled one ring and asked for a checkpoint
- * every half ring: R times as many, each writing most of the slot table
- * again under random writes (72 checkpoints in 5 s of bench-device's
- * write-back QD32 row, about a third of every leg write that was not data).
+ * instead: when a kick finds its ring half full, with records waiting and
+ * no block in flight, they go to its next ring if that one is idle and
+ * less than half full (journal_move_on; or the one after it, and so on).
+ * Nothing of the worker is in flight then, so the order above still holds.
+ * Only when none of its rings has room is a checkpoint asked for. The
+ * owner makes the move, so a ring's blocks are submitted (and completed,
+ * and the ring kicked again) on its owner, also when a checkpoint lets a
+ * full ring go on (journal_kick_owner). Before, such a worker filled one
+ * ring and asked for a checkpoint every half ring: R times as many, each
+ * writing most of the slot table again under random writes (72
+ * checkpoints in 5 s of bench-device's write-back QD32 row, about a third
+ * of every leg write that was not data).
  */
 struct journal *journal_self(struct cache_set *cs)
 {
@@ -78,10 +81,10 @@ struct journal *journal_self(struct cache_set *cs)
 
 /*
  * Ring j (lock held, nothing in flight, records waiting) is half full: the
- * calling worker's next ring, if j is the ring it appends to and that one
- * can take over (idle, under half full); NULL otherwise. Only the worker
- * that owns both rings moves, so it is the only thread that ever holds two
- * ring locks (j's, then the next one's): no lock order to keep.
+ * calling worker's next ring that can take over (idle, under half full),
+ * if j is the ring it appends to; NULL otherwise. Only the worker that
+ * owns the rings moves, so it is the only thread that ever holds two ring
+ * locks (j's, then one other's): no lock order to keep.
  */
 static struct journal *journal_move_on(struct cache_set *cs, struct journal *j)
 {
@@ -94,20 +97,32 @@ static struct journal *journal_move_on(struct cache_set *cs, struct journal *j)
 	uint8_t *k = &cs->jcur[idx];
 	if (own < 2 || j != &cs->journals[idx + *k * nw])
 		return NULL;
-	struct journal *n = &cs->journals[idx + ((*k + 1u) % own) * nw];
-	pthread_mutex_lock(&n->lock);
-	bool free_ = !n->busy && !n->pend_head && atomic_load(&n->head) - atomic_load(&n->tail) < cs->lay.jblocks / 2;
-	if (free_) {
-		/* the records waiting keep their order, and their seqs: recovery merges rings by seq */
-		*n->pend_tail = j->pend_head;
-		n->pend_tail = j->pend_tail;
-		j->pend_head = NULL;
-		j->pend_tail = &j->pend_head;
-		*k = (uint8_t)((*k + 1u) % own);
-		atomic_fetch_add_explicit(&cs->st.journal_moves, 1, memory_order_relaxed);
+	/*
+	 * The first of its other rings, in turn, with room: they do not fill
+	 * evenly (a checkpoint frees only what was written before it started,
+	 * and a move when idle does not look at room).
+	 */
+	for (unsigned step = 1; step < own; step++) {
+		unsigned nk = (*k + step) % own;
+		struct journal *n = &cs->journals[idx + nk * nw];
+		pthread_mutex_lock(&n->lock);
+		bool free_ = !n->busy && !n->pend_head &&
+			     atomic_load(&n->head) - atomic_load(&n->tail) < cs->lay.jblocks / 2;
+		if (free_) {
+			/* the records waiting keep their order, and their seqs: recovery merges rings by seq */
+			*n->pend_tail = j->pend_head;
+			n->pend_tail = j->pend_tail;
+			j->pend_head = NULL;
+			j->pend_tail = &j->pend_head;
+			*k = (uint8_t)nk;
+			j->full = false; /* its wait, if any, ends here: a later one is counted again */
+			atomic_fetch_add_explicit(&cs->st.journal_moves, 1, memory_order_relaxed);
+		}
+		pthread_mutex_unlock(&n->lock);
+		if (free_)
+			return n;
 	}
-	pthread_mutex_unlock(&n->lock);
-	return free_ ? n : NULL;
+	return NULL;
 }
 
 static void call_done(void *arg)
@@ -213,6 +228,32 @@ void journal_kick(struct journal *j)
 	};
 	pthread_mutex_unlock(&j->lock);
 	bdev_submit(&cs->mirror.dev, &j->req);
+}
+
+static void kick_posted_fn(void *arg)
+{
+	struct journal *j = arg;
+	atomic_store(&j->kick_posted, false);
+	journal_kick(j);
+}
+
+/*
+ * Any worker thread. A kick from another worker (the checkpoint's, on
+ * worker 0) would submit the ring's next blocks there, and their
+ * completions would kick it there again, where journal_move_on does not
+ * move it: the owner would be back to a checkpoint every half ring until
+ * the ring went idle.
+ */
+void journal_kick_owner(struct journal *j)
+{
+	unsigned nw = workers_count();
+	struct worker *self = worker_self();
+	if (!nw || nw >= CACHE_NJOURNALS || (self && worker_index(self) == j->idx % nw)) {
+		journal_kick(j);
+		return;
+	}
+	if (!atomic_exchange(&j->kick_posted, true))
+		worker_post_call(worker_get(j->idx % nw), &j->kick_call, kick_posted_fn, j);
 }
 
 /* Worker thread. w->rec is complete (seq set); w->done runs when durable. */

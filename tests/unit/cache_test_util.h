@@ -127,6 +127,8 @@ struct mem_bdev {
 	_Atomic uint64_t slow_lo, slow_hi;
 	_Atomic int slow_hops;
 	_Atomic bool slow_hold; /* writes to [slow_lo, slow_hi) complete only once this is cleared */
+	_Atomic uint64_t hold_lo, hold_hi; /* if hold_hi: slow_hold holds writes to this range instead */
+	void (*on_submit)(struct mem_bdev *m, const struct bdev_req *req); /* a test's look at each request */
 	struct wlog *log;
 	bool borrowed;          /* data belongs to the caller (mem_borrow) */
 	uint8_t *touched;       /* the caller's bitmap of 4 KiB pages written, or NULL */
@@ -176,6 +178,8 @@ static inline void mem_touch(struct mem_bdev *m, uint64_t off, uint64_t len)
 static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 {
 	struct mem_bdev *m = (struct mem_bdev *)dev;
+	if (m->on_submit)
+		m->on_submit(m, req);
 	/* calloc, never malloc: a test may refuse the mallocs of the code it tests (--wrap=malloc) */
 	struct mem_done *d = calloc(1, sizeof(*d));
 	long n = atomic_fetch_add(&m->ops, 1);
@@ -194,6 +198,15 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 	}
 	int sh = atomic_load(&m->slow_hops);
 	bool hold = atomic_load(&m->slow_hold);
+	uint64_t hhi = atomic_load(&m->hold_hi);
+	if (hhi) {
+		/* a range of its own for the hold */
+		if (hold && req->op == BDEV_WRITE && req->offset < hhi && req->offset + req->len > atomic_load(&m->hold_lo)) {
+			d->held = true;
+			late = true;
+		}
+		hold = false;
+	}
 	if ((sh > 0 || hold) && req->op == BDEV_WRITE && req->offset < atomic_load(&m->slow_hi) &&
 	    req->offset + req->len > atomic_load(&m->slow_lo)) {
 		d->hops = sh;

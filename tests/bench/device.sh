@@ -323,7 +323,12 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; th
 		sleep 1
 		perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete -p "$TC_PID" \
 			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.trace.err" || perf_failed=1
-		wait $tbpid || errors=$((errors + 1))
+		if ! wait $tbpid; then
+			# counted once: the breakdown below would fail on its output too
+			echo "$row: the traced tierbench run failed"
+			errors=$((errors + 1))
+			return 0
+		fi
 		TB_FIO_SECS=$TS perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete \
 			-o "$OUT/$row.trace.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
 			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>>"$OUT/$row.trace.err" || perf_failed=1

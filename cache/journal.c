@@ -147,8 +147,7 @@ static void journal_written(struct bdev_req *req, int err)
 		list = w->next;
 		w->err = err;
 		/* done() runs on the appender's worker (another one only when
-		 * more workers than rings share this ring, or a checkpoint's
-		 * kick from worker 0 wrote the block) */
+		 * more workers than rings share this ring) */
 		if (w->worker == self)
 			w->done(w, err);
 		else

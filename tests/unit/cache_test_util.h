@@ -210,7 +210,7 @@ static inline void mem_submit(struct bdev *dev, struct bdev_req *req)
 	if ((sh > 0 || hold) && req->op == BDEV_WRITE && req->offset < atomic_load(&m->slow_hi) &&
 	    req->offset + req->len > atomic_load(&m->slow_lo)) {
 		d->hops = sh;
-		d->held = hold;
+		d->held = d->held || hold;
 		late = true;
 	}
 	if (fa >= 0 && n >= fa) {

@@ -69,16 +69,26 @@ static void ckpt_sb_done(void *arg, int err)
 	cs->ck.running = false;
 	struct sync_call *w = ck->waiter;
 	ck->waiter = NULL;
-	if (w)
-		cache_sync_done(w, err);
 	struct sync_call *q = cs->ck.queued;
 	if (q) {
 		/* a checkpoint the main thread waits for was asked for meanwhile */
 		cs->ck.queued = NULL;
 		ckpt_sync_start(q, cs->ck.queued_final);
 	} else if (atomic_load(&cs->ck.wanted)) {
-		ckpt_start(cs);
+		/*
+		 * None after the stop's: shutdown waits for the superblock
+		 * writes in flight (sb.jobs), not for a checkpoint's table
+		 * pages, so one started now could complete into a freed set;
+		 * and it would record the clean stop again (ck->final stays).
+		 */
+		if (ck->final)
+			atomic_store(&cs->ck.wanted, false);
+		else
+			ckpt_start(cs);
 	}
+	/* last: nothing here runs after its waiter is woken */
+	if (w)
+		cache_sync_done(w, err);
 }
 
 static void ckpt_page_done(struct bdev_req *req, int err)

@@ -47,14 +47,10 @@ static const uint64_t sizes[3] = { BACK_SIZE, LEG_SIZE, LEG_SIZE };
 
 static struct cache_set *open_set(struct mem_bdev **d, struct bdev **vol, uint8_t *const img[3])
 {
-	char err[512];
 	for (int i = 0; i < 3; i++)
 		d[i] = mem_borrow(i, sizes[i], img[i]);
-	struct bdev *legs[2] = { &d[1]->dev, &d[2]->dev };
-	struct cache_set *cs = cache_set_open_devs(&cfg, legs, err, sizeof(err));
-	REQUIRE(cs, "open: %s", err);
-	*vol = cache_vol_open(cs, "lun0", &d[0]->dev, NULL, CACHE_WRITE_BACK, err, sizeof(err));
-	REQUIRE(*vol, "attach: %s", err);
+	struct cache_set *cs = test_set_open(&cfg, d[1], d[2]);
+	*vol = test_vol_open(cs, "lun0", d[0], CACHE_WRITE_BACK);
 	return cs;
 }
 

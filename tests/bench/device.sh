@@ -393,6 +393,67 @@ PY
 	trace_row rh-qd1 randread-4k-qd1 -b 4k --rand -r 100 -t 1 -q 1
 	trace_row wb-qd1 randwrite-4k-dsync-qd1 -b 4k --rand -r 0 -t 1 -q 1
 fi
+
+# What bounds the queued read rows: the device's own queue. A command of
+# ours is at the device only between its leg read's issue and completion;
+# the rest of its turn (the response to the initiator, the initiator's
+# next command, the target's parsing) it holds one of the queue's slots
+# while the device does not see it. fio never lets go of a slot. The block
+# layer's issue and complete tracepoints (perf, the whole system: the legs
+# are files, so their requests are the disk's) give how many requests the
+# device had, over time, in a traced run of ours and of fio's job (the
+# mean by Little's law: tests/bench/depth.py); fio's job is then run again
+# at the depth that makes the device see as many reads as it saw from us
+# (its depth scaled by the ratio of the two means). By Little's law a rate
+# is the mean number at the device over the time each takes there, so the
+# report splits what ours loses against fio into the two: fewer reads at
+# the device (the share of the time it had none: the round trip, with the
+# responses going out and the next commands coming in), and a longer time
+# for each (reads that arrive together wait for one another). Traced after the table, like the QD1 breakdown (TB_TRACE=0
+# skips both).
+want_block_trace() {
+	perf list 2>/dev/null | grep -q "block:block_rq_complete" ||
+		{ echo "== what bounds the queued read rows: n/a (perf with the block tracepoints is not here)"; return 1; }
+}
+if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k; } && command -v perf >/dev/null && want_block_trace; then
+	echo "== what bounds the queued read rows: requests at the device over time (block tracepoints)"
+	TS=$((SECS < 4 ? 4 : SECS))
+	depth_row() { # ROW FIO-JOB DEPTH BYTES TIERBENCH-ARGS...
+		local row=$1 job=$2 depth=$3 bs=$4
+		shift 4
+		want "$row" || return 0
+		ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
+		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.depth.tc.json" &
+		local tbpid=$! failed=0
+		sleep 1
+		perf record -q -a -m 64M -e block:block_rq_issue,block:block_rq_complete -o "$OUT/$row.depth.perf" \
+			-- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.depth.err" || failed=1
+		wait $tbpid || failed=1
+		TB_FIO_SECS=$TS perf record -q -a -m 64M -e block:block_rq_issue,block:block_rq_complete \
+			-o "$OUT/$row.depth.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
+			"tests/bench/fio/$job.fio" >"$OUT/$row.depth.fio.json" 2>>"$OUT/$row.depth.err" || failed=1
+		if [ $failed != 0 ]; then
+			echo "$row: the traced runs failed: $(head -2 "$OUT/$row.depth.err")"
+			errors=$((errors + 1))
+			return 0
+		fi
+		perf script -i "$OUT/$row.depth.perf" >"$OUT/$row.depth.txt" 2>/dev/null
+		perf script -i "$OUT/$row.depth.fio.perf" >"$OUT/$row.depth.fio.txt" 2>/dev/null
+		# fio's job as it is but for its depth: the device then sees as many reads as it saw from us
+		local seen
+		seen=$(python3 tests/bench/depth.py --fio-depth "$OUT/$row.depth.txt" "$OUT/$row.depth.fio.txt" "$bs" "$depth") ||
+			{ errors=$((errors + 1)); return 0; }
+		sed "s/^iodepth=.*/iodepth=$seen/" "tests/bench/fio/$job.fio" >"$T/$job-at-$seen.fio"
+		# traced too, so that the three runs carry the same tracing cost
+		TB_FIO_SECS=$TS perf record -q -a -m 64M -e block:block_rq_issue,block:block_rq_complete \
+			-o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json "$T/$job-at-$seen.fio" \
+			>"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" || { echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
+		perf script -i "$OUT/$row.depth.fio-at.perf" >"$OUT/$row.depth.fio-at.txt" 2>/dev/null
+		python3 tests/bench/depth.py --row "$row" --depth "$depth" --bs "$bs" "$OUT/$row.depth" || errors=$((errors + 1))
+	}
+	depth_row rh-qd32 randread-4k-qd32 32 4096 -b 4k --rand -r 100 -t 1 -q 32
+	depth_row rh-128k seqread-128k 8 131072 -b 128k --seq -r 100 -t 1 -q 8
+fi
 tc_stop
 
 # Pressure: 8K 70/30 random over a working set of twice the cache, on an

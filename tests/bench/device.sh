@@ -394,33 +394,67 @@ PY
 	trace_row wb-qd1 randwrite-4k-dsync-qd1 -b 4k --rand -r 0 -t 1 -q 1
 fi
 
-# What bounds the queued read rows: the device's own queue. A command of
-# ours is at the device only between its leg read's issue and completion;
-# the rest of its turn (the response to the initiator, the initiator's
-# next command, the target's parsing) it holds one of the queue's slots
-# while the device does not see it. fio never lets go of a slot. The block
-# layer's issue and complete tracepoints (perf, the whole system: the legs
-# are files, so their requests are the disk's) give how many requests the
-# device had, over time, in a traced run of ours and of fio's job (the
-# mean by Little's law: tests/bench/depth.py); fio's job is then run again
-# at the depth that makes the device see as many reads as it saw from us
-# (its depth scaled by the ratio of the two means). By Little's law a rate
-# is the mean number at the device over the time each takes there, so the
-# report splits what ours loses against fio into the two: fewer reads at
-# the device (the share of the time it had none: the round trip, with the
-# responses going out and the next commands coming in), and a longer time
-# for each (reads that arrive together wait for one another). Traced after the table, like the QD1 breakdown (TB_TRACE=0
-# skips both).
+# The write-back QD1 row's floor: what the legs alone cost the writes a
+# write-back write sends, timed on fio's region of the leg files with no
+# daemon I/O (tests/bench/bench_leg_floor.c): one durable write (fio's QD1
+# job), one on each leg (the least a mirrored write can send), and data and
+# record on each leg at once (what a one-trip write sends today). With the
+# page-cache QD1 round trip of the table's rounds added, against one durable
+# write: the row's floor for today's design, and for one write per leg.
+FLOOR=$TC_ROOT/build/bench/bench_leg_floor
+if want wb-qd1 && [ -x "$FLOOR" ]; then
+	echo "== the write-back QD1 floor: the legs alone, 4 KiB durable writes, all of an iteration at once"
+	if taskset -c "$CPU_TARGET" "$FLOOR" "$TB_LEG0" "$TB_LEG1" $((384 << 20)) $((128 << 20)) "$SECS" >"$OUT/floor.txt" \
+		2>"$OUT/floor.err"; then
+		python3 - "$OUT" "$ROUNDS" <<'PY' || errors=$((errors + 1))
+import json, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+f = {l.split()[0]: float(l.split()[1]) for l in open(out + "/floor.txt")}
+rtt = [json.load(open("%s/pc-qd1.r%d.tc.json" % (out, r)))["runs"][0]["latency_us"]["avg"] for r in range(1, rounds + 1)]
+pc = sum(rtt) / len(rtt)
+one = f["one"]
+print("  one durable write %.1f us; one on each leg %.1f us (%.2fx); data and record on each leg %.1f us (%.2fx)"
+      % (one, f["legs"], f["legs"] / one, f["trip"], f["trip"] / one))
+print("  with the page-cache round trip (%.1f us, the table's mean): today's one-trip write %.2fx one durable write,"
+      " one write per leg %.2fx; the row's goal is 1.3x" % (pc, (f["trip"] + pc) / one, (f["legs"] + pc) / one))
+PY
+	else
+		echo "  the floor run failed: $(head -2 "$OUT/floor.err")"
+		errors=$((errors + 1))
+	fi
+fi
+
+# What bounds the queued rows (4K QD32 reads and writes, 128K reads): the
+# device's own queue. A command of ours is at the device only between its
+# leg operations' issue and completion; the rest of its turn (the response
+# to the initiator, the initiator's next command, the target's parsing)
+# it holds one of the queue's slots while the device does not see it. fio
+# never lets go of a slot. The block layer's issue and complete
+# tracepoints (perf, the whole system: the legs are files, so their
+# requests are the disk's) give how many requests the device had, over
+# time, in a traced run of ours and of fio's job (tests/bench/depth.py);
+# fio's job is then run again at the depth that makes the device see as
+# many as it saw from us (its depth scaled by the ratio of the two means).
+# By Little's law the device's rate is the mean number there over the time
+# each takes, so the report splits what ours loses against fio into the
+# two: fewer at the device (the share of the time it had none: the round
+# trip, with the responses going out and the next commands coming in), and
+# a longer time for each (requests that arrive together wait for one
+# another). A write-back command puts its data on both legs and a share of
+# a journal block (and the cleaner writes the backing file, on the same
+# disk here): the writes per command are printed too. Traced after
+# the table, like the QD1 breakdown (TB_TRACE=0 skips both).
 want_block_trace() {
 	perf list 2>/dev/null | grep -q "block:block_rq_complete" ||
-		{ echo "== what bounds the queued read rows: n/a (perf with the block tracepoints is not here)"; return 1; }
+		{ echo "== what bounds the queued rows: n/a (perf with the block tracepoints is not here)"; return 1; }
 }
-if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k; } && command -v perf >/dev/null && want_block_trace; then
-	echo "== what bounds the queued read rows: requests at the device over time (block tracepoints)"
+if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32; } && command -v perf >/dev/null &&
+	want_block_trace; then
+	echo "== what bounds the queued rows: requests at the device over time (block tracepoints)"
 	TS=$((SECS < 4 ? 4 : SECS))
-	depth_row() { # ROW FIO-JOB DEPTH BYTES TIERBENCH-ARGS...
-		local row=$1 job=$2 depth=$3 bs=$4
-		shift 4
+	depth_row() { # ROW FIO-JOB DEPTH BYTES R|W TIERBENCH-ARGS...
+		local row=$1 job=$2 depth=$3 bs=$4 rw=$5
+		shift 5
 		want "$row" || return 0
 		ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
 		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.depth.tc.json" &
@@ -441,7 +475,7 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k; } && command -v p
 		perf script -i "$OUT/$row.depth.fio.perf" >"$OUT/$row.depth.fio.txt" 2>/dev/null
 		# fio's job as it is but for its depth: the device then sees as many reads as it saw from us
 		local seen
-		seen=$(python3 tests/bench/depth.py --fio-depth "$OUT/$row.depth.txt" "$OUT/$row.depth.fio.txt" "$bs" "$depth") ||
+		seen=$(python3 tests/bench/depth.py fio-depth --rw "$rw" "$OUT/$row.depth.txt" "$OUT/$row.depth.fio.txt" "$bs" "$depth") ||
 			{ errors=$((errors + 1)); return 0; }
 		sed "s/^iodepth=.*/iodepth=$seen/" "tests/bench/fio/$job.fio" >"$T/$job-at-$seen.fio"
 		# traced too, so that the three runs carry the same tracing cost
@@ -449,10 +483,11 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k; } && command -v p
 			-o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json "$T/$job-at-$seen.fio" \
 			>"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" || { echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
 		perf script -i "$OUT/$row.depth.fio-at.perf" >"$OUT/$row.depth.fio-at.txt" 2>/dev/null
-		python3 tests/bench/depth.py --row "$row" --depth "$depth" --bs "$bs" "$OUT/$row.depth" || errors=$((errors + 1))
+		python3 tests/bench/depth.py report --row "$row" --depth "$depth" --bs "$bs" --rw "$rw" "$OUT/$row.depth" || errors=$((errors + 1))
 	}
-	depth_row rh-qd32 randread-4k-qd32 32 4096 -b 4k --rand -r 100 -t 1 -q 32
-	depth_row rh-128k seqread-128k 8 131072 -b 128k --seq -r 100 -t 1 -q 8
+	depth_row rh-qd32 randread-4k-qd32 32 4096 R -b 4k --rand -r 100 -t 1 -q 32
+	depth_row rh-128k seqread-128k 8 131072 R -b 128k --seq -r 100 -t 1 -q 8
+	depth_row wb-qd32 randwrite-4k-dsync-both 32 4096 W -b 4k --rand -r 0 -t 1 -q 32
 fi
 tc_stop
 

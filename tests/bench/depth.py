@@ -123,7 +123,9 @@ def report(row, depth, bs, rw, pre):
     print(line % ("ours", fig(ours), qo[0], what, 100 * qo[1], qo[3], rate(qo)))
     print(line % ("fio at depth %d" % depth, fig(fio), qf[0], what, 100 * qf[1], qf[3], rate(qf)))
     print(line % ("fio at depth %s" % at, fig(fio_at), qa[0], what, 100 * qa[1], qa[3], rate(qa)))
-    if rw == "W" and ours[0]:
+    if rw == "W":
+        print("  (fio's figures are over both files at once; each write of ours goes to both)")
+    if rw == "W" and ours[0] and bs == 4096:  # (the journal's blocks are 4 KiB: counted only in a 4 KiB row)
         print("  ours: %.2f writes at the device per command (data on each leg, a share of a journal block, the cleaner's"
               " writes to the backing file)" % (rate(qo) / ours[0]))
     if rw == "W":

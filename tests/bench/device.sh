@@ -23,9 +23,11 @@
 # daemon's from /proc, fio's from its usr+sys) and the client's share of
 # its CPU (tierbench's client_cpu_pct: a client near 100% bounds the row).
 # It is a benchmark: it asserts nothing about speed, and exits non-zero
-# only when a run failed.
+# only when a run failed. After the table: where the QD1 rows' time goes,
+# the write-back QD1 floor of the legs alone, and the device's queue under
+# the queued rows (each below, where it runs).
 #
-#   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 9 minutes)
+#   bash tests/bench/device.sh                 3 rounds of 10 s rows (about 17 minutes in all)
 #   TB_SECS=3 TB_ROUNDS=1 bash tests/bench/device.sh   a quick look
 # Knobs: TB_SECS, TB_ROUNDS, TB_DIR (where the leg files go, default a
 # folder under /var/tmp: a disk, not tmpfs), TB_OUT (keep the JSON there),
@@ -33,8 +35,8 @@
 # root), TB_MEM=0 (skip the memory row at the end), TB_ROWS="wb-qd1 wb-qd32"
 # (only these rows of the table: rh-qd32 rh-qd1 rh-128k wb-qd1 wb-qd32 wb-128k),
 # TB_POLL_US=N (the daemons' [daemon] poll_us, default 0: they sleep at once),
-# TB_TRACE=0 (skip the QD1 breakdown after the table: each leg operation's
-# time from submission to completion, ours beside fio's, traced with perf).
+# TB_TRACE=0 (skip the traced parts after the table: the QD1 breakdown and
+# the device's queue under the queued rows).
 . "$(dirname "$0")/../lib.sh"
 cd "$TC_ROOT" || exit 2
 tc_tmpdir
@@ -424,7 +426,7 @@ PY
 	fi
 fi
 
-# What bounds the queued rows (4K QD32 reads and writes, 128K reads): the
+# What bounds the queued rows (4K QD32 and 128K, reads and writes): the
 # device's own queue. A command of ours is at the device only between its
 # leg operations' issue and completion; the rest of its turn (the response
 # to the initiator, the initiator's next command, the target's parsing)
@@ -448,7 +450,7 @@ want_block_trace() {
 	perf list 2>/dev/null | grep -q "block:block_rq_complete" ||
 		{ echo "== what bounds the queued rows: n/a (perf with the block tracepoints is not here)"; return 1; }
 }
-if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32; } && command -v perf >/dev/null &&
+if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32 || want wb-128k; } && command -v perf >/dev/null &&
 	want_block_trace; then
 	echo "== what bounds the queued rows: requests at the device over time (block tracepoints)"
 	TS=$((SECS < 4 ? 4 : SECS))
@@ -488,6 +490,7 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32; }
 	depth_row rh-qd32 randread-4k-qd32 32 4096 R -b 4k --rand -r 100 -t 1 -q 32
 	depth_row rh-128k seqread-128k 8 131072 R -b 128k --seq -r 100 -t 1 -q 8
 	depth_row wb-qd32 randwrite-4k-dsync-both 32 4096 W -b 4k --rand -r 0 -t 1 -q 32
+	depth_row wb-128k seqwrite-128k-dsync-both 8 131072 W -b 128k --seq -r 0 -t 1 -q 8
 fi
 tc_stop
 

@@ -35,16 +35,6 @@ static double now_us(void)
 	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-/* xorshift: offsets only, no need for more */
-static uint64_t rnd_state = 88172645463325252ull;
-static uint64_t rnd(void)
-{
-	rnd_state ^= rnd_state << 13;
-	rnd_state ^= rnd_state >> 7;
-	rnd_state ^= rnd_state << 17;
-	return rnd_state;
-}
-
 /* One iteration: per file, `per` writes; returns its time in us, or -1. */
 static double iteration(struct io_uring *ring, const int *fd, int nfiles, int per, void *buf, uint64_t off,
 			uint64_t size)
@@ -56,7 +46,7 @@ static double iteration(struct io_uring *ring, const int *fd, int nfiles, int pe
 			struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
 			if (!sqe)
 				return -1;
-			uint64_t at = off + (rnd() % (size / BS)) * BS;
+			uint64_t at = off + ((uint64_t)random() % (size / BS)) * BS;
 			io_uring_prep_write(sqe, fd[f], buf, BS, at);
 			sqe->rw_flags = RWF_DSYNC;
 			n++;

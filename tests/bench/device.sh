@@ -311,36 +311,47 @@ PY
 # so the share per command is an estimate within a few per cent. Traced
 # runs are slower than the table's (a few microseconds per operation,
 # fio's alike); they run after the table, and TB_TRACE=0 skips them.
+TS=$((SECS < 4 ? 4 : SECS))
+# traced_pair ROW TAG FIO-JOB "OURS-PERF-ARGS" "FIO-PERF-ARGS" TIERBENCH-ARGS...:
+# a traced run through the daemon (perf from its second second, for TS - 2
+# seconds), then fio's job traced whole -> $OUT/ROW.TAG.{tc.json,txt} and
+# $OUT/ROW.TAG.fio.{json,txt}; non-zero, with the error counted once, when
+# a run failed (what would read its output is skipped)
+traced_pair() {
+	local row=$1 tag=$2 job=$3 ours=$4 theirs=$5
+	shift 5
+	# no destage, checkpoint or fill of the rows before in the trace
+	ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
+	tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.$tag.tc.json" &
+	local tbpid=$! perf_failed=0
+	sleep 1
+	# shellcheck disable=SC2086 # the perf arguments are words
+	perf record -q $ours -o "$OUT/$row.$tag.perf" -- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.$tag.err" ||
+		perf_failed=1
+	if ! wait $tbpid; then
+		echo "$row: the traced tierbench run failed"
+		errors=$((errors + 1))
+		return 1
+	fi
+	# shellcheck disable=SC2086
+	TB_FIO_SECS=$TS perf record -q $theirs -o "$OUT/$row.$tag.fio.perf" -- taskset -c "$CPU_TARGET" fio \
+		--output-format=json "tests/bench/fio/$job.fio" >"$OUT/$row.$tag.fio.json" 2>>"$OUT/$row.$tag.err" ||
+		perf_failed=1
+	if [ $perf_failed != 0 ]; then
+		echo "$row: the traced runs failed: $(head -2 "$OUT/$row.$tag.err")"
+		errors=$((errors + 1))
+		return 1
+	fi
+	perf script -i "$OUT/$row.$tag.perf" >"$OUT/$row.$tag.txt" 2>/dev/null
+	perf script -i "$OUT/$row.$tag.fio.perf" >"$OUT/$row.$tag.fio.txt" 2>/dev/null
+}
 if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd1 || want wb-qd1; } && want_trace; then
 	echo "== where the QD1 time goes: each leg operation from submission to completion (io_uring tracepoints)"
-	TS=$((SECS < 4 ? 4 : SECS))
 	trace_row() { # ROW FIO-JOB TIERBENCH-ARGS...
-		local row=$1 job=$2
+		local row=$1 job=$2 ev=io_uring:io_uring_submit_req,io_uring:io_uring_complete
 		shift 2
 		want "$row" || return 0
-		# no destage, checkpoint or fill of the rows before in the trace
-		ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
-		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.trace.tc.json" &
-		local tbpid=$! perf_failed=0
-		sleep 1
-		perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete -p "$TC_PID" \
-			-o "$OUT/$row.trace.perf" -- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.trace.err" || perf_failed=1
-		if ! wait $tbpid; then
-			# counted once: the breakdown below would fail on its output too
-			echo "$row: the traced tierbench run failed"
-			errors=$((errors + 1))
-			return 0
-		fi
-		TB_FIO_SECS=$TS perf record -q -e io_uring:io_uring_submit_req,io_uring:io_uring_complete \
-			-o "$OUT/$row.trace.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
-			"tests/bench/fio/$job.fio" >"$OUT/$row.trace.fio.json" 2>>"$OUT/$row.trace.err" || perf_failed=1
-		if [ $perf_failed != 0 ]; then
-			echo "$row: the traced runs failed: $(head -2 "$OUT/$row.trace.err")"
-			errors=$((errors + 1))
-			return 0
-		fi
-		perf script -i "$OUT/$row.trace.perf" >"$OUT/$row.trace.txt" 2>/dev/null
-		perf script -i "$OUT/$row.trace.fio.perf" >"$OUT/$row.trace.fio.txt" 2>/dev/null
+		traced_pair "$row" trace "$job" "-e $ev -p $TC_PID" "-e $ev" "$@" || return 0
 		python3 - "$OUT" "$row" <<'PY' || errors=$((errors + 1))
 import json, re, sys
 out, row = sys.argv[1], sys.argv[2]
@@ -453,37 +464,21 @@ want_block_trace() {
 if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32 || want wb-128k; } && command -v perf >/dev/null &&
 	want_block_trace; then
 	echo "== what bounds the queued rows: requests at the device over time (block tracepoints)"
-	TS=$((SECS < 4 ? 4 : SECS))
 	depth_row() { # ROW FIO-JOB DEPTH BYTES R|W TIERBENCH-ARGS...
-		local row=$1 job=$2 depth=$3 bs=$4 rw=$5
+		local row=$1 job=$2 depth=$3 bs=$4 rw=$5 ev="-a -m 64M -e block:block_rq_issue,block:block_rq_complete"
 		shift 5
 		want "$row" || return 0
-		ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
-		tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.depth.tc.json" &
-		local tbpid=$! failed=0
-		sleep 1
-		perf record -q -a -m 64M -e block:block_rq_issue,block:block_rq_complete -o "$OUT/$row.depth.perf" \
-			-- sleep $((TS - 2)) >/dev/null 2>"$OUT/$row.depth.err" || failed=1
-		wait $tbpid || failed=1
-		TB_FIO_SECS=$TS perf record -q -a -m 64M -e block:block_rq_issue,block:block_rq_complete \
-			-o "$OUT/$row.depth.fio.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json \
-			"tests/bench/fio/$job.fio" >"$OUT/$row.depth.fio.json" 2>>"$OUT/$row.depth.err" || failed=1
-		if [ $failed != 0 ]; then
-			echo "$row: the traced runs failed: $(head -2 "$OUT/$row.depth.err")"
-			errors=$((errors + 1))
-			return 0
-		fi
-		perf script -i "$OUT/$row.depth.perf" >"$OUT/$row.depth.txt" 2>/dev/null
-		perf script -i "$OUT/$row.depth.fio.perf" >"$OUT/$row.depth.fio.txt" 2>/dev/null
+		traced_pair "$row" depth "$job" "$ev" "$ev" "$@" || return 0
 		# fio's job as it is but for its depth: the device then sees as many reads as it saw from us
 		local seen
 		seen=$(python3 tests/bench/depth.py fio-depth --rw "$rw" "$OUT/$row.depth.txt" "$OUT/$row.depth.fio.txt" "$bs" "$depth") ||
 			{ errors=$((errors + 1)); return 0; }
 		sed "s/^iodepth=.*/iodepth=$seen/" "tests/bench/fio/$job.fio" >"$T/$job-at-$seen.fio"
 		# traced too, so that the three runs carry the same tracing cost
-		TB_FIO_SECS=$TS perf record -q -a -m 64M -e block:block_rq_issue,block:block_rq_complete \
-			-o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json "$T/$job-at-$seen.fio" \
-			>"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" || { echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
+		# shellcheck disable=SC2086
+		TB_FIO_SECS=$TS perf record -q $ev -o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio \
+			--output-format=json "$T/$job-at-$seen.fio" >"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" ||
+			{ echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
 		perf script -i "$OUT/$row.depth.fio-at.perf" >"$OUT/$row.depth.fio-at.txt" 2>/dev/null
 		python3 tests/bench/depth.py report --row "$row" --depth "$depth" --bs "$bs" --rw "$rw" "$OUT/$row.depth" || errors=$((errors + 1))
 	}

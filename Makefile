@@ -58,6 +58,8 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
+# helpers a benchmark script runs with its own arguments (not run by make bench)
+BENCH_TOOLS := $(BUILD)/bench/leg_floor
 
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
@@ -65,7 +67,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 PROGS := $(BUILD)/tiercached $(BUILD)/tierctl $(BUILD)/tierbench
 
 .PHONY: all deps run check check-long conformance bench bench-device fuzz tsan asan unit clean install check-system
-all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
+all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS) $(BENCH_TOOLS)
 
 deps:
 	@sh tools/deps.sh

@@ -333,6 +333,8 @@ traced_pair() {
 		errors=$((errors + 1))
 		return 1
 	fi
+	# nor does the cleaner destage our run's writes during fio's
+	ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
 	# shellcheck disable=SC2086
 	TB_FIO_SECS=$TS perf record -q $theirs -o "$OUT/$row.$tag.fio.perf" -- taskset -c "$CPU_TARGET" fio \
 		--output-format=json "tests/bench/fio/$job.fio" >"$OUT/$row.$tag.fio.json" 2>>"$OUT/$row.$tag.err" ||
@@ -409,16 +411,22 @@ fi
 
 # The write-back QD1 row's floor: what the legs alone cost the writes a
 # write-back write sends, timed on fio's region of the leg files with no
-# daemon I/O (tests/bench/bench_leg_floor.c): one durable write (fio's QD1
-# job), one on each leg (the least a mirrored write can send), and data and
-# record on each leg at once (what a one-trip write sends today). With the
-# page-cache QD1 round trip of the table's rounds added, against one durable
-# write: the row's floor for today's design, and for one write per leg.
-FLOOR=$TC_ROOT/build/bench/bench_leg_floor
-if want wb-qd1 && [ -x "$FLOOR" ]; then
+# daemon I/O (tests/bench/leg_floor.c, its own timing, system calls
+# included): one durable write, one on each leg (the least a mirrored write
+# can send), and data and record on each leg at once (what a one-trip write
+# sends today). With the page-cache LUN's 4K QD1 read round trip of the
+# table's rounds added (a write's round trip also carries its data: more),
+# against one durable write: the row's floor for today's design, and for
+# one write per leg.
+FLOOR=$TC_ROOT/build/bench/leg_floor
+if want wb-qd1; then
 	echo "== the write-back QD1 floor: the legs alone, 4 KiB durable writes, all of an iteration at once"
-	if taskset -c "$CPU_TARGET" "$FLOOR" "$TB_LEG0" "$TB_LEG1" $((384 << 20)) $((128 << 20)) "$SECS" >"$OUT/floor.txt" \
-		2>"$OUT/floor.err"; then
+	# no destage of the rows before in it
+	ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
+	if [ ! -x "$FLOOR" ]; then
+		echo "  n/a ($FLOOR is not built: make)"
+	elif taskset -c "$CPU_TARGET" "$FLOOR" "$TB_LEG0" "$TB_LEG1" $((384 << 20)) $((128 << 20)) "$SECS" \
+		>"$OUT/floor.txt" 2>"$OUT/floor.err"; then
 		python3 - "$OUT" "$ROUNDS" <<'PY' || errors=$((errors + 1))
 import json, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -428,8 +436,8 @@ pc = sum(rtt) / len(rtt)
 one = f["one"]
 print("  one durable write %.1f us; one on each leg %.1f us (%.2fx); data and record on each leg %.1f us (%.2fx)"
       % (one, f["legs"], f["legs"] / one, f["trip"], f["trip"] / one))
-print("  with the page-cache round trip (%.1f us, the table's mean): today's one-trip write %.2fx one durable write,"
-      " one write per leg %.2fx; the row's goal is 1.3x" % (pc, (f["trip"] + pc) / one, (f["legs"] + pc) / one))
+print("  plus the page-cache LUN's 4K read round trip (%.1f us, the table's mean): today's one-trip write %.2fx one"
+      " durable write, one write per leg %.2fx; the row's goal is 1.3x" % (pc, (f["trip"] + pc) / one, (f["legs"] + pc) / one))
 PY
 	else
 		echo "  the floor run failed: $(head -2 "$OUT/floor.err")"
@@ -438,54 +446,64 @@ PY
 fi
 
 # What bounds the queued rows (4K QD32 and 128K, reads and writes): the
-# device's own queue. A command of ours is at the device only between its
-# leg operations' issue and completion; the rest of its turn (the response
-# to the initiator, the initiator's next command, the target's parsing)
-# it holds one of the queue's slots while the device does not see it. fio
-# never lets go of a slot. The block layer's issue and complete
-# tracepoints (perf, the whole system: the legs are files, so their
-# requests are the disk's) give how many requests the device had, over
-# time, in a traced run of ours and of fio's job (tests/bench/depth.py);
-# fio's job is then run again at the depth that makes the device see as
-# many as it saw from us (its depth scaled by the ratio of the two means).
-# By Little's law the device's rate is the mean number there over the time
-# each takes, so the report splits what ours loses against fio into the
-# two: fewer at the device (the share of the time it had none: the round
-# trip, with the responses going out and the next commands coming in), and
-# a longer time for each (requests that arrive together wait for one
-# another). A write-back command puts its data on both legs and a share of
-# a journal block (and the cleaner writes the backing file, on the same
-# disk here): the writes per command are printed too. Traced after
-# the table, like the QD1 breakdown (TB_TRACE=0 skips both).
-want_block_trace() {
-	perf list 2>/dev/null | grep -q "block:block_rq_complete" ||
-		{ echo "== what bounds the queued rows: n/a (perf with the block tracepoints is not here)"; return 1; }
-}
-if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32 || want wb-128k; } && command -v perf >/dev/null &&
-	want_block_trace; then
-	echo "== what bounds the queued rows: requests at the device over time (block tracepoints)"
+# disk's own queue. A command of ours is at the disk only between its leg
+# operations' issue and completion; the rest of its turn (the response to
+# the initiator, the initiator's next command, the target's parsing) it
+# holds one of the initiator's slots while the disk does not see it; fio
+# hands a slot back to the disk as soon as it has reaped it. The block
+# layer's issue and complete tracepoints (perf, on the disk the legs are
+# files on) give how many requests the disk had over time, in a traced run
+# of ours and of fio's job (tests/bench/depth.py); fio's job is then run
+# again at the depth that makes the disk see about as many as it saw from
+# us (its depth scaled by the ratio of the two means; not when that is its
+# own depth). By Little's law the disk's rate is the mean number there over
+# the time each takes (and, in bytes, times the bytes each carries), so the
+# report splits what ours loses against that run into those factors, beside
+# the share of the time the disk had none (the round trip: the responses
+# going out, the next commands coming in) and the mean while it had any
+# (requests that arrive together wait for one another). A write-back
+# command puts its data on both legs and a share of a journal block, and
+# the cleaner writes the backing file (on the same disk here): the writes
+# per command, and the flushes of the disk's cache per write, are printed
+# too. Traced after the table, like the QD1 breakdown (TB_TRACE=0 skips
+# both).
+if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32 || want wb-128k; }; then
+	echo "== what bounds the queued rows: requests at the disk over time (block tracepoints)"
+	# the disk the leg files are on, as the tracepoints name it (MAJOR,MINOR); none: every disk
+	LEG_DISK=$(stat -c '%Hd:%Ld' "$TB_LEG0" 2>/dev/null)
+	[ -e "/sys/dev/block/$LEG_DISK/partition" ] && LEG_DISK=$(cat "/sys/dev/block/$LEG_DISK/../dev")
+	[ -e "/sys/dev/block/$LEG_DISK/device" ] && LEG_DISK=${LEG_DISK/:/,} || LEG_DISK=
 	depth_row() { # ROW FIO-JOB DEPTH BYTES R|W TIERBENCH-ARGS...
 		local row=$1 job=$2 depth=$3 bs=$4 rw=$5 ev="-a -m 64M -e block:block_rq_issue,block:block_rq_complete"
 		shift 5
 		want "$row" || return 0
 		traced_pair "$row" depth "$job" "$ev" "$ev" "$@" || return 0
-		# fio's job as it is but for its depth: the device then sees as many reads as it saw from us
+		# fio's job as it is but for its depth: the disk then sees about as many as it saw from us
 		local seen
-		seen=$(python3 tests/bench/depth.py fio-depth --rw "$rw" "$OUT/$row.depth.txt" "$OUT/$row.depth.fio.txt" "$bs" "$depth") ||
-			{ errors=$((errors + 1)); return 0; }
-		sed "s/^iodepth=.*/iodepth=$seen/" "tests/bench/fio/$job.fio" >"$T/$job-at-$seen.fio"
-		# traced too, so that the three runs carry the same tracing cost
-		# shellcheck disable=SC2086
-		TB_FIO_SECS=$TS perf record -q $ev -o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio \
-			--output-format=json "$T/$job-at-$seen.fio" >"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" ||
-			{ echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
-		perf script -i "$OUT/$row.depth.fio-at.perf" >"$OUT/$row.depth.fio-at.txt" 2>/dev/null
-		python3 tests/bench/depth.py report --row "$row" --depth "$depth" --bs "$bs" --rw "$rw" "$OUT/$row.depth" || errors=$((errors + 1))
+		rm -f "$OUT/$row.depth.fio-at.json"
+		seen=$(python3 tests/bench/depth.py fio-depth --rw "$rw" ${LEG_DISK:+--dev "$LEG_DISK"} "$OUT/$row.depth.txt" \
+			"$OUT/$row.depth.fio.txt" "$depth") || { errors=$((errors + 1)); return 0; }
+		if [ "$seen" != "$depth" ]; then
+			sed "s/^iodepth=.*/iodepth=$seen/" "tests/bench/fio/$job.fio" >"$T/$job-at-$seen.fio"
+			grep -q "^iodepth=$seen\$" "$T/$job-at-$seen.fio" || { echo "$row: no iodepth= line in $job.fio"; errors=$((errors + 1)); return 0; }
+			# traced too, so that the runs carry the same tracing cost
+			# shellcheck disable=SC2086
+			TB_FIO_SECS=$TS perf record -q $ev -o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio \
+				--output-format=json "$T/$job-at-$seen.fio" >"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" ||
+				{ echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
+			perf script -i "$OUT/$row.depth.fio-at.perf" >"$OUT/$row.depth.fio-at.txt" 2>/dev/null
+		fi
+		python3 tests/bench/depth.py report --row "$row" --depth "$depth" --bs "$bs" --rw "$rw" \
+			${LEG_DISK:+--dev "$LEG_DISK"} "$OUT/$row.depth" || errors=$((errors + 1))
 	}
-	depth_row rh-qd32 randread-4k-qd32 32 4096 R -b 4k --rand -r 100 -t 1 -q 32
-	depth_row rh-128k seqread-128k 8 131072 R -b 128k --seq -r 100 -t 1 -q 8
-	depth_row wb-qd32 randwrite-4k-dsync-both 32 4096 W -b 4k --rand -r 0 -t 1 -q 32
-	depth_row wb-128k seqwrite-128k-dsync-both 8 131072 W -b 128k --seq -r 0 -t 1 -q 8
+	if ! command -v perf >/dev/null || ! perf list 2>/dev/null | grep -q "block:block_rq_complete"; then
+		echo "  n/a (perf with the block tracepoints is not here)"
+	else
+		depth_row rh-qd32 randread-4k-qd32 32 4096 R -b 4k --rand -r 100 -t 1 -q 32
+		depth_row rh-128k seqread-128k 8 131072 R -b 128k --seq -r 100 -t 1 -q 8
+		depth_row wb-qd32 randwrite-4k-dsync-both 32 4096 W -b 4k --rand -r 0 -t 1 -q 32
+		depth_row wb-128k seqwrite-128k-dsync-both 8 131072 W -b 128k --seq -r 0 -t 1 -q 8
+	fi
 fi
 tc_stop
 

@@ -3,9 +3,10 @@
 (tests/bench/device.sh: what bounds the queued rows).
 
   depth.py fio-depth [--rw R|W] [--dev MAJ,MIN] OURS FIO N
-        the depth to give fio's job (at depth N in FIO) for the disk to see
-        about as many requests as it saw from OURS (N scaled by the ratio of
-        the two means, at most N)
+        a depth to give fio's job (at depth N in FIO) for the disk to see
+        nearer as many requests as it saw from OURS: N scaled by the ratio
+        of the two means, down to a power of two (fio before 3.39 rounds
+        io_uring's depth up to one), at most N
   depth.py report --row ROW --depth N --bs BS [--rw R|W] [--dev MAJ,MIN] PREFIX
         the report for ROW, whose runs are PREFIX.txt and PREFIX.tc.json
         (ours), PREFIX.fio.txt and PREFIX.fio.json (fio at depth N), and, if
@@ -23,14 +24,15 @@ to its completion by disk and sector.
   mean time of those matched to their completion.
 - The share of the time with none at the disk comes from a sweep over the
   events, in which a request whose completion is missing stops counting
-  after 10 ms, and a flush of the disk's cache counts as busy too. The mean
-  while the disk had any is the mean over the share of the time it had.
+  after 10 ms; for writes, the part of it when the disk was flushing its
+  cache with no write is printed too. The mean while the disk had any is
+  the mean over the share of the time it had some.
 - A request the driver put back (its queue was full) and sent again is one
   request, at the disk from its last issue; the share sent twice is printed.
 - The two events of one request may come from two CPUs whose clocks differ
   by microseconds, so a completion can sort before its issue: a completion
-  of no request in flight cancels the issue of that sector that follows
-  within 1 ms (neither is counted).
+  of no request in flight and the issue of that sector that follows within
+  1 ms are one request, with no time of its own.
 - Flushes: a disk without FUA (queue/fua 0, as the bench's) follows each
   durable write with a flush of its cache; it runs one flush at a time, and
   a flush serves every write that was done when it started. The flushes
@@ -76,16 +78,19 @@ def queue(path, skip=0.0, rw="R", dev=None):
     t_first, t_last = events[0][0], events[-1][0]
     window = (t_last - t_first) or 1e-9
     flushes = [f for f in flushes if t_first <= f[0] <= t_last]
-    inflight, early, acc = {}, {}, {}
+    inflight, early = {}, {}
+    idle_any = idle_data = 0.0  # time with nothing at the disk; with no data request (a flush alone, or nothing)
     issued = done = resent = nflush = 0
     service = 0.0
     sectors = 0
     last = t_first
-    # the sweep counts flushes as busy time too; the mean and the time each are the requests' alone
     for t, kind, key, nsect in sorted(events + flushes):
         for k in [k for k, t0 in inflight.items() if t - t0 > STALE]:
             del inflight[k]
-        acc[len(inflight)] = acc.get(len(inflight), 0.0) + (t - last)
+        if not inflight:
+            idle_any += t - last
+        if all(k[1] == "flush" for k in inflight):
+            idle_data += t - last
         last = t
         flush = key[1] == "flush"
         if kind == "issue":
@@ -93,7 +98,9 @@ def queue(path, skip=0.0, rw="R", dev=None):
                 nflush += 1
                 inflight.setdefault(key, t)
             elif key in early and t - early.pop(key) < SKEW:
-                pass  # its completion sorted first (clock skew): neither counted
+                # its completion sorted first (clock skew): a request, with no time of its own
+                issued += 1
+                sectors += nsect
             elif key in inflight:
                 # put back by the driver and sent again: one request, at the device from now
                 resent += 1
@@ -109,11 +116,11 @@ def queue(path, skip=0.0, rw="R", dev=None):
                 done += 1
         elif not flush:
             early[key] = t
-    total = sum(acc.values()) or 1e-9
-    idle = acc.get(0, 0.0) / total
+    idle = idle_data / window
     avg = service / done if done else 0.0
     mean = issued / window * avg  # Little
-    return dict(mean=mean, busy_mean=mean / (1 - idle) if idle < 1 else 0.0, idle=idle, each_us=1e6 * avg,
+    return dict(mean=mean, busy_mean=mean / (1 - idle) if idle < 1 else 0.0, idle=idle,
+                flush_alone=(idle_data - idle_any) / window, each_us=1e6 * avg,
                 rate=issued / window, mbps=sectors * 512 / window / 1e6, resent=resent / issued if issued else 0.0,
                 flushes=nflush / issued if issued else 0.0)
 
@@ -138,12 +145,15 @@ def report(row, depth, bs, rw, pre, dev):
     if os.path.exists(pre + ".fio-at.json"):
         runs.append(("fio at depth %s" % fio_depth(pre + ".fio-at.json"), fio_rate(pre + ".fio-at.json", side),
                      queue(pre + ".fio-at.txt", 1.0, rw, dev)))
+    if rw == "W":  # the write jobs have a job per leg file
+        runs[1:] = [(n + " each", f, q) for n, f, q in runs[1:]]
     print("%s (traced; the initiator's queue depth %d; each side one run):" % (row, depth))
     for name, fig, q in runs:
-        print("  %-18s %13s | at the disk: %5.1f %s on average, %5.1f while it had any; none %4.1f%% of the time;"
+        print("  %-23s %13s | at the disk: %5.1f %s on average, %5.1f while it had any; none %4.1f%% of the time%s;"
               " %5.0f us each; %s%s" % (name, "%.0f MB/s" % fig[1] if big else "%.0f IOPS" % fig[0], q["mean"], what,
-                                        q["busy_mean"], 100 * q["idle"], q["each_us"],
-                                        "%.0f MB/s" % q["mbps"] if big else "%.0f/s" % q["rate"],
+                                        q["busy_mean"], 100 * q["idle"],
+                                        " (a flush alone %.1f%%)" % (100 * q["flush_alone"]) if rw == "W" else "",
+                                        q["each_us"], "%.0f MB/s" % q["mbps"] if big else "%.0f/s" % q["rate"],
                                         "; %.0f%% sent twice" % (100 * q["resent"]) if q["resent"] >= 0.005 else ""))
     qo = runs[0][2]
     if rw == "W":
@@ -159,13 +169,16 @@ def report(row, depth, bs, rw, pre, dev):
     ref = runs[-1]
     qr = ref[2]
     key = "mbps" if big else "rate"
-    if qr[key] and runs[1][2][key] and qo["each_us"] and qo["rate"] and qr["rate"]:
+    if qr[key] and qr["mean"] and runs[1][2][key] and qo["each_us"] and qo["rate"] and qr["rate"]:
         parts = [(qo["mean"] / qr["mean"], "how many there"), (qr["each_us"] / qo["each_us"], "how short each was")]
         if big:
             parts.append(((qo["mbps"] / qo["rate"]) / (qr["mbps"] / qr["rate"]), "bytes each"))
-        print("  the disk's rate under ours: %.2f of fio's at depth %d; against %s (%.1f at the disk on average,"
-              " ours %.1f): %.2f = %s" % (qo[key] / runs[1][2][key], depth, ref[0], qr["mean"], qo["mean"],
-                                         qo[key] / qr[key], " x ".join("%.2f (%s)" % p for p in parts)))
+        split = "%.2f = %s" % (qo[key] / qr[key], " x ".join("%.2f (%s)" % p for p in parts))
+        if len(runs) > 2:
+            print("  the disk's rate under ours: %.2f of fio's at depth %d; against %s (%.1f at the disk on average,"
+                  " ours %.1f): %s" % (qo[key] / runs[1][2][key], depth, ref[0], qr["mean"], qo["mean"], split))
+        else:
+            print("  the disk's rate under ours against fio's at depth %d: %s" % (depth, split))
 
 
 def main(argv):
@@ -187,7 +200,9 @@ def main(argv):
     a = ap.parse_args(argv[1:])
     if a.cmd == "fio-depth":
         ours, fio = queue(a.ours, rw=a.rw, dev=a.dev)["mean"], queue(a.fio, 1.0, a.rw, a.dev)["mean"]
-        print(max(1, min(a.depth, round(a.depth * ours / fio))) if fio else a.depth)
+        want = max(1, min(a.depth, a.depth * ours / fio)) if fio else a.depth
+        # down to a power of two: fio before 3.39 rounds io_uring's depth up to one
+        print(1 << (int(want).bit_length() - 1))
     else:
         report(a.row, a.depth, a.bs, a.rw, a.prefix, a.dev)
     return 0

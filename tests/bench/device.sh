@@ -454,9 +454,9 @@ fi
 # layer's issue and complete tracepoints (perf, on the disk the legs are
 # files on) give how many requests the disk had over time, in a traced run
 # of ours and of fio's job (tests/bench/depth.py); fio's job is then run
-# again at the depth that makes the disk see about as many as it saw from
-# us (its depth scaled by the ratio of the two means; not when that is its
-# own depth). By Little's law the disk's rate is the mean number there over
+# again at its depth scaled by the ratio of the two means, down to a power
+# of two (fio before 3.39 rounds io_uring's depth up to one), so nearer
+# what ours kept there (not again at its own depth). By Little's law the disk's rate is the mean number there over
 # the time each takes (and, in bytes, times the bytes each carries), so the
 # report splits what ours loses against that run into those factors, beside
 # the share of the time the disk had none (the round trip: the responses
@@ -469,16 +469,25 @@ fi
 # both).
 if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32 || want wb-128k; }; then
 	echo "== what bounds the queued rows: requests at the disk over time (block tracepoints)"
-	# the disk the leg files are on, as the tracepoints name it (MAJOR,MINOR); none: every disk
-	LEG_DISK=$(stat -c '%Hd:%Ld' "$TB_LEG0" 2>/dev/null)
+	# the disk the leg files are on, as the tracepoints name it (MAJOR,MINOR): a partition's disk; a
+	# device the block layer queues requests for (mq: not device-mapper or md, whose requests are the
+	# disks' below); else every disk
+	LEG_DISK=$(python3 -c 'import os, sys; s = os.stat(sys.argv[1]); print("%d:%d" % (os.major(s.st_dev), os.minor(s.st_dev)))' "$TB_LEG0")
 	[ -e "/sys/dev/block/$LEG_DISK/partition" ] && LEG_DISK=$(cat "/sys/dev/block/$LEG_DISK/../dev")
-	[ -e "/sys/dev/block/$LEG_DISK/device" ] && LEG_DISK=${LEG_DISK/:/,} || LEG_DISK=
+	if [ -d "/sys/dev/block/$LEG_DISK/mq" ]; then
+		LEG_DISK=${LEG_DISK/:/,}
+		echo "  (the legs' disk: $LEG_DISK)"
+	else
+		LEG_DISK=
+		echo "  (the legs' disk is not one the block layer queues for: every disk is counted)"
+	fi
 	depth_row() { # ROW FIO-JOB DEPTH BYTES R|W TIERBENCH-ARGS...
 		local row=$1 job=$2 depth=$3 bs=$4 rw=$5 ev="-a -m 64M -e block:block_rq_issue,block:block_rq_complete"
 		shift 5
 		want "$row" || return 0
 		traced_pair "$row" depth "$job" "$ev" "$ev" "$@" || return 0
-		# fio's job as it is but for its depth: the disk then sees about as many as it saw from us
+		# fio's job as it is but for its depth, scaled by the ratio of the two means, down to a power of two
+		# (fio before 3.39 rounds io_uring's depth up to one); not again at its own depth
 		local seen
 		rm -f "$OUT/$row.depth.fio-at.json"
 		seen=$(python3 tests/bench/depth.py fio-depth --rw "$rw" ${LEG_DISK:+--dev "$LEG_DISK"} "$OUT/$row.depth.txt" \

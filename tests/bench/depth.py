@@ -97,18 +97,16 @@ def queue(path, skip=0.0, rw="R", dev=None):
             if flush:
                 nflush += 1
                 inflight.setdefault(key, t)
-            elif key in early and t - early.pop(key) < SKEW:
-                # its completion sorted first (clock skew): a request, with no time of its own
-                issued += 1
-                sectors += nsect
             elif key in inflight:
-                # put back by the driver and sent again: one request, at the device from now
+                # put back by the driver and sent again: one request, at the disk from now
                 resent += 1
                 inflight[key] = t
             else:
                 issued += 1
                 sectors += nsect
-                inflight[key] = t
+                # a completion that sorted first (clock skew) leaves it a request with no time of its own
+                if not (key in early and t - early.pop(key) < SKEW):
+                    inflight[key] = t
         elif key in inflight:
             t0 = inflight.pop(key)
             if not flush:
@@ -165,7 +163,7 @@ def report(row, depth, bs, rw, pre, dev):
         # flush at a time, and a flush serves every write that was done when it started
         print("  flushes of the disk's cache per write: %s" % ", ".join("%s %.2f" % (n, q["flushes"]) for n, _, q in runs))
     # By Little's law the disk's rate in requests is its mean number over the time each takes; in bytes, times
-    # the bytes each carries. The split of ours against the fio run with about as many at the disk:
+    # the bytes each carries. The split of ours against the last fio run (the one at the depth scaled toward ours):
     ref = runs[-1]
     qr = ref[2]
     key = "mbps" if big else "rate"

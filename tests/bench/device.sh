@@ -312,6 +312,15 @@ PY
 # runs are slower than the table's (a few microseconds per operation,
 # fio's alike); they run after the table, and TB_TRACE=0 skips them.
 TS=$((SECS < 4 ? 4 : SECS))
+# every dirty block destaged: no destage of a run before in the next one
+settle() { ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }; }
+# traced_fio OUT-BASE JOB-FILE "PERF-ARGS" ERR-FILE: fio's job on the
+# target's CPU under perf -> OUT-BASE.{json,perf}; non-zero if either failed
+traced_fio() {
+	# shellcheck disable=SC2086 # the perf arguments are words
+	TB_FIO_SECS=$TS perf record -q $3 -o "$1.perf" -- taskset -c "$CPU_TARGET" fio --output-format=json "$2" \
+		>"$1.json" 2>>"$4"
+}
 # traced_pair ROW TAG FIO-JOB "OURS-PERF-ARGS" "FIO-PERF-ARGS" TIERBENCH-ARGS...:
 # a traced run through the daemon (perf from its second second, for TS - 2
 # seconds), then fio's job traced whole -> $OUT/ROW.TAG.{tc.json,txt} and
@@ -320,8 +329,7 @@ TS=$((SECS < 4 ? 4 : SECS))
 traced_pair() {
 	local row=$1 tag=$2 job=$3 ours=$4 theirs=$5
 	shift 5
-	# no destage, checkpoint or fill of the rows before in the trace
-	ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
+	settle # (nor a checkpoint or fill of the rows before)
 	tb -T "$TS" "$@" "$URL/0" >"$OUT/$row.$tag.tc.json" &
 	local tbpid=$! perf_failed=0
 	sleep 1
@@ -333,12 +341,8 @@ traced_pair() {
 		errors=$((errors + 1))
 		return 1
 	fi
-	# nor does the cleaner destage our run's writes during fio's
-	ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
-	# shellcheck disable=SC2086
-	TB_FIO_SECS=$TS perf record -q $theirs -o "$OUT/$row.$tag.fio.perf" -- taskset -c "$CPU_TARGET" fio \
-		--output-format=json "tests/bench/fio/$job.fio" >"$OUT/$row.$tag.fio.json" 2>>"$OUT/$row.$tag.err" ||
-		perf_failed=1
+	settle # (our run's writes, not during fio's)
+	traced_fio "$OUT/$row.$tag.fio" "tests/bench/fio/$job.fio" "$theirs" "$OUT/$row.$tag.err" || perf_failed=1
 	if [ $perf_failed != 0 ]; then
 		echo "$row: the traced runs failed: $(head -2 "$OUT/$row.$tag.err")"
 		errors=$((errors + 1))
@@ -421,8 +425,7 @@ fi
 FLOOR=$TC_ROOT/build/bench/leg_floor
 if want wb-qd1; then
 	echo "== the write-back QD1 floor: the legs alone, 4 KiB durable writes, all of an iteration at once"
-	# no destage of the rows before in it
-	ctl flush --wait >/dev/null 2>&1 || { echo "bench-device: flush --wait failed" >&2; errors=$((errors + 1)); }
+	settle
 	if [ ! -x "$FLOOR" ]; then
 		echo "  n/a ($FLOOR is not built: make)"
 	elif taskset -c "$CPU_TARGET" "$FLOOR" "$TB_LEG0" "$TB_LEG1" $((384 << 20)) $((128 << 20)) "$SECS" \
@@ -456,9 +459,10 @@ fi
 # of ours and of fio's job (tests/bench/depth.py); fio's job is then run
 # again at its depth scaled by the ratio of the two means, down to a power
 # of two (fio before 3.39 rounds io_uring's depth up to one), so nearer
-# what ours kept there (not again at its own depth). By Little's law the disk's rate is the mean number there over
-# the time each takes (and, in bytes, times the bytes each carries), so the
-# report splits what ours loses against that run into those factors, beside
+# what ours kept there (not again at its own depth). By Little's law the
+# disk's rate is the mean number there over the time each takes (and, in
+# bytes, times the bytes each carries), so the report splits what ours
+# loses against that run into those factors, beside
 # the share of the time the disk had none (the round trip: the responses
 # going out, the next commands coming in) and the mean while it had any
 # (requests that arrive together wait for one another). A write-back
@@ -496,9 +500,7 @@ if [ "${TB_TRACE:-1}" = 1 ] && { want rh-qd32 || want rh-128k || want wb-qd32 ||
 			sed "s/^iodepth=.*/iodepth=$seen/" "tests/bench/fio/$job.fio" >"$T/$job-at-$seen.fio"
 			grep -q "^iodepth=$seen\$" "$T/$job-at-$seen.fio" || { echo "$row: no iodepth= line in $job.fio"; errors=$((errors + 1)); return 0; }
 			# traced too, so that the runs carry the same tracing cost
-			# shellcheck disable=SC2086
-			TB_FIO_SECS=$TS perf record -q $ev -o "$OUT/$row.depth.fio-at.perf" -- taskset -c "$CPU_TARGET" fio \
-				--output-format=json "$T/$job-at-$seen.fio" >"$OUT/$row.depth.fio-at.json" 2>>"$OUT/$row.depth.err" ||
+			traced_fio "$OUT/$row.depth.fio-at" "$T/$job-at-$seen.fio" "$ev" "$OUT/$row.depth.err" ||
 				{ echo "$row: fio at depth $seen failed"; errors=$((errors + 1)); return 0; }
 			perf script -i "$OUT/$row.depth.fio-at.perf" >"$OUT/$row.depth.fio-at.txt" 2>/dev/null
 		fi
